@@ -1,0 +1,84 @@
+// The one boundary between the engine and the kernels: plain pointers, sizes and options over
+// packed varlen tensors. No gRPC, protobuf or abseil here, so kernels/ builds with only a C++
+// (and CUDA) toolchain.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace attnserve::kernels {
+
+enum class DType { kFloat16, kBFloat16, kFloat32 };
+
+inline int DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+const char* DTypeName(DType dtype);
+
+// Attention semantics are FlashAttention >= 2.1 varlen: s = scale * q.k^T, softcap, masking
+// (bottom-right aligned causal / sliding window), softmax, times v.
+struct AttentionOptions {
+  float softmax_scale = 0.0f;  // already resolved: never 0 when a kernel sees it
+  bool causal = false;
+  int window_left = -1;        // -1 = unbounded
+  int window_right = -1;       // -1 = unbounded (causal forces 0)
+  float softcap = 0.0f;        // 0 = off
+};
+
+// Shapes shared by forward and backward. Tensors are packed and contiguous:
+// q/out/dq [total_q, num_heads, head_dim], k/v/dk/dv [total_k, num_heads_k, head_dim],
+// lse [num_heads, total_q] float32. cu_seqlens_* are host arrays of batch + 1 offsets.
+struct AttentionShape {
+  DType dtype = DType::kFloat32;
+  int batch = 0;
+  int64_t total_q = 0;
+  int64_t total_k = 0;
+  int num_heads = 0;
+  int num_heads_k = 0;
+  int head_dim = 0;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+};
+
+struct ForwardParams {
+  AttentionShape shape;
+  AttentionOptions options;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+};
+
+struct BackwardParams {
+  AttentionShape shape;
+  AttentionOptions options;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;
+  const void* dout = nullptr;
+  const float* lse = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  bool deterministic = false;
+};
+
+// Where a kernel runs. The reference family uses num_threads host threads (0 = all cores).
+struct ExecutionContext {
+  int num_threads = 0;
+};
+
+// Kernels report failure as a message; the engine turns it into absl::Status.
+struct KernelStatus {
+  bool ok = true;
+  std::string message;
+  static KernelStatus Ok() { return {}; }
+  static KernelStatus Error(std::string msg) { return {false, std::move(msg)}; }
+};
+
+// Every kernel family exposes these two entry points with exactly this signature.
+using ForwardFn = KernelStatus (*)(const ForwardParams&, const ExecutionContext&);
+using BackwardFn = KernelStatus (*)(const BackwardParams&, const ExecutionContext&);
+
+}  // namespace attnserve::kernels

@@ -1,0 +1,41 @@
+// Which devices this server computes on: parses --devices and describes each device (name,
+// model, compute capability, memory) for routing, ServerInfo and metrics.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace attnserve::devices {
+
+enum class DeviceKind { kCpu, kCuda };
+
+struct DeviceDescription {
+  DeviceKind kind = DeviceKind::kCpu;
+  int ordinal = 0;                 // CUDA ordinal; 0 for the CPU
+  std::string name;                // "cpu" or "cuda:N"
+  std::string model;               // "NVIDIA H100 80GB HBM3" or the CPU's model name
+  std::string compute_capability;  // "9.0"; empty for the CPU
+  int64_t memory_total_bytes = 0;
+  int64_t memory_free_bytes = 0;
+};
+
+// Lists the GPUs the process can use. This build has no CUDA device support yet, so the
+// default lists none; tests inject synthetic GPUs.
+using GpuLister = std::function<std::vector<DeviceDescription>()>;
+std::vector<DeviceDescription> ListNoGpus();
+
+// The host CPU as a device: model name from /proc/cpuinfo, physical and available memory.
+DeviceDescription DescribeCpu();
+
+// Resolves a --devices value: "auto" (all GPUs, else the CPU), "cpu", or comma-separated
+// CUDA ordinals ("0,1"). Unknown ordinals, duplicates and GPUs without execution support are
+// errors that name the value.
+absl::StatusOr<std::vector<DeviceDescription>> ResolveDevices(absl::string_view spec,
+                                                             const GpuLister& list_gpus);
+
+}  // namespace attnserve::devices

@@ -1,0 +1,73 @@
+// The engine's request and result types, independent of how the bytes arrived (gRPC unary
+// today, chunked streams later). Inputs are views: the transport keeps the bytes alive until
+// the job's completion callback has run. Outputs own their bytes as std::string so a
+// transport can move them into its response without another copy.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_params.h"
+
+namespace attnserve::engine {
+
+using kernels::DType;
+
+struct TensorView {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  const char* data = nullptr;
+  size_t size_bytes = 0;
+};
+
+struct OwnedTensor {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+
+// As on the wire: softmax_scale 0 means 1/sqrt(head_dim); absent windows are unbounded.
+struct RequestOptions {
+  float softmax_scale = 0.0f;
+  bool causal = false;
+  std::optional<int32_t> window_left;
+  std::optional<int32_t> window_right;
+  float softcap = 0.0f;
+};
+
+struct ForwardInputs {
+  TensorView q, k, v;
+  std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
+  RequestOptions options;
+};
+
+struct BackwardInputs {
+  TensorView dout, q, k, v, out, lse;
+  std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
+  RequestOptions options;
+  bool deterministic = false;
+};
+
+// Where and how a request ran (the wire's Execution message).
+struct ExecutionReport {
+  std::string device;
+  std::string kernel;
+  int64_t queue_us = 0;
+  int64_t compute_us = 0;
+  int32_t batched_requests = 1;
+};
+
+struct ForwardResult {
+  OwnedTensor out;  // [total_q, num_heads, head_dim], dtype of q
+  OwnedTensor lse;  // [num_heads, total_q] float32
+  ExecutionReport execution;
+};
+
+struct BackwardResult {
+  OwnedTensor dq, dk, dv;
+  ExecutionReport execution;
+};
+
+}  // namespace attnserve::engine

@@ -1,0 +1,49 @@
+// The one narrow interface transports use (Triton's split): hand over a job, stop, count what
+// is in flight. Scheduling, validation and execution all live behind it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/devices/device_registry.h"
+#include "server/engine/attention_request.h"
+#include "server/engine/limits.h"
+
+namespace attnserve::engine {
+
+// The request's input views must stay valid until `done` has returned.
+struct ForwardJob {
+  ForwardInputs inputs;
+  std::function<void(absl::StatusOr<ForwardResult>)> done;
+};
+
+struct BackwardJob {
+  BackwardInputs inputs;
+  std::function<void(absl::StatusOr<BackwardResult>)> done;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Validates and queues the job. On OK, `done` is called exactly once, later, from a worker
+  // thread. On error (invalid request, limits, shutting down) `done` is never called and the
+  // caller answers with the returned status.
+  virtual absl::Status Enqueue(ForwardJob job) = 0;
+  virtual absl::Status Enqueue(BackwardJob job) = 0;
+
+  // Stops accepting jobs, finishes every accepted one, then joins the workers. Idempotent.
+  virtual void Stop() = 0;
+
+  // Jobs accepted and not yet answered.
+  virtual int64_t InflightCount() const = 0;
+
+  virtual const Limits& limits() const = 0;
+  virtual std::vector<devices::DeviceDescription> Devices() const = 0;
+  virtual std::vector<std::string> KernelFamilies() const = 0;
+};
+
+}  // namespace attnserve::engine

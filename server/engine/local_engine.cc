@@ -1,0 +1,97 @@
+#include "server/engine/local_engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/cpu_worker.h"
+#include "server/engine/request_validation.h"
+
+namespace attnserve::engine {
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
+    const std::vector<devices::DeviceDescription>& devices, const EngineOptions& options,
+    metrics::ServerMetrics* metrics) {
+  if (devices.empty()) return absl::InvalidArgumentError("no devices to run on");
+  std::vector<std::unique_ptr<DeviceWorker>> workers;
+  for (const devices::DeviceDescription& device : devices) {
+    if (device.kind != devices::DeviceKind::kCpu) {
+      return absl::UnimplementedError(
+          absl::StrCat(device.name, ": this build has no CUDA device worker"));
+    }
+    workers.push_back(std::make_unique<CpuWorker>(device, options.cpu_threads, metrics));
+    if (metrics != nullptr) {
+      metrics->SetDeviceInfo(device.name, device.model, device.compute_capability);
+      metrics->SetDeviceMemoryUsed(device.name, static_cast<double>(device.memory_total_bytes -
+                                                                    device.memory_free_bytes));
+      metrics->SetQueueDepth(device.name, 0);
+    }
+  }
+  return std::unique_ptr<LocalEngine>(new LocalEngine(std::move(workers), options.limits, metrics));
+}
+
+LocalEngine::LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, Limits limits,
+                         metrics::ServerMetrics* metrics)
+    : workers_(std::move(workers)), limits_(limits), metrics_(metrics) {}
+
+LocalEngine::~LocalEngine() { Stop(); }
+
+absl::Status LocalEngine::Enqueue(ForwardJob job) {
+  if (absl::Status s = ValidateForward(job.inputs, limits_); !s.ok()) return s;
+  return Admit(std::move(job));
+}
+
+absl::Status LocalEngine::Enqueue(BackwardJob job) {
+  if (absl::Status s = ValidateBackward(job.inputs, limits_); !s.ok()) return s;
+  return Admit(std::move(job));
+}
+
+template <typename Job>
+absl::Status LocalEngine::Admit(Job job) {
+  std::lock_guard<std::mutex> lock(admit_mu_);
+  if (stopping_) return absl::UnavailableError("server is shutting down");
+  AddInflight(1);
+  // The in-flight count drops only after the answer has been handed to the transport.
+  job.done = [this, done = std::move(job.done)](auto result) {
+    done(std::move(result));
+    AddInflight(-1);
+  };
+  LeastLoadedWorker().Submit(std::move(job));
+  return absl::OkStatus();
+}
+
+DeviceWorker& LocalEngine::LeastLoadedWorker() {
+  return **std::min_element(workers_.begin(), workers_.end(), [](const auto& a, const auto& b) {
+    return a->QueueDepth() < b->QueueDepth();
+  });
+}
+
+void LocalEngine::AddInflight(int64_t delta) {
+  inflight_.fetch_add(delta);
+  if (metrics_ != nullptr) metrics_->AddInflight(static_cast<double>(delta));
+}
+
+void LocalEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(admit_mu_);
+    stopping_ = true;
+  }
+  for (const auto& worker : workers_) worker->Stop();
+}
+
+std::vector<devices::DeviceDescription> LocalEngine::Devices() const {
+  std::vector<devices::DeviceDescription> out;
+  for (const auto& worker : workers_) out.push_back(worker->device());
+  return out;
+}
+
+std::vector<std::string> LocalEngine::KernelFamilies() const {
+  std::vector<std::string> out;
+  for (const auto& worker : workers_) {
+    if (std::find(out.begin(), out.end(), worker->kernel_family()) == out.end()) {
+      out.push_back(worker->kernel_family());
+    }
+  }
+  return out;
+}
+
+}  // namespace attnserve::engine

@@ -1,0 +1,55 @@
+// The engine of one server process: validates each job, places it on the least-loaded device
+// worker, and counts what is in flight.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "server/engine/device_worker.h"
+#include "server/engine/engine.h"
+#include "server/metrics/server_metrics.h"
+
+namespace attnserve::engine {
+
+struct EngineOptions {
+  Limits limits;
+  int cpu_threads = 0;  // reference kernel threads; 0 = all cores
+};
+
+class LocalEngine : public Engine {
+ public:
+  // One worker per device. `metrics` may be null; otherwise it must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(
+      const std::vector<devices::DeviceDescription>& devices, const EngineOptions& options,
+      metrics::ServerMetrics* metrics);
+  ~LocalEngine() override;
+
+  absl::Status Enqueue(ForwardJob job) override;
+  absl::Status Enqueue(BackwardJob job) override;
+  void Stop() override;
+  int64_t InflightCount() const override { return inflight_.load(); }
+  const Limits& limits() const override { return limits_; }
+  std::vector<devices::DeviceDescription> Devices() const override;
+  std::vector<std::string> KernelFamilies() const override;
+
+ private:
+  LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, Limits limits,
+              metrics::ServerMetrics* metrics);
+
+  template <typename Job>
+  absl::Status Admit(Job job);
+  DeviceWorker& LeastLoadedWorker();
+  void AddInflight(int64_t delta);
+
+  const std::vector<std::unique_ptr<DeviceWorker>> workers_;
+  const Limits limits_;
+  metrics::ServerMetrics* const metrics_;
+  std::atomic<int64_t> inflight_{0};
+  // Held while submitting so Stop() cannot slip between the stopping check and the submit.
+  std::mutex admit_mu_;
+  bool stopping_ = false;
+};
+
+}  // namespace attnserve::engine

@@ -1,0 +1,147 @@
+#include "server/engine/local_engine.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace attnserve::engine {
+namespace {
+
+// One query row per sequence attending exactly one key: out must equal that key's v row and
+// lse must equal scale * q.k, an answer that needs no reference implementation.
+struct SingleKeyProblem {
+  explicit SingleKeyProblem(int batch, float seed) : batch(batch) {
+    for (int i = 0; i < batch * kDim; ++i) {
+      q.push_back(std::sin(seed + i));
+      k.push_back(std::cos(seed + 2 * i));
+      v.push_back(seed + 0.25f * i);
+    }
+    for (int b = 0; b <= batch; ++b) cu.push_back(b);
+  }
+
+  ForwardInputs Inputs() const {
+    ForwardInputs in;
+    const std::vector<int64_t> shape = {batch, 1, kDim};
+    in.q = {DType::kFloat32, shape, reinterpret_cast<const char*>(q.data()), q.size() * 4};
+    in.k = {DType::kFloat32, shape, reinterpret_cast<const char*>(k.data()), k.size() * 4};
+    in.v = {DType::kFloat32, shape, reinterpret_cast<const char*>(v.data()), v.size() * 4};
+    in.cu_seqlens_q = cu;
+    in.cu_seqlens_k = cu;
+    in.options.softmax_scale = 0.5f;
+    return in;
+  }
+
+  void Check(const ForwardResult& r) const {
+    ASSERT_EQ(r.out.data.size(), v.size() * 4);
+    std::vector<float> out(v.size());
+    std::memcpy(out.data(), r.out.data.data(), r.out.data.size());
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_FLOAT_EQ(out[i], v[i]) << i;
+    std::vector<float> lse(batch);
+    std::memcpy(lse.data(), r.lse.data.data(), r.lse.data.size());
+    for (int b = 0; b < batch; ++b) {
+      float dot = 0;
+      for (int d = 0; d < kDim; ++d) dot += q[b * kDim + d] * k[b * kDim + d];
+      EXPECT_NEAR(lse[b], 0.5f * dot, 1e-5) << b;
+    }
+    EXPECT_EQ(r.execution.device, "cpu");
+    EXPECT_EQ(r.execution.kernel, "reference");
+    EXPECT_EQ(r.execution.batched_requests, 1);
+  }
+
+  static constexpr int kDim = 8;
+  int64_t batch;
+  std::vector<float> q, k, v;
+  std::vector<int32_t> cu;
+};
+
+std::unique_ptr<LocalEngine> MakeEngine() {
+  devices::DeviceDescription cpu;
+  cpu.name = "cpu";
+  auto engine = LocalEngine::Create({cpu}, EngineOptions{}, nullptr);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return *std::move(engine);
+}
+
+TEST(LocalEngineTest, AnswersAForwardJob) {
+  auto engine = MakeEngine();
+  SingleKeyProblem problem(3, 1.0f);
+  std::promise<absl::StatusOr<ForwardResult>> answer;
+  ASSERT_TRUE(engine->Enqueue(ForwardJob{problem.Inputs(), [&](auto r) {
+                                           answer.set_value(std::move(r));
+                                         }})
+                  .ok());
+  absl::StatusOr<ForwardResult> result = answer.get_future().get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  problem.Check(*result);
+}
+
+TEST(LocalEngineTest, InvalidJobIsRejectedAndNeverAnswered) {
+  auto engine = MakeEngine();
+  SingleKeyProblem problem(2, 0.0f);
+  ForwardInputs in = problem.Inputs();
+  in.cu_seqlens_q = {0, 2, 1};
+  bool called = false;
+  absl::Status s = engine->Enqueue(ForwardJob{in, [&](auto) { called = true; }});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  engine->Stop();
+  EXPECT_FALSE(called);
+  EXPECT_EQ(engine->InflightCount(), 0);
+}
+
+TEST(LocalEngineTest, ConcurrentJobsEachGetTheirOwnAnswerOnce) {
+  auto engine = MakeEngine();
+  constexpr int kThreads = 8, kJobsPerThread = 20;
+  std::vector<SingleKeyProblem> problems;
+  for (int i = 0; i < kThreads * kJobsPerThread; ++i) problems.emplace_back(1 + i % 5, i);
+  std::vector<std::atomic<int>> answered(problems.size());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int j = 0; j < kJobsPerThread; ++j) {
+        const int id = t * kJobsPerThread + j;
+        ASSERT_TRUE(engine->Enqueue(ForwardJob{problems[id].Inputs(), [&, id](auto r) {
+                                                 ASSERT_TRUE(r.ok());
+                                                 problems[id].Check(*r);
+                                                 answered[id]++;
+                                               }})
+                        .ok());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  engine->Stop();  // drains every accepted job
+  for (size_t i = 0; i < answered.size(); ++i) EXPECT_EQ(answered[i].load(), 1) << i;
+  EXPECT_EQ(engine->InflightCount(), 0);
+}
+
+TEST(LocalEngineTest, RefusesWorkAfterStop) {
+  auto engine = MakeEngine();
+  engine->Stop();
+  SingleKeyProblem problem(1, 0.0f);
+  absl::Status s = engine->Enqueue(ForwardJob{problem.Inputs(), [](auto) {}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(LocalEngineTest, RejectsDevicesWithoutAWorker) {
+  devices::DeviceDescription gpu;
+  gpu.kind = devices::DeviceKind::kCuda;
+  gpu.name = "cuda:0";
+  auto engine = LocalEngine::Create({gpu}, EngineOptions{}, nullptr);
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(LocalEngine::Create({}, EngineOptions{}, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LocalEngineTest, ReportsDevicesAndFamilies) {
+  auto engine = MakeEngine();
+  ASSERT_EQ(engine->Devices().size(), 1u);
+  EXPECT_EQ(engine->Devices()[0].name, "cpu");
+  EXPECT_EQ(engine->KernelFamilies(), std::vector<std::string>{"reference"});
+}
+
+}  // namespace
+}  // namespace attnserve::engine

@@ -1,0 +1,121 @@
+// attnserve: the attention compute server. Flags are listed by --help.
+#include <signal.h>
+
+#include <pthread.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/main/server_app.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address both ports listen on.");
+ABSL_FLAG(int32_t, grpc_port, 8001, "gRPC port (0 picks a free one).");
+ABSL_FLAG(int32_t, http_port, 8000, "HTTP port for /healthz, /readyz, /metrics, /v1/info.");
+ABSL_FLAG(std::string, devices, "auto",
+          "auto (all GPUs, else the CPU), cpu, or CUDA ordinals like 0,1.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
+          "Largest gRPC message accepted or sent, in bytes (at most 2147483647).");
+ABSL_FLAG(int64_t, max_total_tokens, int64_t{1} << 20,
+          "Most query (and, separately, key) tokens in one request.");
+ABSL_FLAG(int32_t, max_head_dim, 256, "Largest head_dim accepted.");
+ABSL_FLAG(int32_t, max_num_heads, 1024, "Most query heads in one request.");
+ABSL_FLAG(int32_t, max_batch, 65536, "Most sequences in one request.");
+ABSL_FLAG(int32_t, cpu_threads, 0, "Threads of the CPU reference kernels (0 = all cores).");
+ABSL_FLAG(int32_t, http_threads, 4, "HTTP worker threads.");
+ABSL_FLAG(int32_t, drain_timeout_seconds, 30,
+          "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
+
+namespace {
+
+// Checks flag values so a typo fails at startup with the flag's name, not later.
+absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
+  attnserve::ServerConfig config;
+  config.host = absl::GetFlag(FLAGS_host);
+  config.grpc_port = absl::GetFlag(FLAGS_grpc_port);
+  config.http_port = absl::GetFlag(FLAGS_http_port);
+  config.devices = absl::GetFlag(FLAGS_devices);
+  config.http_threads = absl::GetFlag(FLAGS_http_threads);
+  config.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
+  config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  attnserve::engine::Limits& limits = config.engine.limits;
+  limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  limits.max_total_tokens = absl::GetFlag(FLAGS_max_total_tokens);
+  limits.max_head_dim = absl::GetFlag(FLAGS_max_head_dim);
+  limits.max_num_heads = absl::GetFlag(FLAGS_max_num_heads);
+  limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+
+  struct Range {
+    const char* flag;
+    int64_t value, min, max;
+  };
+  // Upper bounds keep every size product in int64 and every offset in int32.
+  const Range ranges[] = {
+      {"grpc_port", config.grpc_port, 0, 65535},
+      {"http_port", config.http_port, 0, 65535},
+      {"http_threads", config.http_threads, 1, 256},
+      {"drain_timeout_seconds", absl::GetFlag(FLAGS_drain_timeout_seconds), 0, 86400},
+      {"cpu_threads", config.engine.cpu_threads, 0, 1024},
+      {"max_message_bytes", limits.max_message_bytes, 1024, 2147483647},
+      {"max_total_tokens", limits.max_total_tokens, 1, 2147483647},
+      {"max_head_dim", limits.max_head_dim, 1, 1024},
+      {"max_num_heads", limits.max_num_heads, 1, 65536},
+      {"max_batch", limits.max_batch, 1, 2147483646},
+  };
+  for (const Range& r : ranges) {
+    if (r.value < r.min || r.value > r.max) {
+      return absl::InvalidArgumentError(absl::StrCat("--", r.flag, "=", r.value,
+                                                     " is out of range [", r.min, ", ", r.max,
+                                                     "]"));
+    }
+  }
+  return config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "attnserve: serves varlen attention forward and backward over gRPC, with health, "
+      "readiness, metrics and server info over HTTP.");
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<attnserve::ServerConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+
+  // Block the shutdown signals before any thread starts, so only sigwait below sees them.
+  sigset_t shutdown_signals;
+  sigemptyset(&shutdown_signals);
+  sigaddset(&shutdown_signals, SIGTERM);
+  sigaddset(&shutdown_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<attnserve::ServerApp>> app =
+      attnserve::ServerApp::Start(*config, attnserve::devices::ListNoGpus);
+  if (!app.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n", app.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<std::string> device_names;
+  for (const auto& device : (*app)->engine().Devices()) {
+    device_names.push_back(absl::StrCat(device.name, " (", device.model, ")"));
+  }
+  std::fprintf(stderr, "attnserve %s: gRPC on %s:%d, HTTP on %s:%d, devices: %s\n",
+               ATTNSERVE_VERSION, config->host.c_str(), (*app)->grpc_port(), config->host.c_str(),
+               (*app)->http_port(), absl::StrJoin(device_names, ", ").c_str());
+
+  int signal_number = 0;
+  sigwait(&shutdown_signals, &signal_number);
+  std::fprintf(stderr, "attnserve: %s received, draining %lld in-flight requests\n",
+               strsignal(signal_number), static_cast<long long>((*app)->engine().InflightCount()));
+  (*app)->Shutdown();
+  std::fprintf(stderr, "attnserve: stopped\n");
+  return 0;
+}

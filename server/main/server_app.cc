@@ -1,0 +1,77 @@
+#include "server/main/server_app.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+
+ServerApp::ServerApp(const ServerConfig& config) : config_(config) {}
+
+absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
+    const ServerConfig& config, const devices::GpuLister& list_gpus) {
+  std::unique_ptr<ServerApp> app(new ServerApp(config));
+  app->metrics_ = std::make_unique<metrics::ServerMetrics>(ATTNSERVE_VERSION);
+
+  absl::StatusOr<std::vector<devices::DeviceDescription>> devices =
+      devices::ResolveDevices(config.devices, list_gpus);
+  if (!devices.ok()) return devices.status();
+  absl::StatusOr<std::unique_ptr<engine::LocalEngine>> engine =
+      engine::LocalEngine::Create(*devices, config.engine, app->metrics_.get());
+  if (!engine.ok()) return engine.status();
+  app->engine_ = *std::move(engine);
+  app->service_ = std::make_unique<transport::AttentionServiceImpl>(
+      app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string grpc_address = absl::StrCat(config.host, ":", config.grpc_port);
+  builder.AddListeningPort(grpc_address, grpc::InsecureServerCredentials(), &app->grpc_port_);
+  const int max_message = static_cast<int>(config.engine.limits.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  builder.RegisterService(app->service_.get());
+  app->grpc_server_ = builder.BuildAndStart();
+  if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("gRPC server could not listen on ", grpc_address));
+  }
+
+  transport::HttpServerOptions http_options;
+  http_options.host = config.host;
+  http_options.port = config.http_port;
+  http_options.num_threads = config.http_threads;
+  http_options.version = ATTNSERVE_VERSION;
+  ServerApp* raw = app.get();
+  absl::StatusOr<std::unique_ptr<transport::HttpServer>> http = transport::HttpServer::Start(
+      http_options, app->engine_.get(), app->metrics_.get(), [raw] { return raw->ready_.load(); });
+  if (!http.ok()) {
+    return http.status();
+  }
+  app->http_ = *std::move(http);
+
+  app->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  app->ready_ = true;
+  return app;
+}
+
+ServerApp::~ServerApp() { Shutdown(); }
+
+void ServerApp::Shutdown() {
+  if (shut_down_.exchange(true)) return;
+  ready_ = false;
+  // Start() may have failed part way: stop only what was started.
+  if (grpc_server_ != nullptr) {
+    // Health checks answer NOT_SERVING from now on; load balancers stop sending work.
+    grpc_server_->GetHealthCheckService()->Shutdown();
+    // Refuses new calls and waits for accepted ones; past the deadline they are cancelled.
+    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + config_.drain_timeout));
+    grpc_server_->Wait();
+  }
+  if (engine_ != nullptr) engine_->Stop();
+  if (http_ != nullptr) http_->Stop();
+}
+
+}  // namespace attnserve

@@ -1,0 +1,61 @@
+// Composes one attnserve process: device registry, engine, gRPC and HTTP frontends, metrics;
+// and shuts them down gracefully (readiness off, in-flight work finished, then stop).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/devices/device_registry.h"
+#include "server/engine/local_engine.h"
+#include "server/metrics/server_metrics.h"
+#include "server/transport/grpc/attention_service.h"
+#include "server/transport/http/http_server.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace attnserve {
+
+struct ServerConfig {
+  std::string host = "0.0.0.0";
+  int grpc_port = 8001;
+  int http_port = 8000;
+  int http_threads = 4;
+  std::string devices = "auto";
+  engine::EngineOptions engine;
+  absl::Duration drain_timeout = absl::Seconds(30);
+};
+
+class ServerApp {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerApp>> Start(const ServerConfig& config,
+                                                          const devices::GpuLister& list_gpus);
+  ~ServerApp();
+
+  // Readiness turns NOT_SERVING, new calls are refused, accepted ones finish (up to
+  // drain_timeout), then everything stops. Idempotent.
+  void Shutdown();
+
+  int grpc_port() const { return grpc_port_; }
+  int http_port() const { return http_->port(); }
+  const engine::Engine& engine() const { return *engine_; }
+
+ private:
+  explicit ServerApp(const ServerConfig& config);
+
+  const ServerConfig config_;
+  std::unique_ptr<metrics::ServerMetrics> metrics_;
+  std::unique_ptr<engine::LocalEngine> engine_;
+  std::unique_ptr<transport::AttentionServiceImpl> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<transport::HttpServer> http_;
+  int grpc_port_ = 0;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace attnserve

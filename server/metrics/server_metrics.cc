@@ -1,0 +1,125 @@
+#include "server/metrics/server_metrics.h"
+
+#include <sstream>
+
+#include "prometheus/text_serializer.h"
+
+namespace attnserve::metrics {
+namespace {
+
+// Latency buckets from 100 us to ~100 s: attention requests span small CPU calls to long
+// multi-megabyte GPU batches.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+          0.25, 0.5,    1.0,  2.5,  5.0,    10.0, 25.0, 50.0,   100.0};
+}
+
+prometheus::Histogram::BucketBoundaries BatchBuckets() {
+  return {1, 2, 4, 8, 16, 32, 64, 128};
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(const std::string& version)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_total_(prometheus::BuildCounter()
+                          .Name("attnserve_requests_total")
+                          .Help("Finished RPCs by method and gRPC status code.")
+                          .Register(*registry_)),
+      request_duration_(prometheus::BuildHistogram()
+                            .Name("attnserve_request_duration_seconds")
+                            .Help("Time from receiving a request to sending its response.")
+                            .Register(*registry_)),
+      queue_duration_(prometheus::BuildHistogram()
+                          .Name("attnserve_queue_duration_seconds")
+                          .Help("Time a request waited in its device queue.")
+                          .Register(*registry_)),
+      compute_duration_(prometheus::BuildHistogram()
+                            .Name("attnserve_compute_duration_seconds")
+                            .Help("Time a request spent executing on its device.")
+                            .Register(*registry_)),
+      tokens_total_(prometheus::BuildCounter()
+                        .Name("attnserve_tokens_total")
+                        .Help("Query tokens processed.")
+                        .Register(*registry_)),
+      received_bytes_(prometheus::BuildCounter()
+                          .Name("attnserve_received_bytes_total")
+                          .Help("Tensor bytes received in requests.")
+                          .Register(*registry_)
+                          .Add({})),
+      sent_bytes_(prometheus::BuildCounter()
+                      .Name("attnserve_sent_bytes_total")
+                      .Help("Tensor bytes sent in responses.")
+                      .Register(*registry_)
+                      .Add({})),
+      inflight_(prometheus::BuildGauge()
+                    .Name("attnserve_inflight_requests")
+                    .Help("Requests accepted and not yet answered.")
+                    .Register(*registry_)
+                    .Add({})),
+      queue_depth_(prometheus::BuildGauge()
+                       .Name("attnserve_queue_depth")
+                       .Help("Requests waiting in a device queue.")
+                       .Register(*registry_)),
+      batch_requests_(prometheus::BuildHistogram()
+                          .Name("attnserve_batch_requests")
+                          .Help("Requests that shared one kernel launch.")
+                          .Register(*registry_)
+                          .Add({}, BatchBuckets())),
+      device_info_(prometheus::BuildGauge()
+                       .Name("attnserve_device_info")
+                       .Help("Devices this server computes on (value is always 1).")
+                       .Register(*registry_)),
+      device_memory_used_(prometheus::BuildGauge()
+                              .Name("attnserve_device_memory_used_bytes")
+                              .Help("Memory in use on a device.")
+                              .Register(*registry_)) {
+  prometheus::BuildGauge()
+      .Name("attnserve_build_info")
+      .Help("Build of this server (value is always 1).")
+      .Register(*registry_)
+      .Add({{"version", version}})
+      .Set(1);
+}
+
+void ServerMetrics::RecordRequest(const std::string& rpc, const std::string& code,
+                                  double duration_seconds) {
+  requests_total_.Add({{"rpc", rpc}, {"code", code}}).Increment();
+  request_duration_.Add({{"rpc", rpc}}, LatencyBuckets()).Observe(duration_seconds);
+}
+
+void ServerMetrics::AddReceivedBytes(double bytes) { received_bytes_.Increment(bytes); }
+void ServerMetrics::AddSentBytes(double bytes) { sent_bytes_.Increment(bytes); }
+void ServerMetrics::AddInflight(double delta) { inflight_.Increment(delta); }
+
+void ServerMetrics::RecordExecution(const std::string& rpc, const std::string& kernel,
+                                    const std::string& device, double queue_seconds,
+                                    double compute_seconds, double tokens, int batched_requests) {
+  queue_duration_.Add({{"rpc", rpc}}, LatencyBuckets()).Observe(queue_seconds);
+  compute_duration_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}}, LatencyBuckets())
+      .Observe(compute_seconds);
+  tokens_total_.Add({{"rpc", rpc}}).Increment(tokens);
+  batch_requests_.Observe(batched_requests);
+}
+
+void ServerMetrics::SetQueueDepth(const std::string& device, double depth) {
+  queue_depth_.Add({{"device", device}}).Set(depth);
+}
+
+void ServerMetrics::SetDeviceInfo(const std::string& device, const std::string& name,
+                                  const std::string& compute_capability) {
+  device_info_.Add({{"device", device}, {"name", name}, {"compute_capability", compute_capability}})
+      .Set(1);
+}
+
+void ServerMetrics::SetDeviceMemoryUsed(const std::string& device, double bytes) {
+  device_memory_used_.Add({{"device", device}}).Set(bytes);
+}
+
+std::string ServerMetrics::Serialize() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace attnserve::metrics

@@ -1,0 +1,59 @@
+// Every Prometheus metric the server exports (DESIGN.md's list), behind named methods so
+// callers never touch label plumbing. Thread-safe: prometheus-cpp families lock on Add and the
+// metrics themselves are atomic.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace attnserve::metrics {
+
+class ServerMetrics {
+ public:
+  explicit ServerMetrics(const std::string& version);
+
+  // Transport side: one call per finished RPC.
+  void RecordRequest(const std::string& rpc, const std::string& code, double duration_seconds);
+  void AddReceivedBytes(double bytes);
+  void AddSentBytes(double bytes);
+  void AddInflight(double delta);
+
+  // Engine side: one call per executed request.
+  void RecordExecution(const std::string& rpc, const std::string& kernel,
+                       const std::string& device, double queue_seconds, double compute_seconds,
+                       double tokens, int batched_requests);
+  void SetQueueDepth(const std::string& device, double depth);
+
+  // Device registry side.
+  void SetDeviceInfo(const std::string& device, const std::string& name,
+                     const std::string& compute_capability);
+  void SetDeviceMemoryUsed(const std::string& device, double bytes);
+
+  // Prometheus text exposition format (version 0.0.4) of every metric.
+  std::string Serialize() const;
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_total_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Histogram>& queue_duration_;
+  prometheus::Family<prometheus::Histogram>& compute_duration_;
+  prometheus::Family<prometheus::Counter>& tokens_total_;
+  prometheus::Counter& received_bytes_;
+  prometheus::Counter& sent_bytes_;
+  prometheus::Gauge& inflight_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Histogram& batch_requests_;
+  prometheus::Family<prometheus::Gauge>& device_info_;
+  prometheus::Family<prometheus::Gauge>& device_memory_used_;
+};
+
+}  // namespace attnserve::metrics

@@ -1,0 +1,81 @@
+#include "server/transport/grpc/attention_service.h"
+
+#include <utility>
+
+#include "server/transport/grpc/proto_codec.h"
+#include "server/transport/server_info.h"
+
+namespace attnserve::transport {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+AttentionServiceImpl::AttentionServiceImpl(engine::Engine* engine,
+                                           metrics::ServerMetrics* metrics, std::string version)
+    : engine_(engine), metrics_(metrics), version_(std::move(version)) {}
+
+void AttentionServiceImpl::Finish(grpc::ServerUnaryReactor* reactor, const char* rpc,
+                                  absl::Time start, const absl::Status& status) {
+  metrics_->RecordRequest(rpc, absl::StatusCodeToString(status.code()),
+                          absl::ToDoubleSeconds(absl::Now() - start));
+  reactor->Finish(ToGrpcStatus(status));
+}
+
+// Forward and Backward share this flow: decode, enqueue, and let the worker's completion
+// encode the result and finish the call. The request stays alive until Finish, which is what
+// lets the engine read the tensors in place.
+template <typename Job, typename Request, typename Response, typename Decode, typename Encode>
+grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContext* context,
+                                                      const Request* request, Response* response,
+                                                      const char* rpc, Decode decode,
+                                                      Encode encode) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  metrics_->AddReceivedBytes(static_cast<double>(TensorBytes(*request)));
+  auto inputs = decode(*request);
+  if (!inputs.ok()) {
+    Finish(reactor, rpc, start, inputs.status());
+    return reactor;
+  }
+  Job job;
+  job.inputs = *std::move(inputs);
+  job.done = [this, reactor, response, rpc, start, encode](auto result) {
+    if (result.ok()) {
+      metrics_->AddSentBytes(static_cast<double>(encode(*std::move(result), response)));
+    }
+    Finish(reactor, rpc, start, result.status());
+  };
+  if (absl::Status status = engine_->Enqueue(std::move(job)); !status.ok()) {
+    Finish(reactor, rpc, start, status);
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerContext* context,
+                                                        const v1::ForwardRequest* request,
+                                                        v1::ForwardResponse* response) {
+  return Serve<engine::ForwardJob>(context, request, response, "Forward", DecodeForward,
+                                   EncodeForward);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Backward(grpc::CallbackServerContext* context,
+                                                         const v1::BackwardRequest* request,
+                                                         v1::BackwardResponse* response) {
+  return Serve<engine::BackwardJob>(context, request, response, "Backward", DecodeBackward,
+                                    EncodeBackward);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
+    grpc::CallbackServerContext* context, const v1::GetServerInfoRequest*,
+    v1::ServerInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  *response = BuildServerInfo(*engine_, version_);
+  Finish(reactor, "GetServerInfo", start, absl::OkStatus());
+  return reactor;
+}
+
+}  // namespace attnserve::transport

@@ -1,0 +1,127 @@
+#include "server_process.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace attnserve::testing {
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& extra_flags) {
+  std::unique_ptr<ServerProcess> server(new ServerProcess());
+  server->grpc_port_ = FreePort();
+  server->http_port_ = FreePort();
+  std::vector<std::string> args = {"--host=127.0.0.1",
+                                   "--grpc_port=" + std::to_string(server->grpc_port_),
+                                   "--http_port=" + std::to_string(server->http_port_),
+                                   "--devices=cpu"};
+  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  server->Spawn(args);
+
+  std::unique_ptr<Client> client = server->NewClient();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (client->GetServerInfo().ok()) return server;
+    int status = 0;
+    if (waitpid(server->pid_, &status, WNOHANG) == server->pid_) {
+      server->pid_ = -1;
+      ADD_FAILURE() << "attnserve exited during startup:\n" << server->Log();
+      return nullptr;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "attnserve did not become ready in 30 s:\n" << server->Log();
+  return nullptr;
+}
+
+void ServerProcess::Spawn(const std::vector<std::string>& args) {
+  char log_template[] = "/tmp/attnserve_e2e_XXXXXX";
+  const int log_fd = mkstemp(log_template);
+  log_path_ = log_template;
+  std::vector<std::string> argv_strings = {ATTNSERVE_BIN};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    std::vector<char*> argv;
+    for (std::string& a : argv_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(log_fd);
+}
+
+int ServerProcess::RunToExit(const std::vector<std::string>& flags, std::string* output) {
+  ServerProcess process;
+  process.Spawn(flags);
+  const int code = process.WaitForExit(30);
+  *output = process.Log();
+  return code;
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (!log_path_.empty()) unlink(log_path_.c_str());
+}
+
+std::unique_ptr<Client> ServerProcess::NewClient() const {
+  ClientOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return *Client::Create(target(), options);
+}
+
+void ServerProcess::SendSigterm() { kill(pid_, SIGTERM); }
+
+int ServerProcess::WaitForExit(int timeout_seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+int ServerProcess::Terminate(int timeout_seconds) {
+  SendSigterm();
+  return WaitForExit(timeout_seconds);
+}
+
+std::string ServerProcess::Log() const {
+  std::ifstream in(log_path_);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace attnserve::testing

@@ -1,0 +1,49 @@
+// Runs the real attnserve binary on free loopback ports for end-to-end tests.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnserve/client.h"
+
+namespace attnserve::testing {
+
+class ServerProcess {
+ public:
+  // Starts the binary with --host=127.0.0.1, free ports, --devices=cpu and `extra_flags`, and
+  // waits until it answers GetServerInfo. Fails the current test on error.
+  static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& extra_flags = {});
+  // Runs the binary with `flags` and no defaults and waits for it to exit by itself; returns
+  // its exit code (or -1) and puts what it printed in `output`.
+  static int RunToExit(const std::vector<std::string>& flags, std::string* output);
+  ~ServerProcess();
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
+  int http_port() const { return http_port_; }
+  std::unique_ptr<Client> NewClient() const;
+
+  // Sends SIGTERM and waits up to `timeout_seconds`; returns the exit code, or -1 if the
+  // process had to be killed or died from a signal.
+  int Terminate(int timeout_seconds = 30);
+  void SendSigterm();
+  int WaitForExit(int timeout_seconds);
+  std::string Log() const;
+
+ private:
+  ServerProcess() = default;
+  // Forks the binary with `args` (argv[0] excluded), output to a fresh log file.
+  void Spawn(const std::vector<std::string>& args);
+
+  pid_t pid_ = -1;
+  int grpc_port_ = 0;
+  int http_port_ = 0;
+  std::string log_path_;
+};
+
+// A TCP port nobody listens on right now.
+int FreePort();
+
+}  // namespace attnserve::testing
