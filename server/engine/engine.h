@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/devices/device_registry.h"
 #include "server/engine/attention_request.h"
 #include "server/engine/limits.h"
@@ -34,6 +35,10 @@ class Engine {
   // caller answers with the returned status.
   virtual absl::Status Enqueue(ForwardJob job) = 0;
   virtual absl::Status Enqueue(BackwardJob job) = 0;
+
+  // Stops accepting jobs (Enqueue answers UNAVAILABLE from now on) and waits up to `timeout`
+  // for the accepted ones to be answered. Returns whether everything was answered in time.
+  virtual bool Drain(absl::Duration timeout) = 0;
 
   // Stops accepting jobs, finishes every accepted one, then joins the workers. Idempotent.
   virtual void Stop() = 0;

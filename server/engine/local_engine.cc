@@ -66,8 +66,18 @@ DeviceWorker& LocalEngine::LeastLoadedWorker() {
 }
 
 void LocalEngine::AddInflight(int64_t delta) {
-  inflight_.fetch_add(delta);
   if (metrics_ != nullptr) metrics_->AddInflight(static_cast<double>(delta));
+  if (inflight_.fetch_add(delta) + delta == 0) {
+    std::lock_guard<std::mutex> lock(admit_mu_);
+    idle_cv_.notify_all();
+  }
+}
+
+bool LocalEngine::Drain(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(admit_mu_);
+  stopping_ = true;
+  return idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                           [this] { return inflight_.load() == 0; });
 }
 
 void LocalEngine::Stop() {

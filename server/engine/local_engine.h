@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -28,6 +29,7 @@ class LocalEngine : public Engine {
 
   absl::Status Enqueue(ForwardJob job) override;
   absl::Status Enqueue(BackwardJob job) override;
+  bool Drain(absl::Duration timeout) override;
   void Stop() override;
   int64_t InflightCount() const override { return inflight_.load(); }
   const Limits& limits() const override { return limits_; }
@@ -47,8 +49,10 @@ class LocalEngine : public Engine {
   const Limits limits_;
   metrics::ServerMetrics* const metrics_;
   std::atomic<int64_t> inflight_{0};
-  // Held while submitting so Stop() cannot slip between the stopping check and the submit.
+  // Held while submitting so a stop cannot slip between the stopping check and the submit;
+  // also guards the idle signal Drain waits for.
   std::mutex admit_mu_;
+  std::condition_variable idle_cv_;
   bool stopping_ = false;
 };
 

@@ -126,6 +126,21 @@ TEST(LocalEngineTest, RefusesWorkAfterStop) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(LocalEngineTest, DrainRefusesNewWorkAndWaitsForAcceptedWork) {
+  auto engine = MakeEngine();
+  std::vector<SingleKeyProblem> problems;
+  for (int i = 0; i < 20; ++i) problems.emplace_back(4, i);
+  std::atomic<int> answered{0};
+  for (auto& problem : problems) {
+    ASSERT_TRUE(engine->Enqueue(ForwardJob{problem.Inputs(), [&](auto) { answered++; }}).ok());
+  }
+  EXPECT_TRUE(engine->Drain(absl::Seconds(30)));
+  EXPECT_EQ(answered.load(), 20);
+  EXPECT_EQ(engine->InflightCount(), 0);
+  absl::Status s = engine->Enqueue(ForwardJob{problems[0].Inputs(), [](auto) {}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+}
+
 TEST(LocalEngineTest, RejectsDevicesWithoutAWorker) {
   devices::DeviceDescription gpu;
   gpu.kind = devices::DeviceKind::kCuda;

@@ -4,9 +4,19 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 
 namespace attnserve {
+namespace {
+
+// How long refused callers get to see UNAVAILABLE before the gRPC transport closes.
+constexpr absl::Duration kRefusalLinger = absl::Milliseconds(250);
+// Calls outside the engine (GetServerInfo, health) are short; past this they are cancelled.
+constexpr absl::Duration kTransportShutdownTimeout = absl::Seconds(1);
+
+}  // namespace
 
 ServerApp::ServerApp(const ServerConfig& config) : config_(config) {}
 
@@ -66,8 +76,15 @@ void ServerApp::Shutdown() {
   if (grpc_server_ != nullptr) {
     // Health checks answer NOT_SERVING from now on; load balancers stop sending work.
     grpc_server_->GetHealthCheckService()->Shutdown();
-    // Refuses new calls and waits for accepted ones; past the deadline they are cancelled.
-    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + config_.drain_timeout));
+    // The engine refuses new work with UNAVAILABLE (a clean, retryable answer) while the
+    // accepted work finishes. Only then does gRPC shut down: it resets calls that arrive after
+    // that point with CANCELLED, so callers get a moment to see the refusals first.
+    if (!engine_->Drain(config_.drain_timeout)) {
+      std::fprintf(stderr, "attnserve: drain timeout reached with %lld requests in flight\n",
+                   static_cast<long long>(engine_->InflightCount()));
+    }
+    absl::SleepFor(kRefusalLinger);
+    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + kTransportShutdownTimeout));
     grpc_server_->Wait();
   }
   if (engine_ != nullptr) engine_->Stop();

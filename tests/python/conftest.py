@@ -1,0 +1,48 @@
+"""Fixtures that run the real server for the end-to-end tests."""
+import numpy as np
+import pytest
+
+import attnserve
+from server_process import MAIN_LIMITS, SMALL_LIMITS, ServerProcess, require_binary
+
+CALL_TIMEOUT_S = 30
+
+
+def run_server(flags):
+    """Yields a started server; at teardown it must exit 0 on SIGTERM."""
+    server = ServerProcess(require_binary(), flags).start()
+    try:
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, f"server exit code {code} after SIGTERM:\n{server.log()}"
+
+
+@pytest.fixture(scope="session")
+def server():
+    yield from run_server(MAIN_LIMITS)
+
+
+@pytest.fixture(scope="session")
+def small_server():
+    yield from run_server(SMALL_LIMITS)
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    with attnserve.Client(server.target, timeout=CALL_TIMEOUT_S) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def small_client(small_server):
+    with attnserve.Client(small_server.target, timeout=CALL_TIMEOUT_S) as client:
+        yield client
+
+
+@pytest.fixture
+def rng(request):
+    """Fresh random inputs each run; the seed appears in a failing test's report."""
+    seed = np.random.SeedSequence()
+    request.node.add_report_section("call", "seed", str(seed.entropy))
+    return np.random.default_rng(seed)
