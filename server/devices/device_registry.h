@@ -24,8 +24,8 @@ struct DeviceDescription {
   int64_t memory_free_bytes = 0;
 };
 
-// Lists the GPUs the process can use. This build has no CUDA device support yet, so the
-// default lists none; tests inject synthetic GPUs.
+// Lists the GPUs the process can use: ListCudaDevices (cuda_devices.h) in CUDA builds,
+// ListNoGpus otherwise; tests inject synthetic GPUs.
 using GpuLister = std::function<std::vector<DeviceDescription>()>;
 std::vector<DeviceDescription> ListNoGpus();
 

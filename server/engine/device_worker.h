@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "server/devices/device_registry.h"
 #include "server/engine/engine.h"
@@ -13,7 +15,8 @@ class DeviceWorker {
  public:
   virtual ~DeviceWorker() = default;
   virtual const devices::DeviceDescription& device() const = 0;
-  virtual const char* kernel_family() const = 0;
+  // Kernel families this worker runs requests on, best first.
+  virtual std::vector<std::string> kernel_families() const = 0;
   // Jobs must already be validated.
   virtual void Submit(ForwardJob job) = 0;
   virtual void Submit(BackwardJob job) = 0;

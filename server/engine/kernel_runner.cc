@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace attnserve::engine {
 namespace {
@@ -23,7 +24,8 @@ kernels::AttentionShape ShapeOf(const TensorView& q, const TensorView& k,
   return shape;
 }
 
-// Resolves the wire's conventions: scale 0 means 1/sqrt(head_dim), absent window = -1.
+}  // namespace
+
 kernels::AttentionOptions ResolveOptions(const RequestOptions& o, int head_dim) {
   kernels::AttentionOptions resolved;
   resolved.softmax_scale =
@@ -34,6 +36,8 @@ kernels::AttentionOptions ResolveOptions(const RequestOptions& o, int head_dim) 
   resolved.softcap = o.softcap;
   return resolved;
 }
+
+namespace {
 
 OwnedTensor AllocateLike(const TensorView& like) {
   OwnedTensor t;
@@ -64,9 +68,11 @@ absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const Forwa
   params.v = in.v.data;
   params.out = result.out.data.data();
   params.lse = reinterpret_cast<float*>(result.lse.data.data());
+  const absl::Time start = absl::Now();
   kernels::KernelStatus status = family.forward(params, ctx);
   if (!status.ok) return KernelError(family, status);
   result.execution.kernel = family.name;
+  result.execution.compute_us = absl::ToInt64Microseconds(absl::Now() - start);
   return result;
 }
 
@@ -89,9 +95,11 @@ absl::StatusOr<BackwardResult> RunBackward(const KernelFamily& family, const Bac
   params.dq = result.dq.data.data();
   params.dk = result.dk.data.data();
   params.dv = result.dv.data.data();
+  const absl::Time start = absl::Now();
   kernels::KernelStatus status = family.backward(params, ctx);
   if (!status.ok) return KernelError(family, status);
   result.execution.kernel = family.name;
+  result.execution.compute_us = absl::ToInt64Microseconds(absl::Now() - start);
   return result;
 }
 

@@ -15,7 +15,12 @@ struct KernelFamily {
   kernels::BackwardFn backward;
 };
 
-// Inputs must have passed ValidateForward / ValidateBackward.
+// The wire's conventions resolved for kernels: scale 0 means 1/sqrt(head_dim), absent window
+// means -1 (unbounded).
+kernels::AttentionOptions ResolveOptions(const RequestOptions& options, int head_dim);
+
+// Run on the host: inputs must have passed ValidateForward / ValidateBackward. They set
+// execution.kernel and execution.compute_us (wall time of the kernel call).
 absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const ForwardInputs& inputs,
                                          const kernels::ExecutionContext& ctx);
 absl::StatusOr<BackwardResult> RunBackward(const KernelFamily& family,

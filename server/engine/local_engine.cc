@@ -4,9 +4,30 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/cpu_worker.h"
+#ifdef ATTN_WITH_CUDA
+#include "server/engine/cuda_worker.h"
+#endif
 #include "server/engine/request_validation.h"
 
 namespace attnserve::engine {
+namespace {
+
+absl::StatusOr<std::unique_ptr<DeviceWorker>> CreateWorker(
+    const devices::DeviceDescription& device, const EngineOptions& options,
+    metrics::ServerMetrics* metrics) {
+  if (device.kind == devices::DeviceKind::kCpu) {
+    return std::make_unique<CpuWorker>(device, options.cpu_threads, metrics);
+  }
+#ifdef ATTN_WITH_CUDA
+  absl::StatusOr<std::unique_ptr<CudaWorker>> worker = CudaWorker::Create(device, options, metrics);
+  if (!worker.ok()) return worker.status();
+  return std::unique_ptr<DeviceWorker>(*std::move(worker));
+#else
+  return absl::UnimplementedError(absl::StrCat(device.name, ": built without CUDA support"));
+#endif
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
     const std::vector<devices::DeviceDescription>& devices, const EngineOptions& options,
@@ -14,11 +35,9 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   if (devices.empty()) return absl::InvalidArgumentError("no devices to run on");
   std::vector<std::unique_ptr<DeviceWorker>> workers;
   for (const devices::DeviceDescription& device : devices) {
-    if (device.kind != devices::DeviceKind::kCpu) {
-      return absl::UnimplementedError(
-          absl::StrCat(device.name, ": this build has no CUDA device worker"));
-    }
-    workers.push_back(std::make_unique<CpuWorker>(device, options.cpu_threads, metrics));
+    absl::StatusOr<std::unique_ptr<DeviceWorker>> worker = CreateWorker(device, options, metrics);
+    if (!worker.ok()) return worker.status();
+    workers.push_back(*std::move(worker));
     if (metrics != nullptr) {
       metrics->SetDeviceInfo(device.name, device.model, device.compute_capability);
       metrics->SetDeviceMemoryUsed(device.name, static_cast<double>(device.memory_total_bytes -
@@ -97,8 +116,8 @@ std::vector<devices::DeviceDescription> LocalEngine::Devices() const {
 std::vector<std::string> LocalEngine::KernelFamilies() const {
   std::vector<std::string> out;
   for (const auto& worker : workers_) {
-    if (std::find(out.begin(), out.end(), worker->kernel_family()) == out.end()) {
-      out.push_back(worker->kernel_family());
+    for (const std::string& family : worker->kernel_families()) {
+      if (std::find(out.begin(), out.end(), family) == out.end()) out.push_back(family);
     }
   }
   return out;

@@ -141,12 +141,13 @@ TEST(LocalEngineTest, DrainRefusesNewWorkAndWaitsForAcceptedWork) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
 }
 
-TEST(LocalEngineTest, RejectsDevicesWithoutAWorker) {
+TEST(LocalEngineTest, RejectsDevicesItCannotRunOn) {
   devices::DeviceDescription gpu;
   gpu.kind = devices::DeviceKind::kCuda;
   gpu.name = "cuda:0";
+  // Without CUDA support, or on a machine without that GPU, creating its worker fails cleanly.
   auto engine = LocalEngine::Create({gpu}, EngineOptions{}, nullptr);
-  EXPECT_EQ(engine.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(engine.ok());
   EXPECT_EQ(LocalEngine::Create({}, EngineOptions{}, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

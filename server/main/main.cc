@@ -13,6 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/main/server_app.h"
+#ifdef ATTN_WITH_CUDA
+#include "server/devices/cuda_devices.h"
+#endif
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address both ports listen on.");
 ABSL_FLAG(int32_t, grpc_port, 8001, "gRPC port (0 picks a free one).");
@@ -32,6 +35,12 @@ ABSL_FLAG(int32_t, drain_timeout_seconds, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
 
 namespace {
+
+#ifdef ATTN_WITH_CUDA
+const attnserve::devices::GpuLister kListGpus = attnserve::devices::ListCudaDevices;
+#else
+const attnserve::devices::GpuLister kListGpus = attnserve::devices::ListNoGpus;
+#endif
 
 // Checks flag values so a typo fails at startup with the flag's name, not later.
 absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
@@ -98,7 +107,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<attnserve::ServerApp>> app =
-      attnserve::ServerApp::Start(*config, attnserve::devices::ListNoGpus);
+      attnserve::ServerApp::Start(*config, kListGpus);
   if (!app.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", app.status().ToString().c_str());
     return 1;

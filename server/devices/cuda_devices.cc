@@ -1,0 +1,36 @@
+#include "server/devices/cuda_devices.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::devices {
+
+std::vector<DeviceDescription> ListCudaDevices() {
+  int count = 0;
+  // No driver or no GPU is a normal answer here (the server then runs on the CPU).
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  std::vector<DeviceDescription> gpus;
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    DeviceDescription gpu;
+    gpu.kind = DeviceKind::kCuda;
+    gpu.ordinal = ordinal;
+    gpu.name = absl::StrCat("cuda:", ordinal);
+    gpu.model = prop.name;
+    gpu.compute_capability = absl::StrCat(prop.major, ".", prop.minor);
+    gpu.memory_total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    gpu.memory_free_bytes = gpu.memory_total_bytes;  // refreshed by the device's worker
+    gpus.push_back(gpu);
+  }
+  return gpus;
+}
+
+}  // namespace attnserve::devices

@@ -1,0 +1,228 @@
+#include "server/engine/cuda_worker.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/flash/flash_attention.h"
+#include "server/engine/cpu_worker.h"
+#include "server/engine/kernel_runner.h"
+
+namespace attnserve::engine {
+namespace {
+
+// Device and pinned buffers are carved into 256-byte aligned segments (cudaMalloc's own
+// alignment), so every tensor starts where vectorized kernel loads expect.
+constexpr size_t kSegmentAlignment = 256;
+
+size_t AlignUp(size_t n) { return (n + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment; }
+
+absl::Status CudaError(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // clear a non-sticky error so the next request starts clean
+  if (err == cudaErrorMemoryAllocation) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": device out of memory"));
+  }
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+#define ATTN_RETURN_IF_CUDA_ERROR(call)                                  \
+  do {                                                                   \
+    if (absl::Status _s = CudaError((call), #call); !_s.ok()) return _s; \
+  } while (0)
+
+// Where each tensor of one forward request sits, identically in pinned and device memory, so
+// one copy moves all inputs in and one moves all outputs out.
+struct ForwardLayout {
+  size_t q, k, v, cu_q, cu_k, inputs_end;
+  size_t out, lse, end;
+};
+
+ForwardLayout LayOut(const ForwardInputs& in, size_t lse_bytes) {
+  ForwardLayout l;
+  l.q = 0;
+  l.k = l.q + AlignUp(in.q.size_bytes);
+  l.v = l.k + AlignUp(in.k.size_bytes);
+  l.cu_q = l.v + AlignUp(in.v.size_bytes);
+  l.cu_k = l.cu_q + AlignUp(in.cu_seqlens_q.size() * sizeof(int32_t));
+  l.inputs_end = l.cu_k + AlignUp(in.cu_seqlens_k.size() * sizeof(int32_t));
+  l.out = l.inputs_end;
+  l.lse = l.out + AlignUp(in.q.size_bytes);
+  l.end = l.lse + AlignUp(lse_bytes);
+  return l;
+}
+
+int MaxLength(const std::vector<int32_t>& cu) {
+  int longest = 0;
+  for (size_t i = 1; i < cu.size(); ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
+  return longest;
+}
+
+}  // namespace
+
+// The device's stream and the worker's pinned staging buffer (grown to the largest request).
+struct CudaWorker::DeviceState {
+  int ordinal = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t kernel_start = nullptr, kernel_end = nullptr;
+  char* pinned = nullptr;
+  size_t pinned_bytes = 0;
+
+  absl::Status ReservePinned(size_t bytes) {
+    if (bytes <= pinned_bytes) return absl::OkStatus();
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    pinned = nullptr;
+    pinned_bytes = 0;
+    ATTN_RETURN_IF_CUDA_ERROR(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault));
+    pinned_bytes = bytes;
+    return absl::OkStatus();
+  }
+
+  ~DeviceState() {
+    cudaSetDevice(ordinal);
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    if (kernel_start != nullptr) cudaEventDestroy(kernel_start);
+    if (kernel_end != nullptr) cudaEventDestroy(kernel_end);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDescription device,
+                                                               const EngineOptions& options,
+                                                               metrics::ServerMetrics* metrics) {
+  auto state = std::make_unique<DeviceState>();
+  state->ordinal = device.ordinal;
+  ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(device.ordinal));
+  ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking));
+  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&state->kernel_start));
+  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&state->kernel_end));
+  // Keep freed device memory in the pool instead of returning it to the driver after every
+  // request: requests of similar sizes then allocate without a driver call.
+  cudaMemPool_t pool;
+  ATTN_RETURN_IF_CUDA_ERROR(cudaDeviceGetDefaultMemPool(&pool, device.ordinal));
+  uint64_t keep_everything = UINT64_MAX;
+  ATTN_RETURN_IF_CUDA_ERROR(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  return std::unique_ptr<CudaWorker>(
+      new CudaWorker(std::move(device), options, metrics, std::move(state)));
+}
+
+CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
+                       metrics::ServerMetrics* metrics, std::unique_ptr<DeviceState> state)
+    : QueueWorker(device, metrics),
+      state_(std::move(state)),
+      cpu_context_{options.cpu_threads},
+      compute_capability_(std::stoi(device.compute_capability) * 10 +
+                          std::stoi(device.compute_capability.substr(
+                              device.compute_capability.find('.') + 1))),
+      metrics_(metrics) {
+  StartThread();
+}
+
+CudaWorker::~CudaWorker() { Stop(); }
+
+std::vector<std::string> CudaWorker::kernel_families() const {
+  if (compute_capability_ >= 80) return {"flash", kReferenceFamily.name};
+  return {kReferenceFamily.name};
+}
+
+void CudaWorker::OnThreadStart() { cudaSetDevice(state_->ordinal); }
+
+bool CudaWorker::FlashCanRun(const TensorView& q) const {
+  const int64_t head_dim = q.shape[2];
+  return compute_capability_ >= 80 && q.dtype != DType::kFloat32 && head_dim % 8 == 0 &&
+         head_dim <= 256;
+}
+
+absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs) {
+  if (FlashCanRun(inputs.q) && inputs.q.shape[0] > 0) return RunFlashForward(inputs);
+  // No GPU family covers this request (yet): the exact CPU kernels answer it.
+  absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, cpu_context_);
+  if (result.ok()) result->execution.device = "cpu";
+  return result;
+}
+
+absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs) {
+  absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, cpu_context_);
+  if (result.ok()) result->execution.device = "cpu";
+  return result;
+}
+
+absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& in) {
+  const int num_heads = static_cast<int>(in.q.shape[1]);
+  const int64_t total_q = in.q.shape[0];
+  const size_t lse_bytes = sizeof(float) * num_heads * total_q;
+  const ForwardLayout layout = LayOut(in, lse_bytes);
+  if (absl::Status s = state_->ReservePinned(layout.end); !s.ok()) return s;
+
+  char* host = state_->pinned;
+  std::memcpy(host + layout.q, in.q.data, in.q.size_bytes);
+  std::memcpy(host + layout.k, in.k.data, in.k.size_bytes);
+  std::memcpy(host + layout.v, in.v.data, in.v.size_bytes);
+  std::memcpy(host + layout.cu_q, in.cu_seqlens_q.data(), in.cu_seqlens_q.size() * 4);
+  std::memcpy(host + layout.cu_k, in.cu_seqlens_k.data(), in.cu_seqlens_k.size() * 4);
+
+  cudaStream_t stream = state_->stream;
+  char* device = nullptr;
+  ATTN_RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&device), layout.end, stream));
+  // From here on the device buffer must go back to the pool whatever happens.
+  auto run = [&]() -> absl::Status {
+    ATTN_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(device, host, layout.inputs_end, cudaMemcpyHostToDevice, stream));
+    kernels::ForwardParams params;
+    params.shape.dtype = in.q.dtype;
+    params.shape.batch = static_cast<int>(in.cu_seqlens_q.size()) - 1;
+    params.shape.total_q = total_q;
+    params.shape.total_k = in.k.shape[0];
+    params.shape.num_heads = num_heads;
+    params.shape.num_heads_k = static_cast<int>(in.k.shape[1]);
+    params.shape.head_dim = static_cast<int>(in.q.shape[2]);
+    params.shape.cu_seqlens_q = in.cu_seqlens_q.data();
+    params.shape.cu_seqlens_k = in.cu_seqlens_k.data();
+    params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(device + layout.cu_q);
+    params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(device + layout.cu_k);
+    params.shape.max_seqlen_q = MaxLength(in.cu_seqlens_q);
+    params.shape.max_seqlen_k = MaxLength(in.cu_seqlens_k);
+    params.options = ResolveOptions(in.options, params.shape.head_dim);
+    params.q = device + layout.q;
+    params.k = device + layout.k;
+    params.v = device + layout.v;
+    params.out = device + layout.out;
+    params.lse = reinterpret_cast<float*>(device + layout.lse);
+    kernels::ExecutionContext ctx;
+    ctx.stream = stream;
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(state_->kernel_start, stream));
+    kernels::KernelStatus status = kernels::flash::Forward(params, ctx);
+    if (!status.ok) return absl::InternalError(absl::StrCat("flash forward: ", status.message));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(state_->kernel_end, stream));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + layout.out, device + layout.out,
+                                              layout.end - layout.out, cudaMemcpyDeviceToHost,
+                                              stream));
+    return CudaError(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  };
+  absl::Status status = run();
+  cudaFreeAsync(device, stream);
+  if (!status.ok()) return status;
+
+  ForwardResult result;
+  result.out = {in.q.dtype, in.q.shape, std::string(host + layout.out, in.q.size_bytes)};
+  result.lse = {DType::kFloat32, {num_heads, total_q}, std::string(host + layout.lse, lse_bytes)};
+  float kernel_ms = 0;
+  cudaEventElapsedTime(&kernel_ms, state_->kernel_start, state_->kernel_end);
+  result.execution.device = this->device().name;
+  result.execution.kernel = "flash";
+  result.execution.compute_us = static_cast<int64_t>(kernel_ms * 1000);
+  PublishMemoryUse();
+  return result;
+}
+
+void CudaWorker::PublishMemoryUse() {
+  if (metrics_ == nullptr) return;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    metrics_->SetDeviceMemoryUsed(device().name, static_cast<double>(total_bytes - free_bytes));
+  }
+}
+
+}  // namespace attnserve::engine
