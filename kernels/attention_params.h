@@ -3,6 +3,7 @@
 // (and CUDA) toolchain.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -26,7 +27,8 @@ struct AttentionOptions {
 
 // Shapes shared by forward and backward. Tensors are packed and contiguous:
 // q/out/dq [total_q, num_heads, head_dim], k/v/dk/dv [total_k, num_heads_k, head_dim],
-// lse [num_heads, total_q] float32. cu_seqlens_* are host arrays of batch + 1 offsets.
+// lse [num_heads, total_q] float32. cu_seqlens_* are host arrays of batch + 1 offsets; GPU
+// families also get device copies and the longest sequence lengths (to size their grids).
 struct AttentionShape {
   DType dtype = DType::kFloat32;
   int batch = 0;
@@ -37,6 +39,10 @@ struct AttentionShape {
   int head_dim = 0;
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* cu_seqlens_q_device = nullptr;
+  const int32_t* cu_seqlens_k_device = nullptr;
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
 };
 
 struct ForwardParams {
@@ -65,8 +71,13 @@ struct BackwardParams {
 };
 
 // Where a kernel runs. The reference family uses num_threads host threads (0 = all cores).
+// GPU families run on `stream` (a cudaStream_t) of the current device, with tensor pointers
+// in device memory, and may use `workspace` (device scratch of workspace_bytes).
 struct ExecutionContext {
   int num_threads = 0;
+  void* stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // Kernels report failure as a message; the engine turns it into absl::Status.
