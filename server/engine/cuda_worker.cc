@@ -74,7 +74,7 @@ struct CudaWorker::DeviceState {
     if (pinned != nullptr) cudaFreeHost(pinned);
     pinned = nullptr;
     pinned_bytes = 0;
-    ATTN_RETURN_IF_CUDA_ERROR(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&pinned), bytes, cudaHostAllocDefault));
     pinned_bytes = bytes;
     return absl::OkStatus();
   }
