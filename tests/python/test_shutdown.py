@@ -65,7 +65,7 @@ def test_sigterm_under_load(rng):
     assert not any(thread.is_alive() for thread in threads), "a client hung after shutdown"
     for results in outcomes:
         # Every answer before the refusal was right; the last call was refused as UNAVAILABLE
-        # (gRPC core answers CANCELLED for calls that reach it after Server::Shutdown began,
-        # grpc/grpc#41785, so the server has to refuse new work itself before that).
+        # (the engine refuses new work before gRPC shuts down, because gRPC resets calls that
+        # reach it after its shutdown began with CANCELLED, which reads as an error).
         assert all(ok is True for ok in results[:-1]), results
         assert results[-1][0] == grpc.StatusCode.UNAVAILABLE, results

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# End-to-end on the GPU machine, in one go: start the server built here (carried in
+# .gpu-bundle/, see make_gpu_bundle.sh) with --devices=auto, check it with attnctl, run the
+# Python client's GPU tests against it, stop it with SIGTERM. Logs go to $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/attnserve-gpu-e2e}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/.gpu-bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+
+# The committed stubs need grpcio >= 1.76 and protobuf >= 6.31.1; carried wheels fill the gap.
+if ! python3 - <<'PY'
+import grpc, google.protobuf as pb
+from packaging.version import Version as V
+raise SystemExit(0 if V(grpc.__version__) >= V("1.76") and V(pb.__version__) >= V("6.31.1") else 1)
+PY
+then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD/client/python:${PYTHONPATH:-}"
+
+.gpu-bundle/bin/attnserve --devices=auto --grpc_port=8001 --http_port=8000 \
+  >"$OUT/server.log" 2>&1 &
+server=$!
+for _ in $(seq 1 150); do
+  python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz')" \
+    2>/dev/null && break
+  sleep 0.2
+done
+
+status=0
+ctl=.gpu-bundle/bin/attnctl
+$ctl --target=localhost:8001 info || status=1
+$ctl --target=localhost:8001 forward --check --batch=8 --seqlen_q=1024 --seqlen_k=1024 \
+  --heads=16 --head_dim=128 --dtype=bf16 --causal || status=1
+$ctl --target=localhost:8001 forward --check --batch=3 --seqlen_q=300 --seqlen_k=500 \
+  --heads=8 --heads_k=2 --head_dim=64 --dtype=fp16 || status=1
+$ctl --target=localhost:8001 backward --check --batch=2 --seqlen_q=64 --seqlen_k=64 \
+  --heads=4 --head_dim=64 --dtype=bf16 || status=1
+ATTNSERVE_GPU_TARGET=localhost:8001 python3 -m pytest -q -p no:cacheprovider tests/gpu \
+  2>&1 | tee "$OUT/pytest_gpu.log" || status=1
+python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())" \
+  | grep -E '^attnserve_(requests_total|device_info|compute_duration_seconds_count|device_memory)' || true
+
+kill -TERM "$server"
+wait "$server"; echo "attnserve exit code: $?"
+cat "$OUT/server.log"
+exit $status

@@ -1,0 +1,110 @@
+"""End-to-end on the GPU machine: a running attnserve (ATTNSERVE_GPU_TARGET) answers the Python
+client from the GPU, checked against the float64 reference and against PyTorch's own attention
+on the same inputs. Skipped elsewhere (CI has no GPU); scripts/gpu_e2e.sh runs it."""
+import os
+
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+
+import attnserve
+from attnserve import reference
+
+TARGET = os.environ.get("ATTNSERVE_GPU_TARGET")
+pytestmark = pytest.mark.skipif(not TARGET, reason="needs a GPU server (ATTNSERVE_GPU_TARGET)")
+
+DTYPES = {"fp16": np.float16, "bf16": bfloat16}
+TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
+
+# (name, seqlens_q, seqlens_k, heads, heads_k, head_dim, options)
+CASES = [
+    ("hdim64", [300, 17, 129], [300, 17, 129], 8, 8, 64, {}),
+    ("hdim128_causal", [257, 64], [257, 64], 4, 4, 128, {"causal": True}),
+    ("hdim40_padded", [100, 33], [90, 70], 4, 2, 40, {}),
+    ("hdim256_gqa", [130], [200], 8, 2, 256, {"causal": True}),
+    ("hdim96_window", [200, 50], [200, 80], 2, 1, 96, {"window_size": (32, 8)}),
+    ("softcap_scale", [180], [180], 4, 4, 64, {"softcap": 20.0, "softmax_scale": 0.2}),
+    ("empty_and_longer_q", [0, 70, 5, 0], [12, 0, 9, 3], 2, 2, 32, {"causal": True}),
+]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with attnserve.Client(TARGET, timeout=120) as c:
+        yield c
+
+
+def rel_error(got, want):
+    got = np.asarray(got, dtype=np.float64)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isfinite(got), finite), "non-finite entries differ"
+    diff = np.linalg.norm((got - want)[finite])
+    return diff / max(np.linalg.norm(want[finite]), 1e-30)
+
+
+def random_inputs(rng, seqlens_q, seqlens_k, heads, heads_k, dim, dtype):
+    tq, tk = sum(seqlens_q), sum(seqlens_k)
+    make = lambda *shape: rng.standard_normal(shape).astype(dtype)
+    return make(tq, heads, dim), make(tk, heads_k, dim), make(tk, heads_k, dim)
+
+
+def offsets(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def torch_error(q, k, v, cu_q, cu_k, want_out, options):
+    """PyTorch's own attention in the request's dtype on the GPU, against the same float64 answer."""
+    torch = pytest.importorskip("torch")
+    out = np.zeros(want_out.shape)
+    dtype = torch.float16 if q.dtype == np.float16 else torch.bfloat16
+    for b in range(len(cu_q) - 1):
+        sq, sk = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        if sq == 0 or sk == 0:
+            continue
+        to = lambda x, lo, hi: torch.from_numpy(x[lo:hi].astype(np.float32)).cuda().to(dtype)
+        tq, tk, tv = to(q, cu_q[b], cu_q[b + 1]), to(k, cu_k[b], cu_k[b + 1]), to(v, cu_k[b], cu_k[b + 1])
+        mask = torch.from_numpy(reference.visible_mask(
+            sq, sk, options.get("causal", False), options.get("window_size", (-1, -1)))).cuda()
+        groups = q.shape[1] // k.shape[1]
+        tk, tv = tk.repeat_interleave(groups, 1), tv.repeat_interleave(groups, 1)
+        scale = options.get("softmax_scale") or q.shape[2] ** -0.5
+        s = torch.einsum("qhd,khd->hqk", tq, tk).float() * scale
+        if options.get("softcap"):
+            s = options["softcap"] * torch.tanh(s / options["softcap"])
+        s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, -1).nan_to_num(0.0).to(dtype)
+        out[cu_q[b]:cu_q[b + 1]] = torch.einsum("hqk,khd->qhd", p, tv).float().cpu().numpy()
+    return rel_error(out, want_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_forward_on_the_gpu_matches_float64_and_pytorch(client, dtype, case):
+    _, seqlens_q, seqlens_k, heads, heads_k, dim, options = case
+    rng = np.random.default_rng()
+    q, k, v = random_inputs(rng, seqlens_q, seqlens_k, heads, heads_k, dim, DTYPES[dtype])
+    cu_q, cu_k = offsets(seqlens_q), offsets(seqlens_k)
+    result = client.forward(q, k, v, cu_q, cu_k, **options)
+    assert result.execution.device == "cuda:0"
+    assert result.execution.kernel == "flash"
+    want_out, want_lse = reference.attention_forward(q, k, v, cu_q, cu_k, **options)
+    err = rel_error(result.out, want_out)
+    assert err <= TOLERANCE[dtype]
+    assert rel_error(result.lse, want_lse) <= 1e-4
+    assert err <= 2 * torch_error(q, k, v, cu_q, cu_k, want_out, options) + 1e-4
+
+
+def test_fp32_and_backward_are_answered_by_the_reference_family(client):
+    rng = np.random.default_rng()
+    q, k, v = random_inputs(rng, [40], [50], 2, 2, 32, np.float32)
+    cu_q, cu_k = offsets([40]), offsets([50])
+    forward = client.forward(q, k, v, cu_q, cu_k, causal=True)
+    assert forward.execution.kernel == "reference"
+    want_out, want_lse = reference.attention_forward(q, k, v, cu_q, cu_k, causal=True)
+    assert rel_error(forward.out, want_out) <= 1e-5
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    backward = client.backward(dout, q, k, v, forward.out, forward.lse, cu_q, cu_k, causal=True)
+    want = reference.attention_backward(dout, q, k, v, forward.out, forward.lse, cu_q, cu_k,
+                                        causal=True)
+    for got, exp in zip((backward.dq, backward.dk, backward.dv), want):
+        assert rel_error(got, exp) <= 1e-5

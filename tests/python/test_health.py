@@ -1,0 +1,72 @@
+"""grpc.health.v1, server reflection, and readiness while draining after SIGTERM.
+
+The health and reflection messages are tiny, so they are written and read as raw protobuf
+bytes here rather than pulling in more generated code."""
+import threading
+import time
+
+import grpc
+import numpy as np
+
+import attnserve
+from attnserve import reference
+from server_process import MAIN_LIMITS, ServerProcess, require_binary
+
+SERVING, NOT_SERVING = 1, 2
+
+
+def health_status(target: str, service: str = "") -> int:
+    """HealthCheckResponse.status for `service` ("" = the whole server)."""
+    request = (b"\x0a" + bytes([len(service)]) + service.encode()) if service else b""
+    with grpc.insecure_channel(target) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        response = check(request, timeout=5)
+    assert response[:1] == b"\x08", response  # field 1 (status), varint
+    return response[1]
+
+
+def test_health_check_serving(server):
+    assert health_status(server.target) == SERVING
+
+
+def test_reflection_lists_the_attention_service(server):
+    list_services = b"\x3a\x00"  # ServerReflectionRequest.list_services = ""
+    with grpc.insecure_channel(server.target) as channel:
+        stream = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/"
+                                       "ServerReflectionInfo")
+        responses = list(stream(iter([list_services]), timeout=5))
+    assert b"attnserve.v1.AttentionService" in responses[0]
+    assert b"grpc.health.v1.Health" in responses[0]
+
+
+def test_readiness_turns_off_while_accepted_work_drains(rng):
+    # One thread makes a large request slow enough to still be running after SIGTERM.
+    server = ServerProcess(require_binary(), {**MAIN_LIMITS, "cpu_threads": 1}).start()
+    q = rng.standard_normal((1500, 8, 64)).astype(np.float32)
+    cu = np.array([0, 1500], np.int32)
+    result = {}
+
+    def slow_request():
+        with attnserve.Client(server.target, timeout=120) as client:
+            result["forward"] = client.forward(q, q, q, cu, cu)
+
+    try:
+        assert server.http_status("/readyz") == 200
+        worker = threading.Thread(target=slow_request)
+        worker.start()
+        time.sleep(0.3)  # the request is now on the CPU worker
+        server.terminate()
+        deadline = time.monotonic() + 5
+        while server.http_status("/readyz") == 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.http_status("/readyz") == 503
+        assert worker.is_alive(), "the request finished too fast to observe the drain"
+        assert health_status(server.target) == NOT_SERVING
+        worker.join(timeout=120)
+        code = server.wait()
+    finally:
+        server.kill()
+    assert code == 0, server.log()
+    want, _ = reference.attention_forward(q, q, q, cu, cu)
+    got = result["forward"].out
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-5
