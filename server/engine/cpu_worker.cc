@@ -7,9 +7,9 @@ namespace attnserve::engine {
 const KernelFamily kReferenceFamily = {"reference", kernels::reference::Forward,
                                        kernels::reference::Backward};
 
-CpuWorker::CpuWorker(devices::DeviceDescription device, int num_threads,
+CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& options,
                      metrics::ServerMetrics* metrics)
-    : QueueWorker(std::move(device), metrics), context_{num_threads} {
+    : QueueWorker(std::move(device), options.batching, metrics), context_{options.cpu_threads} {
   StartThread();
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "server/engine/kernel_runner.h"
+#include "server/engine/engine_options.h"
 #include "server/engine/queue_worker.h"
 
 namespace attnserve::engine {
@@ -13,7 +14,8 @@ extern const KernelFamily kReferenceFamily;
 class CpuWorker : public QueueWorker {
  public:
   // `metrics` may be null (unit tests); it must outlive the worker otherwise.
-  CpuWorker(devices::DeviceDescription device, int num_threads, metrics::ServerMetrics* metrics);
+  CpuWorker(devices::DeviceDescription device, const EngineOptions& options,
+            metrics::ServerMetrics* metrics);
   ~CpuWorker() override { Stop(); }
 
   std::vector<std::string> kernel_families() const override { return {kReferenceFamily.name}; }

@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
 
 CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
                        metrics::ServerMetrics* metrics, std::unique_ptr<DeviceState> state)
-    : QueueWorker(device, metrics),
+    : QueueWorker(device, options.batching, metrics),
       state_(std::move(state)),
       cpu_context_{options.cpu_threads},
       compute_capability_(std::stoi(device.compute_capability) * 10 +

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "server/engine/local_engine.h"
+#include "server/engine/engine_options.h"
 #include "server/engine/queue_worker.h"
 
 namespace attnserve::engine {

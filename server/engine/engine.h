@@ -15,15 +15,24 @@
 
 namespace attnserve::engine {
 
+// What the caller says about a job beyond its inputs: when it stops being useful, and how to
+// learn that the caller has gone. Checked right before launch; a job past either is dropped.
+struct JobControl {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // empty: never cancelled
+};
+
 // The request's input views must stay valid until `done` has returned.
 struct ForwardJob {
   ForwardInputs inputs;
   std::function<void(absl::StatusOr<ForwardResult>)> done;
+  JobControl control;
 };
 
 struct BackwardJob {
   BackwardInputs inputs;
   std::function<void(absl::StatusOr<BackwardResult>)> done;
+  JobControl control;
 };
 
 class Engine {

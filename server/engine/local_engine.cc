@@ -16,7 +16,7 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> CreateWorker(
     const devices::DeviceDescription& device, const EngineOptions& options,
     metrics::ServerMetrics* metrics) {
   if (device.kind == devices::DeviceKind::kCpu) {
-    return std::make_unique<CpuWorker>(device, options.cpu_threads, metrics);
+    return std::make_unique<CpuWorker>(device, options, metrics);
   }
 #ifdef ATTN_WITH_CUDA
   absl::StatusOr<std::unique_ptr<CudaWorker>> worker = CudaWorker::Create(device, options, metrics);
@@ -45,36 +45,66 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
       metrics->SetQueueDepth(device.name, 0);
     }
   }
-  return std::unique_ptr<LocalEngine>(new LocalEngine(std::move(workers), options.limits, metrics));
+  return std::unique_ptr<LocalEngine>(new LocalEngine(std::move(workers), options, metrics));
 }
 
-LocalEngine::LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, Limits limits,
-                         metrics::ServerMetrics* metrics)
-    : workers_(std::move(workers)), limits_(limits), metrics_(metrics) {}
+LocalEngine::LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers,
+                         const EngineOptions& options, metrics::ServerMetrics* metrics)
+    : workers_(std::move(workers)),
+      limits_(options.limits),
+      max_queue_size_(options.max_queue_size),
+      metrics_(metrics) {}
 
 LocalEngine::~LocalEngine() { Stop(); }
 
 absl::Status LocalEngine::Enqueue(ForwardJob job) {
-  if (absl::Status s = ValidateForward(job.inputs, limits_); !s.ok()) return s;
+  if (absl::Status s = ValidateForward(job.inputs, limits_); !s.ok()) {
+    return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "limit" : "invalid");
+  }
   return Admit(std::move(job));
 }
 
 absl::Status LocalEngine::Enqueue(BackwardJob job) {
-  if (absl::Status s = ValidateBackward(job.inputs, limits_); !s.ok()) return s;
+  if (absl::Status s = ValidateBackward(job.inputs, limits_); !s.ok()) {
+    return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "limit" : "invalid");
+  }
   return Admit(std::move(job));
+}
+
+absl::Status LocalEngine::Reject(absl::Status status, const char* reason) {
+  if (metrics_ != nullptr) metrics_->RecordRejection(reason);
+  return status;
 }
 
 template <typename Job>
 absl::Status LocalEngine::Admit(Job job) {
+  if (absl::Now() >= job.control.deadline) {
+    return Reject(absl::DeadlineExceededError("the request's deadline passed before it was queued"),
+                  "deadline");
+  }
   std::lock_guard<std::mutex> lock(admit_mu_);
-  if (stopping_) return absl::UnavailableError("server is shutting down");
+  if (stopping_) return Reject(absl::UnavailableError("server is shutting down"), "shutting_down");
+  DeviceWorker& worker = LeastLoadedWorker();
+  if (static_cast<int64_t>(worker.QueueDepth()) >= max_queue_size_) {
+    return Reject(absl::ResourceExhaustedError(absl::StrCat(
+                      "every device queue is full (", max_queue_size_,
+                      " requests waiting on ", worker.device().name, "); retry later")),
+                  "queue_full");
+  }
   AddInflight(1);
   // The in-flight count drops only after the answer has been handed to the transport.
   job.done = [this, done = std::move(job.done)](auto result) {
+    if (metrics_ != nullptr && !result.ok()) {
+      if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        metrics_->RecordRejection("deadline");
+      } else if (result.status().code() == absl::StatusCode::kCancelled) {
+        metrics_->RecordRejection("cancelled");
+      }
+    }
     done(std::move(result));
     AddInflight(-1);
   };
-  LeastLoadedWorker().Submit(std::move(job));
+  worker.Submit(std::move(job));
   return absl::OkStatus();
 }
 

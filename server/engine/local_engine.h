@@ -10,14 +10,11 @@
 
 #include "server/engine/device_worker.h"
 #include "server/engine/engine.h"
+#include "server/engine/engine_options.h"
 #include "server/metrics/server_metrics.h"
 
 namespace attnserve::engine {
 
-struct EngineOptions {
-  Limits limits;
-  int cpu_threads = 0;  // reference kernel threads; 0 = all cores
-};
 
 class LocalEngine : public Engine {
  public:
@@ -37,16 +34,18 @@ class LocalEngine : public Engine {
   std::vector<std::string> KernelFamilies() const override;
 
  private:
-  LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, Limits limits,
+  LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, const EngineOptions& options,
               metrics::ServerMetrics* metrics);
 
   template <typename Job>
   absl::Status Admit(Job job);
+  absl::Status Reject(absl::Status status, const char* reason);
   DeviceWorker& LeastLoadedWorker();
   void AddInflight(int64_t delta);
 
   const std::vector<std::unique_ptr<DeviceWorker>> workers_;
   const Limits limits_;
+  const int64_t max_queue_size_;
   metrics::ServerMetrics* const metrics_;
   std::atomic<int64_t> inflight_{0};
   // Held while submitting so a stop cannot slip between the stopping check and the submit;

@@ -49,7 +49,7 @@ struct SingleKeyProblem {
     }
     EXPECT_EQ(r.execution.device, "cpu");
     EXPECT_EQ(r.execution.kernel, "reference");
-    EXPECT_EQ(r.execution.batched_requests, 1);
+    EXPECT_GE(r.execution.batched_requests, 1);
   }
 
   static constexpr int kDim = 8;

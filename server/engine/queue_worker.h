@@ -1,6 +1,7 @@
-// The part every device worker shares: a FIFO of validated jobs drained by one thread, queue
-// depth published as a metric, each job timed and answered exactly once. Subclasses say how a
-// job executes on their device.
+// The part every device worker shares: a queue of validated jobs drained by one thread that
+// forms batches of compatible jobs (up to a token budget, waiting up to a maximum queue delay
+// for company), drops jobs whose deadline passed or whose caller left, and answers each job
+// exactly once. Subclasses say how one (merged) request executes on their device.
 #pragma once
 
 #include <condition_variable>
@@ -8,12 +9,22 @@
 #include <mutex>
 #include <thread>
 #include <variant>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "server/engine/device_worker.h"
 #include "server/metrics/server_metrics.h"
 
 namespace attnserve::engine {
+
+struct BatchingOptions {
+  bool enabled = true;
+  // Most query (and, separately, key) tokens one launch may carry.
+  int64_t max_batch_tokens = 1 << 16;
+  // How long the oldest job may wait for compatible company (Triton's
+  // max_queue_delay_microseconds); 0 merges only what is already queued.
+  absl::Duration max_queue_delay = absl::ZeroDuration();
+};
 
 class QueueWorker : public DeviceWorker {
  public:
@@ -27,29 +38,39 @@ class QueueWorker : public DeviceWorker {
 
  protected:
   // `metrics` may be null; it must outlive the worker otherwise.
-  QueueWorker(devices::DeviceDescription device, metrics::ServerMetrics* metrics);
+  QueueWorker(devices::DeviceDescription device, BatchingOptions batching,
+              metrics::ServerMetrics* metrics);
 
   // Subclass constructors call this last, so the thread never sees a half-built object.
   void StartThread();
 
   // Called on the worker thread once, before the first job (e.g. to bind a CUDA device).
   virtual void OnThreadStart() {}
+  // One request, possibly the merge of several. Results carry kernel, device and compute time.
   virtual absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs) = 0;
   virtual absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs) = 0;
 
  private:
+  using AnyJob = std::variant<ForwardJob, BackwardJob>;
   struct Queued {
-    std::variant<ForwardJob, BackwardJob> job;
+    AnyJob job;
     absl::Time enqueued;
   };
 
   void Push(Queued queued);
   void Loop();
+  // Blocks for the next batch (jobs of one kind, mutually compatible); empty once stopped.
+  std::vector<Queued> NextBatch();
+  // Takes queued jobs compatible with `batch[0]` while the token budget allows.
+  void TakeCompatible(std::vector<Queued>& batch, int64_t& q_tokens, int64_t& k_tokens);
+  // Answers and removes jobs whose deadline passed or whose caller cancelled.
+  void DropDeadJobs(std::vector<Queued>& batch);
   template <typename Job>
-  void RunAndAnswer(Job& job, absl::Time enqueued, const char* rpc);
+  void RunBatch(std::vector<Queued>& batch, const char* rpc);
   void PublishQueueDepth(size_t depth);
 
   const devices::DeviceDescription device_;
+  const BatchingOptions batching_;
   metrics::ServerMetrics* const metrics_;
 
   mutable std::mutex mu_;

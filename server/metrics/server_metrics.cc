@@ -63,7 +63,7 @@ ServerMetrics::ServerMetrics(const std::string& version)
                        .Register(*registry_)),
       batch_requests_(prometheus::BuildHistogram()
                           .Name("attnserve_batch_requests")
-                          .Help("Requests that shared one kernel launch.")
+                          .Help("Requests that shared one kernel launch (one observation per launch).")
                           .Register(*registry_)
                           .Add({}, BatchBuckets())),
       device_info_(prometheus::BuildGauge()
@@ -73,7 +73,11 @@ ServerMetrics::ServerMetrics(const std::string& version)
       device_memory_used_(prometheus::BuildGauge()
                               .Name("attnserve_device_memory_used_bytes")
                               .Help("Memory in use on a device.")
-                              .Register(*registry_)) {
+                              .Register(*registry_)),
+      rejections_total_(prometheus::BuildCounter()
+                            .Name("attnserve_rejections_total")
+                            .Help("Requests refused or dropped before running, by reason.")
+                            .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("attnserve_build_info")
       .Help("Build of this server (value is always 1).")
@@ -94,12 +98,17 @@ void ServerMetrics::AddInflight(double delta) { inflight_.Increment(delta); }
 
 void ServerMetrics::RecordExecution(const std::string& rpc, const std::string& kernel,
                                     const std::string& device, double queue_seconds,
-                                    double compute_seconds, double tokens, int batched_requests) {
+                                    double compute_seconds, double tokens) {
   queue_duration_.Add({{"rpc", rpc}}, LatencyBuckets()).Observe(queue_seconds);
   compute_duration_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}}, LatencyBuckets())
       .Observe(compute_seconds);
   tokens_total_.Add({{"rpc", rpc}}).Increment(tokens);
-  batch_requests_.Observe(batched_requests);
+}
+
+void ServerMetrics::RecordBatch(int requests) { batch_requests_.Observe(requests); }
+
+void ServerMetrics::RecordRejection(const std::string& reason) {
+  rejections_total_.Add({{"reason", reason}}).Increment();
 }
 
 void ServerMetrics::SetQueueDepth(const std::string& device, double depth) {

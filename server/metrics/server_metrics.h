@@ -24,10 +24,12 @@ class ServerMetrics {
   void AddSentBytes(double bytes);
   void AddInflight(double delta);
 
-  // Engine side: one call per executed request.
+  // Engine side: one call per executed request, one per launch, one per refused request.
   void RecordExecution(const std::string& rpc, const std::string& kernel,
                        const std::string& device, double queue_seconds, double compute_seconds,
-                       double tokens, int batched_requests);
+                       double tokens);
+  void RecordBatch(int requests);
+  void RecordRejection(const std::string& reason);
   void SetQueueDepth(const std::string& device, double depth);
 
   // Device registry side.
@@ -54,6 +56,7 @@ class ServerMetrics {
   prometheus::Histogram& batch_requests_;
   prometheus::Family<prometheus::Gauge>& device_info_;
   prometheus::Family<prometheus::Gauge>& device_memory_used_;
+  prometheus::Family<prometheus::Counter>& rejections_total_;
 };
 
 }  // namespace attnserve::metrics

@@ -12,7 +12,9 @@ TEST(ServerMetricsTest, ExportsTheDesignedNamesWithLabels) {
   ServerMetrics metrics("1.2.3");
   metrics.RecordRequest("Forward", "OK", 0.002);
   metrics.RecordRequest("Forward", "INVALID_ARGUMENT", 0.0001);
-  metrics.RecordExecution("Forward", "reference", "cpu", 0.001, 0.01, 512, 1);
+  metrics.RecordExecution("Forward", "reference", "cpu", 0.001, 0.01, 512);
+  metrics.RecordBatch(3);
+  metrics.RecordRejection("queue_full");
   metrics.AddReceivedBytes(1000);
   metrics.AddSentBytes(400);
   metrics.AddInflight(2);
@@ -33,6 +35,8 @@ TEST(ServerMetricsTest, ExportsTheDesignedNamesWithLabels) {
   EXPECT_THAT(text, HasSubstr("attnserve_inflight_requests 2"));
   EXPECT_THAT(text, HasSubstr("attnserve_queue_depth{device=\"cpu\"} 3"));
   EXPECT_THAT(text, HasSubstr("attnserve_batch_requests_count 1"));
+  EXPECT_THAT(text, HasSubstr("attnserve_batch_requests_sum 3"));
+  EXPECT_THAT(text, HasSubstr("attnserve_rejections_total{reason=\"queue_full\"} 1"));
   EXPECT_THAT(text, HasSubstr("attnserve_device_info{compute_capability=\"\",device=\"cpu\","
                               "name=\"Some CPU\"} 1"));
   EXPECT_THAT(text, HasSubstr("attnserve_device_memory_used_bytes{device=\"cpu\"} 4096"));

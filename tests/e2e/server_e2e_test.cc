@@ -34,7 +34,7 @@ void CheckForward(Client& client, const ProblemSpec& spec) {
   EXPECT_EQ(response->out().dtype(), spec.dtype);
   EXPECT_EQ(response->execution().device(), "cpu");
   EXPECT_EQ(response->execution().kernel(), "reference");
-  EXPECT_EQ(response->execution().batched_requests(), 1);
+  EXPECT_GE(response->execution().batched_requests(), 1);
 }
 
 class ServerE2ETest : public ::testing::Test {
