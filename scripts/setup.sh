@@ -9,6 +9,8 @@ APT_PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libcivetweb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  gnuplot-nox  # draws attnload --sweep's latency/throughput PNG
+  prometheus  # prometheus and promtool for tests/deploy (rule checks, rule unit tests, e2e scrape)
 )
 
 missing=()

@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
       metrics->SetDeviceInfo(device.name, device.model, device.compute_capability);
       metrics->SetDeviceMemoryUsed(device.name, static_cast<double>(device.memory_total_bytes -
                                                                     device.memory_free_bytes));
+      metrics->SetDeviceMemoryTotal(device.name, static_cast<double>(device.memory_total_bytes));
       metrics->SetQueueDepth(device.name, 0);
     }
   }

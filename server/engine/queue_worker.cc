@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/batching.h"
+#include "server/engine/flop_count.h"
 
 namespace attnserve::engine {
 namespace {
@@ -154,12 +155,13 @@ void QueueWorker::DropDeadJobs(std::vector<Queued>& batch) {
     std::visit(
         [&](auto& job) {
           absl::Status dropped;
-          if (job.control.cancelled && job.control.cancelled()) {
-            dropped = absl::CancelledError("the caller cancelled the request before it ran");
-          } else if (now >= job.control.deadline) {
+          // Deadline first: a transport may also report an expired call as cancelled.
+          if (now >= job.control.deadline) {
             dropped = absl::DeadlineExceededError(absl::StrCat(
                 "deadline passed after ", absl::FormatDuration(now - queued.enqueued),
                 " in the queue of ", device_.name, "; the request did not run"));
+          } else if (job.control.cancelled && job.control.cancelled()) {
+            dropped = absl::CancelledError("the caller cancelled the request before it ran");
           }
           if (dropped.ok()) {
             alive.push_back(std::move(queued));
@@ -206,7 +208,8 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc) {
         metrics_->RecordExecution(rpc, report.kernel, report.device,
                                   absl::ToDoubleSeconds(start - batch[i].enqueued),
                                   report.compute_us * 1e-6,
-                                  static_cast<double>(QueryTokens(job.inputs)));
+                                  static_cast<double>(QueryTokens(job.inputs)),
+                                  AttentionFlops(job.inputs));
       }
     }
     job.done(std::move(answer));

@@ -43,6 +43,13 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   const int max_message = static_cast<int>(config.engine.limits.max_message_bytes);
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
+  if (config.max_connection_age > absl::ZeroDuration()) {
+    const int age_ms = static_cast<int>(absl::ToInt64Milliseconds(config.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, age_ms);
+    // In-flight calls on an aged connection get as long as a drain to finish.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(config.drain_timeout)));
+  }
   builder.RegisterService(app->service_.get());
   app->grpc_server_ = builder.BuildAndStart();
   if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {

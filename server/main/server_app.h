@@ -28,6 +28,9 @@ struct ServerConfig {
   std::string devices = "auto";
   engine::EngineOptions engine;
   absl::Duration drain_timeout = absl::Seconds(30);
+  // Connections older than this are closed gracefully (GOAWAY) so clients re-resolve and
+  // spread over replicas added since; zero keeps connections forever.
+  absl::Duration max_connection_age = absl::ZeroDuration();
 };
 
 class ServerApp {

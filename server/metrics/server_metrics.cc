@@ -42,6 +42,11 @@ ServerMetrics::ServerMetrics(const std::string& version)
                         .Name("attnserve_tokens_total")
                         .Help("Query tokens processed.")
                         .Register(*registry_)),
+      flops_total_(prometheus::BuildCounter()
+                       .Name("attnserve_flops_total")
+                       .Help("Attention FLOPs executed: 4*sum(sq*sk)*d*heads forward, halved "
+                             "if causal, 2.5x that backward.")
+                       .Register(*registry_)),
       received_bytes_(prometheus::BuildCounter()
                           .Name("attnserve_received_bytes_total")
                           .Help("Tensor bytes received in requests.")
@@ -74,6 +79,10 @@ ServerMetrics::ServerMetrics(const std::string& version)
                               .Name("attnserve_device_memory_used_bytes")
                               .Help("Memory in use on a device.")
                               .Register(*registry_)),
+      device_memory_total_(prometheus::BuildGauge()
+                               .Name("attnserve_device_memory_total_bytes")
+                               .Help("Memory a device has in all.")
+                               .Register(*registry_)),
       rejections_total_(prometheus::BuildCounter()
                             .Name("attnserve_rejections_total")
                             .Help("Requests refused or dropped before running, by reason.")
@@ -98,11 +107,12 @@ void ServerMetrics::AddInflight(double delta) { inflight_.Increment(delta); }
 
 void ServerMetrics::RecordExecution(const std::string& rpc, const std::string& kernel,
                                     const std::string& device, double queue_seconds,
-                                    double compute_seconds, double tokens) {
+                                    double compute_seconds, double tokens, double flops) {
   queue_duration_.Add({{"rpc", rpc}}, LatencyBuckets()).Observe(queue_seconds);
   compute_duration_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}}, LatencyBuckets())
       .Observe(compute_seconds);
   tokens_total_.Add({{"rpc", rpc}}).Increment(tokens);
+  flops_total_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}}).Increment(flops);
 }
 
 void ServerMetrics::RecordBatch(int requests) { batch_requests_.Observe(requests); }
@@ -123,6 +133,10 @@ void ServerMetrics::SetDeviceInfo(const std::string& device, const std::string& 
 
 void ServerMetrics::SetDeviceMemoryUsed(const std::string& device, double bytes) {
   device_memory_used_.Add({{"device", device}}).Set(bytes);
+}
+
+void ServerMetrics::SetDeviceMemoryTotal(const std::string& device, double bytes) {
+  device_memory_total_.Add({{"device", device}}).Set(bytes);
 }
 
 std::string ServerMetrics::Serialize() const {

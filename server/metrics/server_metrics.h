@@ -27,7 +27,7 @@ class ServerMetrics {
   // Engine side: one call per executed request, one per launch, one per refused request.
   void RecordExecution(const std::string& rpc, const std::string& kernel,
                        const std::string& device, double queue_seconds, double compute_seconds,
-                       double tokens);
+                       double tokens, double flops);
   void RecordBatch(int requests);
   void RecordRejection(const std::string& reason);
   void SetQueueDepth(const std::string& device, double depth);
@@ -36,6 +36,7 @@ class ServerMetrics {
   void SetDeviceInfo(const std::string& device, const std::string& name,
                      const std::string& compute_capability);
   void SetDeviceMemoryUsed(const std::string& device, double bytes);
+  void SetDeviceMemoryTotal(const std::string& device, double bytes);
 
   // Prometheus text exposition format (version 0.0.4) of every metric.
   std::string Serialize() const;
@@ -49,6 +50,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& queue_duration_;
   prometheus::Family<prometheus::Histogram>& compute_duration_;
   prometheus::Family<prometheus::Counter>& tokens_total_;
+  prometheus::Family<prometheus::Counter>& flops_total_;
   prometheus::Counter& received_bytes_;
   prometheus::Counter& sent_bytes_;
   prometheus::Gauge& inflight_;
@@ -56,6 +58,7 @@ class ServerMetrics {
   prometheus::Histogram& batch_requests_;
   prometheus::Family<prometheus::Gauge>& device_info_;
   prometheus::Family<prometheus::Gauge>& device_memory_used_;
+  prometheus::Family<prometheus::Gauge>& device_memory_total_;
   prometheus::Family<prometheus::Counter>& rejections_total_;
 };
 

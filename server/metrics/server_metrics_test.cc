@@ -12,7 +12,8 @@ TEST(ServerMetricsTest, ExportsTheDesignedNamesWithLabels) {
   ServerMetrics metrics("1.2.3");
   metrics.RecordRequest("Forward", "OK", 0.002);
   metrics.RecordRequest("Forward", "INVALID_ARGUMENT", 0.0001);
-  metrics.RecordExecution("Forward", "reference", "cpu", 0.001, 0.01, 512);
+  metrics.RecordExecution("Forward", "reference", "cpu", 0.001, 0.01, 512, 2e9);
+  metrics.SetDeviceMemoryTotal("cpu", 8192);
   metrics.RecordBatch(3);
   metrics.RecordRejection("queue_full");
   metrics.AddReceivedBytes(1000);
@@ -30,6 +31,9 @@ TEST(ServerMetricsTest, ExportsTheDesignedNamesWithLabels) {
   EXPECT_THAT(text, HasSubstr("attnserve_compute_duration_seconds_count{device=\"cpu\","
                               "kernel=\"reference\",rpc=\"Forward\"} 1"));
   EXPECT_THAT(text, HasSubstr("attnserve_tokens_total{rpc=\"Forward\"} 512"));
+  EXPECT_THAT(text, HasSubstr("attnserve_flops_total{device=\"cpu\",kernel=\"reference\","
+                              "rpc=\"Forward\"} 2000000000"));
+  EXPECT_THAT(text, HasSubstr("attnserve_device_memory_total_bytes{device=\"cpu\"} 8192"));
   EXPECT_THAT(text, HasSubstr("attnserve_received_bytes_total 1000"));
   EXPECT_THAT(text, HasSubstr("attnserve_sent_bytes_total 400"));
   EXPECT_THAT(text, HasSubstr("attnserve_inflight_requests 2"));

@@ -42,8 +42,8 @@ def test_reflection_lists_the_attention_service(server):
 def test_readiness_turns_off_while_accepted_work_drains(rng):
     # One thread makes a large request slow enough to still be running after SIGTERM.
     server = ServerProcess(require_binary(), {**MAIN_LIMITS, "cpu_threads": 1}).start()
-    q = rng.standard_normal((1500, 8, 64)).astype(np.float32)
-    cu = np.array([0, 1500], np.int32)
+    q = rng.standard_normal((2500, 8, 64)).astype(np.float32)
+    cu = np.array([0, 2500], np.int32)
     result = {}
 
     def slow_request():
@@ -54,7 +54,10 @@ def test_readiness_turns_off_while_accepted_work_drains(rng):
         assert server.http_status("/readyz") == 200
         worker = threading.Thread(target=slow_request)
         worker.start()
-        time.sleep(0.3)  # the request is now on the CPU worker
+        deadline = time.monotonic() + 30
+        while "attnserve_inflight_requests 1" not in server.http_get("/metrics").decode():
+            assert time.monotonic() < deadline, "the slow request never started"
+            time.sleep(0.01)
         server.terminate()
         deadline = time.monotonic() + 5
         while server.http_status("/readyz") == 200 and time.monotonic() < deadline:

@@ -42,6 +42,11 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   }
   Job job;
   job.inputs = *std::move(inputs);
+  // A client deadline or cancellation makes the engine drop the job if it has not run yet.
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    job.control.deadline = absl::FromChrono(context->deadline());
+  }
+  job.control.cancelled = [context] { return context->IsCancelled(); };
   job.done = [this, reactor, response, rpc, start, encode](auto result) {
     if (result.ok()) {
       metrics_->AddSentBytes(static_cast<double>(encode(*std::move(result), response)));

@@ -31,6 +31,17 @@ ABSL_FLAG(int32_t, max_num_heads, 1024, "Most query heads in one request.");
 ABSL_FLAG(int32_t, max_batch, 65536, "Most sequences in one request.");
 ABSL_FLAG(int32_t, cpu_threads, 0, "Threads of the CPU reference kernels (0 = all cores).");
 ABSL_FLAG(int32_t, http_threads, 4, "HTTP worker threads.");
+ABSL_FLAG(bool, batching, true,
+          "Merge concurrent compatible requests into one kernel launch.");
+ABSL_FLAG(int64_t, max_batch_tokens, 65536,
+          "Most query (and, separately, key) tokens one batched launch may carry.");
+ABSL_FLAG(int64_t, max_queue_delay_us, 0,
+          "How long the oldest queued request may wait for batch company, in microseconds.");
+ABSL_FLAG(int64_t, max_queue_size, 1024,
+          "Requests a device may hold waiting; more are refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, grpc_max_connection_age_seconds, 0,
+          "Close client connections gracefully after this many seconds so clients re-resolve "
+          "and spread over new replicas (0 = never).");
 ABSL_FLAG(int32_t, drain_timeout_seconds, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
 
@@ -51,7 +62,14 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.devices = absl::GetFlag(FLAGS_devices);
   config.http_threads = absl::GetFlag(FLAGS_http_threads);
   config.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
+  config.max_connection_age =
+      absl::Seconds(absl::GetFlag(FLAGS_grpc_max_connection_age_seconds));
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  config.engine.batching.enabled = absl::GetFlag(FLAGS_batching);
+  config.engine.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  config.engine.batching.max_queue_delay =
+      absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+  config.engine.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
   attnserve::engine::Limits& limits = config.engine.limits;
   limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   limits.max_total_tokens = absl::GetFlag(FLAGS_max_total_tokens);
@@ -69,12 +87,17 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
       {"http_port", config.http_port, 0, 65535},
       {"http_threads", config.http_threads, 1, 256},
       {"drain_timeout_seconds", absl::GetFlag(FLAGS_drain_timeout_seconds), 0, 86400},
+      {"grpc_max_connection_age_seconds", absl::GetFlag(FLAGS_grpc_max_connection_age_seconds), 0,
+       86400 * 365},
       {"cpu_threads", config.engine.cpu_threads, 0, 1024},
       {"max_message_bytes", limits.max_message_bytes, 1024, 2147483647},
       {"max_total_tokens", limits.max_total_tokens, 1, 2147483647},
       {"max_head_dim", limits.max_head_dim, 1, 1024},
       {"max_num_heads", limits.max_num_heads, 1, 65536},
       {"max_batch", limits.max_batch, 1, 2147483646},
+      {"max_batch_tokens", config.engine.batching.max_batch_tokens, 1, 2147483647},
+      {"max_queue_delay_us", absl::GetFlag(FLAGS_max_queue_delay_us), 0, 60'000'000},
+      {"max_queue_size", config.engine.max_queue_size, 1, 1'000'000},
   };
   for (const Range& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
