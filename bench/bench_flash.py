@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Forward attention throughput on the GPU: our flash kernel (through libattn_flash_capi.so)
+against PyTorch's FlashAttention-2 varlen and cuDNN SDPA, on the rows of
+shared/anchors/h100.md. Same bf16 inputs for all; median of CUDA-event-timed repeats after
+warm-ups; TFLOP/s with FLOPs = 4 * sum(sq * sk) * d * heads, halved if causal.
+
+  python3 bench/bench_flash.py [--lib NAME=PATH ...] [--markdown FILE]
+
+Several --lib give one column per build (e.g. tile-size variants); the first is "ours" in the
+ratio columns. Prints a markdown table; --markdown also writes it to FILE.
+"""
+
+import argparse
+import datetime
+import math
+import pathlib
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "flash"))
+import flash_capi  # noqa: E402
+
+# (head_dim, heads) x sequence-length sets x causal, as in shared/anchors/h100.md.
+HEAD_CONFIGS = [(64, 32), (128, 16), (256, 8)]
+SEQUENCE_SETS = [
+    [512] * 32,
+    [2048] * 8,
+    [8192] * 2,
+    [16384],
+    [100, 3000, 700, 5000, 1200, 6384],
+]
+
+
+def seq_name(lens):
+    if all(x == lens[0] for x in lens):
+        return f"{len(lens)}x{lens[0]}"
+    return "x".join(str(x) for x in lens)
+
+
+def flops(lens, head_dim, heads, causal):
+    total = 4 * sum(x * x for x in lens) * head_dim * heads
+    return total / 2 if causal else total
+
+
+# GPU cycles of busy-wait queued before each timed call (~100 us), so the host's launch overhead
+# (Python, ctypes, the dispatcher) hides behind it and the events time the GPU work alone.
+HOST_SLACK_CYCLES = 200_000
+
+
+def time_ms(fn, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(HOST_SLACK_CYCLES)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def fa2_varlen(q, k, v, cu, max_len, causal, scale):
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, cu, cu, max_len, max_len, 0.0, causal, False, scale=scale)[0]
+
+
+def bench_row(libs, head_dim, heads, lens, causal, warmup, repeats):
+    total = sum(lens)
+    max_len = max(lens)
+    scale = 1.0 / math.sqrt(head_dim)
+    q, k, v = (torch.randn(total, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    cu_host = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))],
+                           dtype=torch.int32)
+    cu = cu_host.cuda()
+    work = flops(lens, head_dim, heads, causal)
+    row = {"hdim": head_dim, "heads": heads, "seqs": seq_name(lens), "causal": causal}
+
+    reference = fa2_varlen(q, k, v, cu, max_len, causal, scale)
+    out = torch.empty_like(q)
+    lse = torch.empty(heads, total, dtype=torch.float32, device="cuda")
+    for name, lib in libs.items():
+        def ours(lib=lib):
+            lib.forward(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=causal,
+                        out=out, lse=lse)
+        ours()
+        torch.cuda.synchronize()
+        # Sanity on the benchmark inputs: agreement with FA2 (both bf16-rounded).
+        row[f"{name}_diff"] = ((out.float() - reference.float()).norm() /
+                               reference.float().norm()).item()
+        row[name] = work / time_ms(ours, warmup, repeats) / 1e9
+    row["fa2"] = work / time_ms(lambda: fa2_varlen(q, k, v, cu, max_len, causal, scale),
+                                warmup, repeats) / 1e9
+    row["cudnn"] = None
+    if all(x == lens[0] for x in lens):
+        shape = (len(lens), lens[0], heads, head_dim)
+        q4, k4, v4 = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+
+        def cudnn():
+            F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                row["cudnn"] = work / time_ms(cudnn, warmup, repeats) / 1e9
+        except RuntimeError as err:  # cuDNN refused the shape
+            print(f"cuDNN unavailable for {row['seqs']}: {err}", file=sys.stderr)
+    return row
+
+
+def fmt(x, digits=0):
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def table(rows, names):
+    first = names[0]
+    head = ["hdim", "heads", "sequence lengths", "causal"] + [f"{n} fwd" for n in names] + [
+        "FA2 varlen fwd", "cuDNN fwd", f"{first}/FA2", f"{first}/cuDNN", f"max rel diff vs FA2"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ratio_cudnn = r[first] / r["cudnn"] if r["cudnn"] else None
+        cells = [str(r["hdim"]), str(r["heads"]), r["seqs"], "yes" if r["causal"] else "no"]
+        cells += [fmt(r[n]) for n in names]
+        cells += [fmt(r["fa2"]), fmt(r["cudnn"]), fmt(r[first] / r["fa2"], 2),
+                  fmt(ratio_cudnn, 2), f"{max(r[f'{n}_diff'] for n in names):.1e}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", action="append", default=[],
+                        help="NAME=PATH of a libattn_flash_capi.so (default: ours=<found>)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--markdown", type=pathlib.Path)
+    args = parser.parse_args()
+
+    specs = args.lib or [f"ours={flash_capi.find_library()}"]
+    libs = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        libs[name] = flash_capi.FlashLibrary(path)
+    head_dims = {int(x) for x in args.head_dims.split(",")}
+
+    rows = []
+    for head_dim, heads in HEAD_CONFIGS:
+        if head_dim not in head_dims:
+            continue
+        for lens in SEQUENCE_SETS:
+            for causal in (False, True):
+                row = bench_row(libs, head_dim, heads, lens, causal, args.warmup, args.repeats)
+                rows.append(row)
+                print(f"hdim {head_dim} {row['seqs']} causal={causal}: " + ", ".join(
+                    f"{n} {fmt(row[n])}" for n in list(libs) + ["fa2", "cudnn"]), flush=True)
+
+    names = list(libs)
+    header = (f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, "
+              f"torch {torch.__version__}, bf16, forward, median of {args.repeats} CUDA-event "
+              f"timed repeats after {args.warmup} warm-ups, TFLOP/s")
+    text = header + "\n\n" + table(rows, names) + "\n"
+    print("\n" + text)
+    if args.markdown:
+        args.markdown.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

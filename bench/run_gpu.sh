@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Everything the GPU machine does in one call: build the kernels standalone with its nvcc and
+# cmake, run the GPU correctness tests, run the forward benchmark. Logs and results go to $OUT
+# (default /tmp/attn_gpu_out); the last lines printed are the test summary and the table.
+#
+#   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--variants]
+#
+# --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
+# only, in the background while the tests run) and benchmarks them as extra columns.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/attn_gpu_out}"
+mkdir -p "$OUT"
+run_tests=1
+run_bench=1
+variants=0
+for arg in "$@"; do
+  case "$arg" in
+    --skip-tests) run_tests=0 ;;
+    --skip-bench) run_bench=0 ;;
+    --variants) variants=1 ;;
+    *) echo "unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+JOBS="$(nproc)"
+export PYTHONUNBUFFERED=1
+
+{
+  nvidia-smi -L
+  nvcc --version | tail -2
+  python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
+} 2>&1 | tee "$OUT/env.log"
+
+configure_and_build() {  # build_dir log [extra cmake args...]
+  local dir="$1" log="$2"
+  shift 2
+  { cmake -S kernels -B "$dir" -G Ninja -DATTN_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DATTN_FLASH_PTXAS_VERBOSE=ON "$@" && cmake --build "$dir" -j "$JOBS"; } >"$log" 2>&1
+}
+
+start=$(date +%s)
+if ! configure_and_build build-gpu "$OUT/build.log"; then
+  tail -50 "$OUT/build.log"
+  echo "BUILD FAILED"
+  exit 1
+fi
+echo "build: $(( $(date +%s) - start )) s"
+grep -E "spill stores" "$OUT/build.log" | sort | uniq -c
+
+variant_libs=()
+if ((variants)); then
+  for inc in bench/tile_variants/*.inc; do
+    name="$(basename "$inc" .inc)"
+    dir="build-gpu-$name"
+    mkdir -p "$dir/overrides"
+    cp "$inc" "$dir/overrides/attn_flash_tile_overrides.inc"
+    flags="-DATTN_FLASH_TILE_OVERRIDES -I$PWD/$dir/overrides"
+    configure_and_build "$dir" "$OUT/build-variants.log.$name" -DATTN_HEAD_DIMS="64;128;256" \
+      "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
+    variant_libs+=("--lib" "$name=$dir/lib/libattn_flash_capi.so")
+  done
+fi
+
+status=0
+export ATTN_FLASH_CAPI="$PWD/build-gpu/lib/libattn_flash_capi.so"
+if ((run_tests)); then
+  python3 -m pytest tests/kernels/gpu -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
+  status=${PIPESTATUS[0]}
+fi
+wait
+if ((variants)); then
+  cat "$OUT"/build-variants.log.* | grep -E "spill stores|error" | sort | uniq -c
+  cat "$OUT"/build-variants.log.* >"$OUT/build-variants.log" && rm -f "$OUT"/build-variants.log.*
+fi
+
+if ((run_bench)); then
+  python3 bench/bench_flash.py --lib "ours=$ATTN_FLASH_CAPI" "${variant_libs[@]}" \
+    --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
+fi
+if ((run_tests)); then
+  echo "pytest: $(tail -1 "$OUT/pytest.log")"
+fi
+exit "$status"

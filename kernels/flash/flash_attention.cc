@@ -1,0 +1,199 @@
+#include "kernels/flash/flash_attention.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "kernels/flash/fwd_args.h"
+#include "kernels/flash/fwd_launch.h"
+#include "kernels/flash/tile_config.h"
+
+namespace attnserve::kernels::flash {
+namespace {
+
+using LaunchFn = KernelStatus (*)(const FwdKernelArgs&, const FwdGrid&, cudaStream_t);
+
+struct KernelEntry {
+  int head_dim;
+  LaunchFn fp16;
+  LaunchFn bf16;
+};
+
+// The instantiated kernels this build holds (ATTN_HEAD_DIMS), ascending head dim.
+constexpr KernelEntry kKernels[] = {
+#include "kernels/flash/instantiations/kernel_table.inc"
+};
+
+// Grid limits: gridDim.y (heads) and gridDim.z (sequences).
+constexpr int kMaxGridYZ = 65535;
+
+KernelStatus Error(const std::string& message) { return KernelStatus::Error("flash: " + message); }
+
+KernelStatus CudaError(const char* what, cudaError_t err) {
+  return Error(std::string(what) + " failed: " + cudaGetErrorString(err));
+}
+
+const KernelEntry* FindKernel(int head_dim) {
+  for (const KernelEntry& entry : kKernels) {
+    if (entry.head_dim >= head_dim) return &entry;
+  }
+  return nullptr;
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// When the host offsets are given: monotonic, ending at the totals, and no sequence longer
+// than the max_seqlen the grid is sized by.
+KernelStatus CheckHostOffsets(const int32_t* cu, int batch, int64_t total, int max_seqlen,
+                              const char* name) {
+  if (cu == nullptr) return KernelStatus::Ok();
+  if (cu[0] != 0) return Error(std::string(name) + "[0] must be 0");
+  for (int b = 0; b < batch; ++b) {
+    const int64_t len = int64_t{cu[b + 1]} - cu[b];
+    if (len < 0) return Error(std::string(name) + " decreases at index " + std::to_string(b + 1));
+    if (len > max_seqlen) {
+      return Error(std::string(name) + ": sequence " + std::to_string(b) + " has " +
+                   std::to_string(len) + " tokens, more than max_seqlen " +
+                   std::to_string(max_seqlen));
+    }
+  }
+  if (cu[batch] != total) return Error(std::string(name) + "[batch] does not match the total");
+  return KernelStatus::Ok();
+}
+
+KernelStatus Validate(const ForwardParams& p) {
+  const AttentionShape& s = p.shape;
+  if (s.dtype == DType::kFloat32) return Error("fp32 is not supported");
+  if (s.dtype != DType::kFloat16 && s.dtype != DType::kBFloat16) return Error("unknown dtype");
+  if (s.head_dim < 1 || s.head_dim % kHeadDimGranule != 0 || s.head_dim > kMaxHeadDim) {
+    return Error("head_dim " + std::to_string(s.head_dim) + " is not supported (multiples of " +
+                 std::to_string(kHeadDimGranule) + " up to " + std::to_string(kMaxHeadDim) + ")");
+  }
+  if (FindKernel(s.head_dim) == nullptr) {
+    return Error("head_dim " + std::to_string(s.head_dim) +
+                 " is not built into this binary (see ATTN_HEAD_DIMS)");
+  }
+  if (s.batch < 0 || s.batch > kMaxGridYZ) {
+    return Error("batch must be in [0, " + std::to_string(kMaxGridYZ) + "]");
+  }
+  if (s.num_heads < 1 || s.num_heads_k < 1 || s.num_heads > kMaxGridYZ ||
+      s.num_heads % s.num_heads_k != 0) {
+    return Error("num_heads must be a multiple of num_heads_k, both in [1, " +
+                 std::to_string(kMaxGridYZ) + "]");
+  }
+  if (s.total_q < 0 || s.total_k < 0) return Error("total_q and total_k must be >= 0");
+  if (s.max_seqlen_q < 0 || s.max_seqlen_k < 0 || s.max_seqlen_q > kMaxSeqLen ||
+      s.max_seqlen_k > kMaxSeqLen) {
+    return Error("max_seqlen_q/_k must be in [0, " + std::to_string(kMaxSeqLen) + "]");
+  }
+  // A K/V tile spans up to 128 rows of q/k row strides in 32-bit element offsets.
+  const int64_t max_row_stride = int64_t{std::numeric_limits<int32_t>::max()} / 256;
+  if (int64_t{s.num_heads} * s.head_dim > max_row_stride) {
+    return Error("num_heads * head_dim is too large");
+  }
+  if (s.batch > 0 && (s.cu_seqlens_q_device == nullptr || s.cu_seqlens_k_device == nullptr)) {
+    return Error("cu_seqlens_q_device and cu_seqlens_k_device are required");
+  }
+  KernelStatus status =
+      CheckHostOffsets(s.cu_seqlens_q, s.batch, s.total_q, s.max_seqlen_q, "cu_seqlens_q");
+  if (!status.ok) return status;
+  status = CheckHostOffsets(s.cu_seqlens_k, s.batch, s.total_k, s.max_seqlen_k, "cu_seqlens_k");
+  if (!status.ok) return status;
+  if (s.total_q > 0 && (p.q == nullptr || p.out == nullptr || p.lse == nullptr)) {
+    return Error("q, out and lse must be set");
+  }
+  if (s.total_k > 0 && (p.k == nullptr || p.v == nullptr)) return Error("k and v must be set");
+  if (!Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.v) || !Aligned16(p.out)) {
+    return Error("q, k, v and out must be 16-byte aligned");
+  }
+  const AttentionOptions& o = p.options;
+  if (!(std::isfinite(o.softmax_scale) && o.softmax_scale > 0.0f)) {
+    return Error("softmax_scale must be resolved: finite and > 0");
+  }
+  if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) {
+    return Error("softcap must be finite and >= 0");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckDevice(int head_dim) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return CudaError("cudaGetDevice", err);
+  int major = 0;
+  int minor = 0;
+  int smem_optin = 0;
+  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    device)) != cudaSuccess) {
+    return CudaError("cudaDeviceGetAttribute", err);
+  }
+  if (major < 8) {
+    return Error("needs compute capability >= 8.0, device " + std::to_string(device) + " has " +
+                 std::to_string(major) + "." + std::to_string(minor));
+  }
+  const int smem = ForwardSmemBytes(head_dim);
+  if (smem > smem_optin) {
+    return Error("head_dim " + std::to_string(head_dim) + " needs " + std::to_string(smem) +
+                 " bytes of shared memory per block, device " + std::to_string(device) +
+                 " allows " + std::to_string(smem_optin));
+  }
+  return KernelStatus::Ok();
+}
+
+// Windows as offsets from the diagonal; causal is a right window of 0.
+int WindowBound(int window) { return window < 0 ? kUnboundedWindow : std::min(window, kUnboundedWindow); }
+
+}  // namespace
+
+KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
+  KernelStatus status = Validate(params);
+  if (!status.ok) return status;
+  const AttentionShape& s = params.shape;
+  if (s.total_q == 0) return KernelStatus::Ok();
+  if (s.batch == 0) return Error("total_q > 0 needs batch > 0");
+  if (s.max_seqlen_q == 0) return Error("max_seqlen_q must be set when total_q > 0");
+  const KernelEntry* kernel = FindKernel(s.head_dim);
+  status = CheckDevice(kernel->head_dim);
+  if (!status.ok) return status;
+
+  const AttentionOptions& o = params.options;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const bool softcap = o.softcap > 0.0f;
+  FwdKernelArgs args{};
+  args.q = params.q;
+  args.k = params.k;
+  args.v = params.v;
+  args.out = params.out;
+  args.lse = params.lse;
+  args.cu_seqlens_q = s.cu_seqlens_q_device;
+  args.cu_seqlens_k = s.cu_seqlens_k_device;
+  args.total_q = s.total_q;
+  args.num_heads = s.num_heads;
+  args.head_group = s.num_heads / s.num_heads_k;
+  args.head_dim = s.head_dim;
+  args.q_row_stride = int64_t{s.num_heads} * s.head_dim;
+  args.kv_row_stride = int64_t{s.num_heads_k} * s.head_dim;
+  args.window_left = WindowBound(o.window_left);
+  args.window_right = WindowBound(o.window_right);
+  if (o.causal && args.window_right > 0) args.window_right = 0;
+  // softcap: score = c * tanh(scale * qk / c); the kernel keeps tanh(scale * qk / c) and folds
+  // c into the exp2 and lse scales.
+  args.softcap = softcap;
+  args.softcap_input_scale = softcap ? o.softmax_scale / o.softcap : 0.0f;
+  args.lse_scale = softcap ? o.softcap : o.softmax_scale;
+  args.exp2_scale = args.lse_scale * kLog2e;
+
+  const FwdGrid grid{s.batch, s.max_seqlen_q};
+  const LaunchFn launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
+  return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
+}
+
+}  // namespace attnserve::kernels::flash

@@ -1,0 +1,124 @@
+"""ctypes binding of libattn_flash_capi.so (flash_capi.h) for torch tensors on the GPU.
+
+Used by tests/kernels/gpu and bench/: our kernel runs in the same process as PyTorch's, on
+PyTorch's current stream, reading and writing the tensors' device memory directly.
+"""
+
+import ctypes
+import math
+import os
+import pathlib
+
+CAPI_VERSION = 1
+DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32 = 0, 1, 2
+
+_REPO = pathlib.Path(__file__).resolve().parents[2]
+_DEFAULT_PATHS = [
+    _REPO / "build-gpu" / "lib" / "libattn_flash_capi.so",
+    _REPO / "build" / "lib" / "libattn_flash_capi.so",
+]
+
+
+class AttnFwdArgs(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int32),
+        ("batch", ctypes.c_int32),
+        ("total_q", ctypes.c_int64),
+        ("total_k", ctypes.c_int64),
+        ("num_heads", ctypes.c_int32),
+        ("num_heads_k", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("max_seqlen_q", ctypes.c_int32),
+        ("max_seqlen_k", ctypes.c_int32),
+        ("causal", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("cu_seqlens_q_device", ctypes.c_void_p),
+        ("cu_seqlens_k_device", ctypes.c_void_p),
+        ("cu_seqlens_q_host", ctypes.c_void_p),
+        ("cu_seqlens_k_host", ctypes.c_void_p),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+class FlashError(RuntimeError):
+    """The kernel refused the call; the message says why (e.g. 'flash: fp32 is not supported')."""
+
+
+def find_library():
+    """Path of the built .so ($ATTN_FLASH_CAPI first), or None."""
+    env = os.environ.get("ATTN_FLASH_CAPI")
+    candidates = [pathlib.Path(env)] if env else _DEFAULT_PATHS
+    for path in candidates:
+        if path.is_file():
+            return path
+    return None
+
+
+class FlashLibrary:
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+        self._lib = ctypes.CDLL(str(self.path))
+        self._lib.attn_flash_capi_version.restype = ctypes.c_int
+        self._lib.attn_flash_forward.restype = ctypes.c_int
+        self._lib.attn_flash_forward.argtypes = [
+            ctypes.POINTER(AttnFwdArgs), ctypes.c_char_p, ctypes.c_size_t]
+        version = self._lib.attn_flash_capi_version()
+        if version != CAPI_VERSION:
+            raise RuntimeError(f"{path}: C ABI version {version}, expected {CAPI_VERSION}")
+
+    def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, out=None,
+                lse=None, cu_seqlens_q_host=None, cu_seqlens_k_host=None, stream=None,
+                dtype_code=None):
+        """flash_attn_varlen_func's forward: q [total_q, H, D], k/v [total_k, Hk, D], int32
+        cu_seqlens on the GPU. Returns (out, lse [H, total_q] float32). Raises FlashError."""
+        import torch
+
+        for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                        ("cu_seqlens_k", cu_seqlens_k)):
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
+        total_q, num_heads, head_dim = q.shape
+        total_k, num_heads_k, _ = k.shape
+        if out is None:
+            out = torch.empty_like(q)
+        if lse is None:
+            lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(head_dim)
+        if dtype_code is None:
+            dtype_code = {torch.float16: DTYPE_FLOAT16, torch.bfloat16: DTYPE_BFLOAT16,
+                          torch.float32: DTYPE_FLOAT32}[q.dtype]
+        if stream is None:
+            stream = torch.cuda.current_stream(q.device).cuda_stream
+        args = AttnFwdArgs(
+            dtype=dtype_code, batch=cu_seqlens_q.numel() - 1, total_q=total_q, total_k=total_k,
+            num_heads=num_heads, num_heads_k=num_heads_k, head_dim=head_dim,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=int(bool(causal)),
+            window_left=window[0], window_right=window[1], softmax_scale=softmax_scale,
+            softcap=softcap,
+            cu_seqlens_q_device=cu_seqlens_q.data_ptr(),
+            cu_seqlens_k_device=cu_seqlens_k.data_ptr(),
+            cu_seqlens_q_host=_host_ptr(cu_seqlens_q_host),
+            cu_seqlens_k_host=_host_ptr(cu_seqlens_k_host),
+            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
+            lse=lse.data_ptr(), stream=stream)
+        err = ctypes.create_string_buffer(512)
+        if self._lib.attn_flash_forward(ctypes.byref(args), err, len(err)) != 0:
+            raise FlashError(err.value.decode())
+        return out, lse
+
+
+def _host_ptr(tensor):
+    if tensor is None:
+        return None
+    assert tensor.device.type == "cpu" and tensor.is_contiguous()
+    return tensor.data_ptr()

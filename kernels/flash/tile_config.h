@@ -1,0 +1,64 @@
+// Tile sizes of the flash forward kernel per instantiated head dim: one constexpr heuristic, a
+// comment per choice. Plain C++ so the host dispatcher and the kernels agree on every number.
+#pragma once
+
+namespace attnserve::kernels::flash {
+
+// Head dims with a kernel of their own; every multiple of 8 up to 256 runs on the next one up,
+// the padding zero-filled in shared memory and never stored.
+inline constexpr int kInstantiatedHeadDims[] = {32, 64, 96, 128, 192, 256};
+inline constexpr int kMaxHeadDim = 256;
+inline constexpr int kHeadDimGranule = 8;  // one 16-byte vector of 16-bit elements
+
+struct ForwardTiles {
+  int block_m;  // query rows per CTA
+  int block_n;  // keys per K/V tile
+  int warps;    // each warp owns block_m / warps query rows (16 or 32)
+};
+
+// Tuning hook for benchmark builds only: with ATTN_FLASH_TILE_OVERRIDES defined (for C++ and
+// CUDA alike), rows such as `{128, {128, 64, 4}},` from attn_flash_tile_overrides.inc on the
+// include path replace the heuristic for their head dims. Normal builds define neither.
+struct TileOverride {
+  int head_dim;
+  ForwardTiles tiles;
+};
+inline constexpr TileOverride kTileOverrides[] = {
+#ifdef ATTN_FLASH_TILE_OVERRIDES
+#include "attn_flash_tile_overrides.inc"
+#endif
+    {0, {0, 0, 0}}};
+
+// sm80/sm90 (A100, H100) with mma.sync: 228 KB shared memory and 64K registers per SM. Measured
+// on the H100 (bench/RESULTS.md): larger key tiles win even where ptxas spills a few bytes
+// (12-92 per thread, L1-resident), so hdim 64 and 128 take them; FlashAttention-2's own
+// hdim-128 kernel spills more. More query rows per warp (32 rather than 16) halve the
+// shared-memory traffic of K/V fragments per mma.
+constexpr ForwardTiles ForwardTilesFor(int head_dim) {
+  for (const TileOverride& o : kTileOverrides) {
+    if (o.head_dim == head_dim) return o.tiles;
+  }
+  // 32: 32 rows per warp, 64-key tiles; S (64 floats) plus O (32) leave room for prefetch.
+  if (head_dim <= 32) return {128, 64, 4};
+  // 64: 128-key tiles halve the online-softmax rescales per key; 1.03-1.13x the 64-key
+  // version on the anchor rows.
+  if (head_dim <= 64) return {128, 128, 4};
+  // 96: O is 96 floats; 64-key tiles spill heavily on sm80, so 32-key tiles.
+  if (head_dim <= 96) return {128, 32, 4};
+  // 128: FlashAttention-2's 128x64 tiles; 1.02-1.13x the spill-free 32-key tiles.
+  if (head_dim <= 128) return {128, 64, 4};
+  // 192/256: a 32-row warp would need 192-256 O registers; 8 warps of 16 rows keep O at
+  // 96-128. Shared memory at hdim 256: 136 KB (Q 128 rows, K and V 64 rows each), which still
+  // fits the A100's 164 KB per block (128-key tiles would not).
+  return {128, 64, 8};
+}
+
+// Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows
+// each), every row padded by one 16-byte vector so ldmatrix reads are bank-conflict free.
+constexpr int ForwardSmemRowBytes(int head_dim) { return (head_dim + kHeadDimGranule) * 2; }
+constexpr int ForwardSmemBytes(int head_dim) {
+  return (ForwardTilesFor(head_dim).block_m + 2 * ForwardTilesFor(head_dim).block_n) *
+         ForwardSmemRowBytes(head_dim);
+}
+
+}  // namespace attnserve::kernels::flash

@@ -1,0 +1,231 @@
+"""Correctness of the flash forward kernel (kernels/flash) on the GPU, through its C ABI.
+
+Each case draws fresh random inputs, poisons out/lse with NaN, and checks against a float64
+reference: ||out - ref|| / ||ref|| must be within 2x PyTorch's own fp16/bf16 attention error on
+the same inputs (plus a small floor) and under an absolute cap; lse within 2e-3; rows that see
+no key exactly 0 with lse +inf. Needs torch with CUDA and a built libattn_flash_capi.so
+($ATTN_FLASH_CAPI or build-gpu/lib/); skipped otherwise.
+
+Seed: $ATTN_TEST_SEED (default: random, printed in pytest's header) fixes every case's inputs.
+"""
+
+import math
+import os
+import pathlib
+import sys
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "kernels" / "flash"))
+import flash_capi  # noqa: E402
+from oracle import Options, pytorch_low_precision, reference, relative_error  # noqa: E402
+
+_LIB_PATH = flash_capi.find_library()
+if _LIB_PATH is None:
+    pytest.skip("libattn_flash_capi.so is not built", allow_module_level=True)
+LIB = flash_capi.FlashLibrary(_LIB_PATH)
+
+BASE_SEED = int(os.environ["ATTN_TEST_SEED"])  # conftest.py draws one when unset
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# Absolute caps on the relative error (shared/DESIGN.md) and the floor added to 2x PyTorch's.
+ERROR_CAP = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+ERROR_FLOOR = {torch.float16: 1e-4, torch.bfloat16: 5e-4}
+LSE_TOL = 2e-3
+
+# Varlen batch: empty q, empty k, seqlen_q < seqlen_k, seqlen_q > seqlen_k, equal, tiny.
+VARLEN_Q = [0, 1, 17, 130, 77, 0, 300, 5]
+VARLEN_K = [5, 0, 33, 130, 200, 9, 64, 5]
+
+MASKS = {
+    "none": Options(),
+    "causal": Options(causal=True),
+    "causal_left24": Options(causal=True, window_left=24),
+    "causal_right7": Options(causal=True, window_right=7),
+    "window32_32": Options(window_left=32, window_right=32),
+    "window_left20": Options(window_left=20),
+    "window_right5": Options(window_right=5),
+    "window0_0": Options(window_left=0, window_right=0),
+}
+
+
+def make_inputs(request, lens_q, lens_k, num_heads, num_heads_k, head_dim, dtype, amplitude=1.0):
+    seed = (BASE_SEED + zlib.crc32(request.node.nodeid.encode())) % (1 << 63)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total_q, total_k = sum(lens_q), sum(lens_k)
+
+    def rand(rows, heads):
+        return (torch.randn(rows, heads, head_dim, generator=gen, device="cuda") * amplitude).to(
+            dtype)
+
+    q, k, v = rand(total_q, num_heads), rand(total_k, num_heads_k), rand(total_k, num_heads_k)
+    cu_q = torch.tensor([0] + list(_cumsum(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(_cumsum(lens_k)), dtype=torch.int32)
+    return q, k, v, cu_q, cu_k
+
+
+def _cumsum(xs):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
+
+def run_flash(q, k, v, cu_q, cu_k, opts):
+    lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
+    lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((q.shape[1], q.shape[0]), math.nan, dtype=torch.float32, device="cuda")
+    LIB.forward(q, k, v, cu_q.cuda(), cu_k.cuda(), max(lens_q, default=0),
+                max(lens_k, default=0), softmax_scale=opts.scale(q.shape[2]),
+                causal=opts.causal, window=(opts.window_left, opts.window_right),
+                softcap=opts.softcap, out=out, lse=lse, cu_seqlens_q_host=cu_q,
+                cu_seqlens_k_host=cu_k)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def check(q, k, v, cu_q, cu_k, opts):
+    out, lse = run_flash(q, k, v, cu_q, cu_k, opts)
+    ref_out, ref_lse, seen = reference(q, k, v, cu_q, cu_k, opts)
+    assert not out.isnan().any(), "out has unwritten (NaN) elements"
+    assert not lse.isnan().any(), "lse has unwritten (NaN) elements"
+    # Rows that see no key: exactly 0 and +inf.
+    assert (out[~seen] == 0).all(), "rows without keys must be 0"
+    assert torch.isposinf(lse[:, ~seen]).all(), "rows without keys must have lse +inf"
+    if not seen.any():
+        return
+    assert torch.isfinite(lse[:, seen]).all()
+    lse_err = (lse[:, seen].double() - ref_lse[:, seen]).abs().max().item()
+    assert lse_err <= LSE_TOL, f"lse error {lse_err:.3g}"
+    ours = relative_error(out, ref_out)
+    theirs = relative_error(pytorch_low_precision(q, k, v, cu_q, cu_k, opts), ref_out)
+    bound = min(2 * theirs + ERROR_FLOOR[q.dtype], ERROR_CAP[q.dtype])
+    assert ours <= bound, f"rel error {ours:.3g} > {bound:.3g} (PyTorch's: {theirs:.3g})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("head_dim", [8, 32, 40, 64, 72, 96, 104, 128, 136, 160, 192, 200, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_head_dims(request, dtype, head_dim, causal):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, 4, 2, head_dim, dtype)
+    check(q, k, v, cu_q, cu_k, Options(causal=causal))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("mask", MASKS.keys())
+def test_masks(request, dtype, head_dim, mask):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, 4, 1, head_dim, dtype)
+    check(q, k, v, cu_q, cu_k, MASKS[mask])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", "window32_32"])
+@pytest.mark.parametrize("softcap", [2.0, 30.0])
+def test_softcap(request, dtype, head_dim, mask, softcap):
+    # Larger scores so the cap bends them.
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, 4, 2, head_dim, dtype,
+                                      amplitude=2.0)
+    opts = MASKS[mask]
+    check(q, k, v, cu_q, cu_k, Options(causal=opts.causal, window_left=opts.window_left,
+                                       window_right=opts.window_right, softcap=softcap))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("heads", [(8, 8), (8, 4), (8, 1), (6, 3)], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gqa_mqa(request, dtype, heads, head_dim):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, *heads, head_dim, dtype)
+    check(q, k, v, cu_q, cu_k, Options(causal=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("lens", [(1000, 1000), (700, 1500), (1500, 300), (129, 4097)], ids=str)
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_left24", "window32_32"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_long_sequences(request, dtype, lens, mask, head_dim):
+    q, k, v, cu_q, cu_k = make_inputs(request, [lens[0]], [lens[1]], 2, 1, head_dim, dtype)
+    check(q, k, v, cu_q, cu_k, MASKS[mask])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_large_scores_stay_finite(request, head_dim):
+    # Scores around +-100: the online softmax must rescale without overflow.
+    q, k, v, cu_q, cu_k = make_inputs(request, [256, 3], [512, 700], 2, 2, head_dim,
+                                      torch.bfloat16, amplitude=4.0)
+    check(q, k, v, cu_q, cu_k, Options(softmax_scale=0.5))
+
+
+def test_no_keys_anywhere(request):
+    q, k, v, cu_q, cu_k = make_inputs(request, [3, 200], [0, 0], 2, 1, 64, torch.float16)
+    out, lse = run_flash(q, k, v, cu_q, cu_k, Options())
+    assert (out == 0).all() and torch.isposinf(lse).all()
+
+
+def test_batch_zero():
+    q = torch.empty(0, 2, 64, dtype=torch.bfloat16, device="cuda")
+    cu = torch.zeros(1, dtype=torch.int32)
+    out, lse = LIB.forward(q, q, q, cu.cuda(), cu.cuda(), 0, 0, cu_seqlens_q_host=cu,
+                           cu_seqlens_k_host=cu)
+    torch.cuda.synchronize()
+    assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+
+
+def test_empty_sequences_only(request):
+    q, k, v, cu_q, cu_k = make_inputs(request, [0, 0, 0], [0, 4, 0], 2, 2, 64, torch.bfloat16)
+    out, lse = run_flash(q, k, v, cu_q, cu_k, Options(causal=True))
+    assert out.numel() == 0 and lse.numel() == 0
+
+
+def test_side_stream(request):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, 4, 2, 128, torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out, _ = LIB.forward(q, k, v, cu_q.cuda(), cu_k.cuda(), max(VARLEN_Q), max(VARLEN_K),
+                             causal=True)
+    stream.synchronize()
+    ref_out, _, _ = reference(q, k, v, cu_q, cu_k, Options(causal=True))
+    assert relative_error(out, ref_out) < ERROR_CAP[torch.bfloat16]
+
+
+def _expect_error(match, **overrides):
+    q = torch.randn(8, 2, 64, device="cuda").to(torch.bfloat16)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    kwargs = dict(q=q, k=q, v=q, cu_seqlens_q=cu.cuda(), cu_seqlens_k=cu.cuda(), max_seqlen_q=8,
+                  max_seqlen_k=8, cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
+    kwargs.update(overrides)
+    with pytest.raises(flash_capi.FlashError, match=match):
+        LIB.forward(**kwargs)
+
+
+def test_error_fp32():
+    q = torch.randn(8, 2, 64, device="cuda")
+    _expect_error("flash: fp32 is not supported", q=q, k=q, v=q)
+
+
+@pytest.mark.parametrize("head_dim", [12, 260, 512])
+def test_error_head_dim(head_dim):
+    q = torch.randn(8, 2, head_dim, device="cuda").to(torch.float16)
+    _expect_error("head_dim", q=q, k=q, v=q)
+
+
+def test_error_misaligned():
+    buf = torch.randn(8 * 2 * 64 + 1, device="cuda").to(torch.float16)
+    q = buf[1:].view(8, 2, 64)
+    _expect_error("16-byte aligned", q=q)
+
+
+def test_error_heads_not_divisible():
+    q = torch.randn(8, 3, 64, device="cuda").to(torch.float16)
+    k = torch.randn(8, 2, 64, device="cuda").to(torch.float16)
+    _expect_error("num_heads", q=q, k=k, v=k)
+
+
+def test_error_max_seqlen_too_small():
+    _expect_error("max_seqlen", max_seqlen_q=4)
