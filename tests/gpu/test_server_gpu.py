@@ -38,7 +38,7 @@ def rel_error(got, want):
     got = np.asarray(got, dtype=np.float64)
     finite = np.isfinite(want)
     assert np.array_equal(np.isfinite(got), finite), "non-finite entries differ"
-    diff = np.linalg.norm((got - want)[finite])
+    diff = np.linalg.norm(got[finite] - want[finite])
     return diff / max(np.linalg.norm(want[finite]), 1e-30)
 
 
