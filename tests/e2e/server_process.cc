@@ -29,6 +29,21 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+bool PortAcceptsConnections(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return connected;
+}
+
+}  // namespace
+
 std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& extra_flags) {
   std::unique_ptr<ServerProcess> server(new ServerProcess());
   server->grpc_port_ = FreePort();
@@ -40,17 +55,23 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
   server->Spawn(args);
 
-  std::unique_ptr<Client> client = server->NewClient();
+  // The first call waits until the port accepts connections: a call that finds nothing
+  // listening puts the channel into gRPC's reconnect backoff (1 s, 1.6 s, ...), which would
+  // add seconds to every test.
+  std::unique_ptr<Client> client;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (client->GetServerInfo().ok()) return server;
+    if (client == nullptr && PortAcceptsConnections(server->grpc_port_)) {
+      client = server->NewClient();
+    }
+    if (client != nullptr && client->GetServerInfo().ok()) return server;
     int status = 0;
     if (waitpid(server->pid_, &status, WNOHANG) == server->pid_) {
       server->pid_ = -1;
       ADD_FAILURE() << "attnserve exited during startup:\n" << server->Log();
       return nullptr;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ADD_FAILURE() << "attnserve did not become ready in 30 s:\n" << server->Log();
   return nullptr;

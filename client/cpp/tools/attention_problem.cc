@@ -1,5 +1,6 @@
 #include "tools/attention_problem.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -64,6 +65,26 @@ kernels::AttentionOptions KernelOptions(const ProblemSpec& spec) {
   return options;
 }
 
+int MaxLength(const std::vector<int32_t>& lengths) {
+  return lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+}
+
+std::vector<int32_t> Offsets(const std::vector<int32_t>& lengths) {
+  std::vector<int32_t> cu = {0};
+  for (int32_t length : lengths) cu.push_back(cu.back() + length);
+  return cu;
+}
+
+void FillRandomValues(Problem& p, std::mt19937_64& rng) {
+  const ProblemSpec& spec = p.spec;
+  const int64_t q_count = p.total_q() * spec.num_heads * spec.head_dim;
+  const int64_t kv_count = p.total_k() * spec.num_heads_k * spec.head_dim;
+  p.q = RandomValues(q_count, spec.dtype, rng);
+  p.k = RandomValues(kv_count, spec.dtype, rng);
+  p.v = RandomValues(kv_count, spec.dtype, rng);
+  p.dout = RandomValues(q_count, spec.dtype, rng);
+}
+
 }  // namespace
 
 Problem MakeRandomProblem(const ProblemSpec& spec) {
@@ -72,12 +93,21 @@ Problem MakeRandomProblem(const ProblemSpec& spec) {
   p.spec = spec;
   p.cu_seqlens_q = RandomOffsets(spec.batch, spec.max_seqlen_q, rng);
   p.cu_seqlens_k = RandomOffsets(spec.batch, spec.max_seqlen_k, rng);
-  const int64_t q_count = p.total_q() * spec.num_heads * spec.head_dim;
-  const int64_t kv_count = p.total_k() * spec.num_heads_k * spec.head_dim;
-  p.q = RandomValues(q_count, spec.dtype, rng);
-  p.k = RandomValues(kv_count, spec.dtype, rng);
-  p.v = RandomValues(kv_count, spec.dtype, rng);
-  p.dout = RandomValues(q_count, spec.dtype, rng);
+  FillRandomValues(p, rng);
+  return p;
+}
+
+Problem MakeRandomProblem(const ProblemSpec& spec, const std::vector<int32_t>& seqlens_q,
+                          const std::vector<int32_t>& seqlens_k) {
+  std::mt19937_64 rng(spec.seed);
+  Problem p;
+  p.spec = spec;
+  p.spec.batch = static_cast<int>(seqlens_q.size());
+  p.spec.max_seqlen_q = MaxLength(seqlens_q);
+  p.spec.max_seqlen_k = MaxLength(seqlens_k);
+  p.cu_seqlens_q = Offsets(seqlens_q);
+  p.cu_seqlens_k = Offsets(seqlens_k);
+  FillRandomValues(p, rng);
   return p;
 }
 

@@ -42,6 +42,10 @@ struct Problem {
 };
 
 Problem MakeRandomProblem(const ProblemSpec& spec);
+// A problem with exactly these sequence lengths (one pair per sequence, sizes equal); the
+// spec's batch and max_seqlen fields are taken from them.
+Problem MakeRandomProblem(const ProblemSpec& spec, const std::vector<int32_t>& seqlens_q,
+                          const std::vector<int32_t>& seqlens_k);
 
 struct ForwardAnswer {
   std::vector<float> out, lse;

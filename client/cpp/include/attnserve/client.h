@@ -3,7 +3,11 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -15,27 +19,60 @@ namespace attnserve {
 struct ClientOptions {
   // Largest message sent or received; attention tensors are large.
   int max_message_bytes = 1 << 30;
-  // Per-call deadline; none by default.
+  // Per-call deadline, synchronous and asynchronous calls alike; none by default.
   std::optional<std::chrono::milliseconds> timeout;
+  // gRPC shares one TCP connection between channels to the same target with equal arguments.
+  // Clients with different connection ids never share one (load tests spread calls over
+  // several connections this way).
+  int connection_id = 0;
 };
 
 class Client {
  public:
+  // Called once per asynchronous call with its outcome, on one of gRPC's threads: keep it
+  // short and never block in it (it may start further calls).
+  using ForwardCallback = std::function<void(absl::StatusOr<v1::ForwardResponse>)>;
+  using BackwardCallback = std::function<void(absl::StatusOr<v1::BackwardResponse>)>;
+
   // `target` is a gRPC target such as "localhost:8001" or "dns:///attnserve:8001".
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
                                                         const ClientOptions& options = {});
+  ~Client();
 
   absl::StatusOr<v1::ForwardResponse> Forward(const v1::ForwardRequest& request);
   absl::StatusOr<v1::BackwardResponse> Backward(const v1::BackwardRequest& request);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
 
+  // Asynchronous calls: return at once; `done` runs exactly once when the call ends. The call
+  // keeps what it needs (context, request, response) alive until then, so the caller may drop
+  // its request right after starting it. The reference forms copy the request; the shared_ptr
+  // forms share it, for callers that send one request many times. Destroying the Client waits
+  // until every call it started has finished its `done`, so never destroy it from inside one.
+  void ForwardAsync(const v1::ForwardRequest& request, ForwardCallback done);
+  void ForwardAsync(std::shared_ptr<const v1::ForwardRequest> request, ForwardCallback done);
+  void BackwardAsync(const v1::BackwardRequest& request, BackwardCallback done);
+  void BackwardAsync(std::shared_ptr<const v1::BackwardRequest> request, BackwardCallback done);
+
  private:
+  template <typename Request, typename Response>
+  friend struct AsyncCall;
+
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
   void PrepareContext(grpc::ClientContext& context) const;
+  void AsyncCallStarted();
+  void AsyncCallFinished();
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
   ClientOptions options_;
+
+  // Asynchronous calls in flight. gRPC runs their callbacks on threads of a completion queue
+  // that the channel releases when destroyed; releasing it from one of those threads (as the
+  // last call's cleanup would, were calls to own the channel) aborts inside gRPC, so instead
+  // the Client, and with it the channel, outlives its calls.
+  std::mutex calls_mu_;
+  std::condition_variable calls_done_;
+  int64_t calls_in_flight_ = 0;
 };
 
 }  // namespace attnserve
