@@ -10,16 +10,16 @@ const KernelFamily kReferenceFamily = {"reference", kernels::reference::Forward,
 CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& options,
                      metrics::ServerMetrics* metrics)
     : QueueWorker(std::move(device), options.batching, metrics), context_{options.cpu_threads} {
-  StartThread();
+  StartLanes(1);  // the reference kernels already use every core
 }
 
-absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs) {
+absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, int /*lane*/) {
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, context_);
   if (result.ok()) result->execution.device = device().name;
   return result;
 }
 
-absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs) {
+absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, int /*lane*/) {
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, context_);
   if (result.ok()) result->execution.device = device().name;
   return result;

@@ -21,8 +21,8 @@ class CpuWorker : public QueueWorker {
   std::vector<std::string> kernel_families() const override { return {kReferenceFamily.name}; }
 
  private:
-  absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs) override;
-  absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs) override;
+  absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
+  absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
 
   const kernels::ExecutionContext context_;
 };

@@ -16,6 +16,10 @@ namespace {
 // alignment), so every tensor starts where vectorized kernel loads expect.
 constexpr size_t kSegmentAlignment = 256;
 
+// Two lanes keep the copy engines and the SMs busy at once: while one request's inputs cross
+// PCIe, the other's kernel runs.
+constexpr int kLanesPerDevice = 2;
+
 size_t AlignUp(size_t n) { return (n + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment; }
 
 absl::Status CudaError(cudaError_t err, const char* what) {
@@ -61,25 +65,36 @@ int MaxLength(const std::vector<int32_t>& cu) {
 
 }  // namespace
 
-// The device's stream and the worker's pinned staging buffer (grown to the largest request).
-struct CudaWorker::DeviceState {
+// One lane: its stream, kernel timing events and pinned staging buffer (grown to the largest
+// request it has carried).
+struct CudaWorker::Lane {
   int ordinal = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t kernel_start = nullptr, kernel_end = nullptr;
   char* pinned = nullptr;
   size_t pinned_bytes = 0;
 
+  static absl::StatusOr<std::unique_ptr<Lane>> Create(int ordinal) {
+    auto lane = std::make_unique<Lane>();
+    lane->ordinal = ordinal;
+    ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_start));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_end));
+    return lane;
+  }
+
   absl::Status ReservePinned(size_t bytes) {
     if (bytes <= pinned_bytes) return absl::OkStatus();
     if (pinned != nullptr) cudaFreeHost(pinned);
     pinned = nullptr;
     pinned_bytes = 0;
-    ATTN_RETURN_IF_CUDA_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&pinned), bytes, cudaHostAllocDefault));
+    ATTN_RETURN_IF_CUDA_ERROR(
+        cudaHostAlloc(reinterpret_cast<void**>(&pinned), bytes, cudaHostAllocDefault));
     pinned_bytes = bytes;
     return absl::OkStatus();
   }
 
-  ~DeviceState() {
+  ~Lane() {
     cudaSetDevice(ordinal);
     if (pinned != nullptr) cudaFreeHost(pinned);
     if (kernel_start != nullptr) cudaEventDestroy(kernel_start);
@@ -91,12 +106,7 @@ struct CudaWorker::DeviceState {
 absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDescription device,
                                                                const EngineOptions& options,
                                                                metrics::ServerMetrics* metrics) {
-  auto state = std::make_unique<DeviceState>();
-  state->ordinal = device.ordinal;
   ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(device.ordinal));
-  ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking));
-  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&state->kernel_start));
-  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&state->kernel_end));
   // Keep freed device memory in the pool instead of returning it to the driver after every
   // request: requests of similar sizes then allocate without a driver call.
   cudaMemPool_t pool;
@@ -104,20 +114,26 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
   uint64_t keep_everything = UINT64_MAX;
   ATTN_RETURN_IF_CUDA_ERROR(
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  std::vector<std::unique_ptr<Lane>> lanes;
+  for (int i = 0; i < kLanesPerDevice; ++i) {
+    absl::StatusOr<std::unique_ptr<Lane>> lane = Lane::Create(device.ordinal);
+    if (!lane.ok()) return lane.status();
+    lanes.push_back(*std::move(lane));
+  }
   return std::unique_ptr<CudaWorker>(
-      new CudaWorker(std::move(device), options, metrics, std::move(state)));
+      new CudaWorker(std::move(device), options, metrics, std::move(lanes)));
 }
 
 CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
-                       metrics::ServerMetrics* metrics, std::unique_ptr<DeviceState> state)
+                       metrics::ServerMetrics* metrics, std::vector<std::unique_ptr<Lane>> lanes)
     : QueueWorker(device, options.batching, metrics),
-      state_(std::move(state)),
+      lanes_(std::move(lanes)),
       cpu_context_{options.cpu_threads},
       compute_capability_(std::stoi(device.compute_capability) * 10 +
                           std::stoi(device.compute_capability.substr(
                               device.compute_capability.find('.') + 1))),
       metrics_(metrics) {
-  StartThread();
+  StartLanes(static_cast<int>(lanes_.size()));
 }
 
 CudaWorker::~CudaWorker() { Stop(); }
@@ -127,7 +143,7 @@ std::vector<std::string> CudaWorker::kernel_families() const {
   return {kReferenceFamily.name};
 }
 
-void CudaWorker::OnThreadStart() { cudaSetDevice(state_->ordinal); }
+void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal); }
 
 bool CudaWorker::FlashCanRun(const TensorView& q) const {
   const int64_t head_dim = q.shape[2];
@@ -135,35 +151,37 @@ bool CudaWorker::FlashCanRun(const TensorView& q) const {
          head_dim <= 256;
 }
 
-absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs) {
-  if (FlashCanRun(inputs.q) && inputs.q.shape[0] > 0) return RunFlashForward(inputs);
+absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, int lane) {
+  if (FlashCanRun(inputs.q) && inputs.q.shape[0] > 0) {
+    return RunFlashForward(inputs, *lanes_[lane]);
+  }
   // No GPU family covers this request (yet): the exact CPU kernels answer it.
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, cpu_context_);
   if (result.ok()) result->execution.device = "cpu";
   return result;
 }
 
-absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs) {
+absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int /*lane*/) {
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, cpu_context_);
   if (result.ok()) result->execution.device = "cpu";
   return result;
 }
 
-absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& in) {
+absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& in, Lane& lane) {
   const int num_heads = static_cast<int>(in.q.shape[1]);
   const int64_t total_q = in.q.shape[0];
   const size_t lse_bytes = sizeof(float) * num_heads * total_q;
   const ForwardLayout layout = LayOut(in, lse_bytes);
-  if (absl::Status s = state_->ReservePinned(layout.end); !s.ok()) return s;
+  if (absl::Status s = lane.ReservePinned(layout.end); !s.ok()) return s;
 
-  char* host = state_->pinned;
+  char* host = lane.pinned;
   std::memcpy(host + layout.q, in.q.data, in.q.size_bytes);
   std::memcpy(host + layout.k, in.k.data, in.k.size_bytes);
   std::memcpy(host + layout.v, in.v.data, in.v.size_bytes);
   std::memcpy(host + layout.cu_q, in.cu_seqlens_q.data(), in.cu_seqlens_q.size() * 4);
   std::memcpy(host + layout.cu_k, in.cu_seqlens_k.data(), in.cu_seqlens_k.size() * 4);
 
-  cudaStream_t stream = state_->stream;
+  cudaStream_t stream = lane.stream;
   char* device = nullptr;
   ATTN_RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&device), layout.end, stream));
   // From here on the device buffer must go back to the pool whatever happens.
@@ -192,10 +210,10 @@ absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& i
     params.lse = reinterpret_cast<float*>(device + layout.lse);
     kernels::ExecutionContext ctx;
     ctx.stream = stream;
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(state_->kernel_start, stream));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(lane.kernel_start, stream));
     kernels::KernelStatus status = kernels::flash::Forward(params, ctx);
     if (!status.ok) return absl::InternalError(absl::StrCat("flash forward: ", status.message));
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(state_->kernel_end, stream));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(lane.kernel_end, stream));
     ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + layout.out, device + layout.out,
                                               layout.end - layout.out, cudaMemcpyDeviceToHost,
                                               stream));
@@ -209,7 +227,7 @@ absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& i
   result.out = {in.q.dtype, in.q.shape, std::string(host + layout.out, in.q.size_bytes)};
   result.lse = {DType::kFloat32, {num_heads, total_q}, std::string(host + layout.lse, lse_bytes)};
   float kernel_ms = 0;
-  cudaEventElapsedTime(&kernel_ms, state_->kernel_start, state_->kernel_end);
+  cudaEventElapsedTime(&kernel_ms, lane.kernel_start, lane.kernel_end);
   result.execution.device = this->device().name;
   result.execution.kernel = "flash";
   result.execution.compute_us = static_cast<int64_t>(kernel_ms * 1000);

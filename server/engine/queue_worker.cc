@@ -58,11 +58,13 @@ QueueWorker::QueueWorker(devices::DeviceDescription device, BatchingOptions batc
 
 QueueWorker::~QueueWorker() { Stop(); }
 
-void QueueWorker::StartThread() {
-  thread_ = std::thread([this] {
-    OnThreadStart();
-    Loop();
-  });
+void QueueWorker::StartLanes(int lanes) {
+  for (int lane = 0; lane < lanes; ++lane) {
+    lanes_.emplace_back([this, lane] {
+      OnLaneStart(lane);
+      Loop(lane);
+    });
+  }
 }
 
 void QueueWorker::Submit(ForwardJob job) { Push({std::move(job), absl::Now()}); }
@@ -90,19 +92,21 @@ void QueueWorker::Stop() {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& lane : lanes_) {
+    if (lane.joinable()) lane.join();
+  }
 }
 
-void QueueWorker::Loop() {
+void QueueWorker::Loop(int lane) {
   for (;;) {
     std::vector<Queued> batch = NextBatch();
     if (batch.empty()) return;  // stopped with nothing left: accepted jobs are all answered
     DropDeadJobs(batch);
     if (batch.empty()) continue;
     if (std::holds_alternative<ForwardJob>(batch[0].job)) {
-      RunBatch<ForwardJob>(batch, "Forward");
+      RunBatch<ForwardJob>(batch, "Forward", lane);
     } else {
-      RunBatch<BackwardJob>(batch, "Backward");
+      RunBatch<BackwardJob>(batch, "Backward", lane);
     }
   }
 }
@@ -177,7 +181,7 @@ void QueueWorker::DropDeadJobs(std::vector<Queued>& batch) {
 // Runs the batch as one request (merging when there are several), then answers each job with
 // its own share of the result, stamped with how long it waited.
 template <typename Job>
-void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc) {
+void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane) {
   using Ops = BatchOps<Job>;
   std::vector<const typename Ops::Inputs*> parts;
   for (const Queued& queued : batch) parts.push_back(&std::get<Job>(queued.job).inputs);
@@ -185,10 +189,10 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc) {
   const absl::Time start = absl::Now();
   std::vector<absl::StatusOr<typename Ops::Result>> answers;
   if (parts.size() == 1) {
-    answers.push_back(Execute(*parts[0]));
+    answers.push_back(Execute(*parts[0], lane));
   } else {
     auto merged = Ops::Merge(parts);
-    absl::StatusOr<typename Ops::Result> result = Execute(merged.inputs);
+    absl::StatusOr<typename Ops::Result> result = Execute(merged.inputs, lane);
     if (result.ok()) {
       for (auto& share : Ops::Split(*result, merged.layout)) answers.push_back(std::move(share));
     } else {

@@ -1,5 +1,6 @@
-// The part every device worker shares: a queue of validated jobs drained by one thread that
-// forms batches of compatible jobs (up to a token budget, waiting up to a maximum queue delay
+// The part every device worker shares: a queue of validated jobs drained by one or more lanes
+// (threads; a GPU worker gives each its own stream, so one lane's copies overlap another's
+// kernels) that form batches of compatible jobs (up to a token budget, waiting up to a maximum queue delay
 // for company), drops jobs whose deadline passed or whose caller left, and answers each job
 // exactly once. Subclasses say how one (merged) request executes on their device.
 #pragma once
@@ -41,14 +42,15 @@ class QueueWorker : public DeviceWorker {
   QueueWorker(devices::DeviceDescription device, BatchingOptions batching,
               metrics::ServerMetrics* metrics);
 
-  // Subclass constructors call this last, so the thread never sees a half-built object.
-  void StartThread();
+  // Subclass constructors call this last, so no lane sees a half-built object.
+  void StartLanes(int lanes);
 
-  // Called on the worker thread once, before the first job (e.g. to bind a CUDA device).
-  virtual void OnThreadStart() {}
-  // One request, possibly the merge of several. Results carry kernel, device and compute time.
-  virtual absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs) = 0;
-  virtual absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs) = 0;
+  // Called on each lane's thread once, before its first job (e.g. to bind a CUDA device).
+  virtual void OnLaneStart(int /*lane*/) {}
+  // One request, possibly the merge of several, on lane `lane` (lanes run concurrently).
+  // Results carry kernel, device and compute time.
+  virtual absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) = 0;
+  virtual absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) = 0;
 
  private:
   using AnyJob = std::variant<ForwardJob, BackwardJob>;
@@ -58,7 +60,7 @@ class QueueWorker : public DeviceWorker {
   };
 
   void Push(Queued queued);
-  void Loop();
+  void Loop(int lane);
   // Blocks for the next batch (jobs of one kind, mutually compatible); empty once stopped.
   std::vector<Queued> NextBatch();
   // Takes queued jobs compatible with `batch[0]` while the token budget allows.
@@ -66,7 +68,7 @@ class QueueWorker : public DeviceWorker {
   // Answers and removes jobs whose deadline passed or whose caller cancelled.
   void DropDeadJobs(std::vector<Queued>& batch);
   template <typename Job>
-  void RunBatch(std::vector<Queued>& batch, const char* rpc);
+  void RunBatch(std::vector<Queued>& batch, const char* rpc, int lane);
   void PublishQueueDepth(size_t depth);
 
   const devices::DeviceDescription device_;
@@ -77,7 +79,7 @@ class QueueWorker : public DeviceWorker {
   std::condition_variable cv_;
   std::deque<Queued> queue_;
   bool stopping_ = false;
-  std::thread thread_;
+  std::vector<std::thread> lanes_;
 };
 
 }  // namespace attnserve::engine

@@ -14,9 +14,9 @@ namespace {
 // carried, so tests control exactly which jobs are queued together.
 class GatedWorker : public QueueWorker {
  public:
-  explicit GatedWorker(BatchingOptions batching)
+  explicit GatedWorker(BatchingOptions batching, int lanes = 1)
       : QueueWorker(devices::DeviceDescription{}, batching, nullptr) {
-    StartThread();
+    StartLanes(lanes);
   }
   ~GatedWorker() override {
     Open();
@@ -33,12 +33,13 @@ class GatedWorker : public QueueWorker {
     std::lock_guard<std::mutex> lock(mu_);
     return launches_;
   }
-  bool busy() { return busy_; }
+  bool busy() { return busy_ > 0; }
+  int busy_lanes() { return busy_; }
   std::vector<std::string> kernel_families() const override { return {"gated"}; }
 
  private:
-  absl::StatusOr<ForwardResult> Execute(const ForwardInputs& in) override {
-    busy_ = true;
+  absl::StatusOr<ForwardResult> Execute(const ForwardInputs& in, int /*lane*/) override {
+    ++busy_;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return open_; });
     launches_.push_back(in.cu_seqlens_q.size() - 1);
@@ -49,14 +50,14 @@ class GatedWorker : public QueueWorker {
     result.execution.kernel = "gated";
     return result;
   }
-  absl::StatusOr<BackwardResult> Execute(const BackwardInputs&) override {
+  absl::StatusOr<BackwardResult> Execute(const BackwardInputs&, int) override {
     return absl::UnimplementedError("not used");
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;
-  std::atomic<bool> busy_{false};
+  std::atomic<int> busy_{0};
   std::vector<size_t> launches_;
 };
 
@@ -175,6 +176,24 @@ TEST(QueueWorkerTest, ExpiredAndCancelledJobsAreDroppedBeforeLaunch) {
   ExpectOwnRows(r3, alive);
   EXPECT_EQ(r3->execution.batched_requests, 1);
   EXPECT_EQ(worker.launches(), (std::vector<size_t>{1, 1}));
+}
+
+TEST(QueueWorkerTest, LanesRunBatchesConcurrently) {
+  BatchingOptions options;
+  options.enabled = false;
+  GatedWorker worker(options, /*lanes=*/2);
+  TaggedRequest a(1, 2), b(2, 3), c(3, 4);
+  std::promise<absl::StatusOr<ForwardResult>> ra, rb, rc;
+  worker.Submit(a.Job(&ra));
+  worker.Submit(b.Job(&rb));
+  worker.Submit(c.Job(&rc));
+  // Both lanes are inside Execute at once while the third job waits.
+  while (worker.busy_lanes() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(worker.QueueDepth(), 1u);
+  worker.Open();
+  ExpectOwnRows(ra.get_future().get(), a);
+  ExpectOwnRows(rb.get_future().get(), b);
+  ExpectOwnRows(rc.get_future().get(), c);
 }
 
 TEST(QueueWorkerTest, StopAnswersEveryQueuedJob) {
