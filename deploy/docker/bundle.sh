@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Packs the built server and attnctl, with every shared library they load, into one prefix:
-#   deploy/docker/bundle.sh BUILD_DIR PREFIX   ->   PREFIX/bin/{attnserve,attnctl}, PREFIX/lib/*.so*
+# Packs the built server, attnctl and attnload, with every shared library they load, into one
+# prefix:
+#   deploy/docker/bundle.sh BUILD_DIR PREFIX -> PREFIX/bin/{attnserve,attnctl,attnload}, PREFIX/lib
 # The Dockerfile's builder stage runs it (BUILD_DIR=build, PREFIX=/opt/attnserve) and the runtime
 # stage copies PREFIX whole, so the runtime image needs no Debian gRPC/protobuf/abseil packages.
 # tests/deploy runs it against the local build to check that what the image copies exists.
@@ -16,7 +17,7 @@ fi
 BUILD_DIR=$1
 PREFIX=$2
 mkdir -p "$PREFIX/bin" "$PREFIX/lib"
-for binary in attnserve attnctl; do
+for binary in attnserve attnctl attnload; do
   cp "$BUILD_DIR/bin/$binary" "$PREFIX/bin/$binary"
 done
 skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libcuda\.so)'

@@ -206,14 +206,15 @@ def test_runtime_copies_exist_in_the_bundle(bundle):
             assert source.startswith(BUNDLE_PREFIX + "/"), source
             local = bundle / source[len(BUNDLE_PREFIX) + 1:]
             assert local.exists() and any(local.iterdir()), f"COPY {source}: empty or missing"
-    assert (bundle / "bin" / "attnserve").is_file() and (bundle / "bin" / "attnctl").is_file()
+    for binary in ("attnserve", "attnctl", "attnload"):
+        assert (bundle / "bin" / binary).is_file(), binary
 
 
 def test_bundle_is_self_contained(bundle):
     """With the image's LD_LIBRARY_PATH, every library but libc's family resolves inside it."""
     env = dict(os.environ, LD_LIBRARY_PATH=image_env()["LD_LIBRARY_PATH"].replace(
         BUNDLE_PREFIX, str(bundle)))
-    for binary in ("attnserve", "attnctl"):
+    for binary in ("attnserve", "attnctl", "attnload"):
         out = subprocess.run(["ldd", str(bundle / "bin" / binary)], env=env, check=True,
                              capture_output=True, text=True).stdout
         assert "not found" not in out
