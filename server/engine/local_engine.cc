@@ -7,6 +7,7 @@
 #ifdef ATTN_WITH_CUDA
 #include "server/engine/cuda_worker.h"
 #endif
+#include "server/engine/request_cost.h"
 #include "server/engine/request_validation.h"
 
 namespace attnserve::engine {
@@ -86,6 +87,16 @@ absl::Status LocalEngine::Admit(Job job) {
   std::lock_guard<std::mutex> lock(admit_mu_);
   if (stopping_) return Reject(absl::UnavailableError("server is shutting down"), "shutting_down");
   DeviceWorker& worker = LeastLoadedWorker();
+  // A request that could not fit even on an idle device is refused now, with the numbers,
+  // instead of failing later with an out-of-memory error.
+  const int64_t needed = DeviceBytes(job.inputs);
+  const int64_t capacity = worker.device().memory_total_bytes;
+  if (capacity > 0 && needed > capacity) {
+    return Reject(absl::ResourceExhaustedError(absl::StrCat(
+                      "the request needs about ", needed, " bytes of device memory; ",
+                      worker.device().name, " has ", capacity, " in all")),
+                  "memory");
+  }
   if (static_cast<int64_t>(worker.QueueDepth()) >= max_queue_size_) {
     return Reject(absl::ResourceExhaustedError(absl::StrCat(
                       "every device queue is full (", max_queue_size_,

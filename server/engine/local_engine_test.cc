@@ -118,6 +118,19 @@ TEST(LocalEngineTest, ConcurrentJobsEachGetTheirOwnAnswerOnce) {
   EXPECT_EQ(engine->InflightCount(), 0);
 }
 
+TEST(LocalEngineTest, RequestLargerThanTheDeviceIsRefusedWithTheNumbers) {
+  devices::DeviceDescription tiny;
+  tiny.name = "cpu";
+  tiny.memory_total_bytes = 100;
+  auto engine = LocalEngine::Create({tiny}, EngineOptions{}, nullptr);
+  ASSERT_TRUE(engine.ok());
+  SingleKeyProblem problem(4, 0.0f);  // 4 rows of 8 floats in each of q, k, v, out: > 100 bytes
+  absl::Status s = (*engine)->Enqueue(ForwardJob{problem.Inputs(), [](auto) {}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("device memory"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("100 in all"), absl::string_view::npos) << s;
+}
+
 TEST(LocalEngineTest, RefusesWorkAfterStop) {
   auto engine = MakeEngine();
   engine->Stop();

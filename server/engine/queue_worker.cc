@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/batching.h"
-#include "server/engine/flop_count.h"
+#include "server/engine/request_cost.h"
 
 namespace attnserve::engine {
 namespace {

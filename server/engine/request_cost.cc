@@ -1,4 +1,4 @@
-#include "server/engine/flop_count.h"
+#include "server/engine/request_cost.h"
 
 namespace attnserve::engine {
 namespace {
@@ -21,6 +21,18 @@ double AttentionFlops(const ForwardInputs& in) {
 
 double AttentionFlops(const BackwardInputs& in) {
   return 2.5 * ForwardFlops(in.cu_seqlens_q, in.cu_seqlens_k, in.q, in.options.causal);
+}
+
+int64_t DeviceBytes(const ForwardInputs& in) {
+  const int64_t lse = sizeof(float) * in.q.shape[0] * in.q.shape[1];
+  return 2 * in.q.size_bytes + in.k.size_bytes + in.v.size_bytes + lse;
+}
+
+int64_t DeviceBytes(const BackwardInputs& in) {
+  const int64_t inputs = in.dout.size_bytes + in.q.size_bytes + in.k.size_bytes +
+                         in.v.size_bytes + in.out.size_bytes + in.lse.size_bytes;
+  const int64_t outputs = in.q.size_bytes + in.k.size_bytes + in.v.size_bytes;
+  return inputs + outputs + in.lse.size_bytes;  // scratch: one float per query row and head
 }
 
 }  // namespace attnserve::engine

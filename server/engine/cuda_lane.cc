@@ -1,0 +1,120 @@
+#include "server/engine/cuda_lane.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::engine {
+namespace {
+
+// Segments start 256-byte aligned (cudaMalloc's own alignment), where vectorized kernel loads
+// expect tensors to start.
+constexpr size_t kSegmentAlignment = 256;
+
+size_t AlignUp(size_t n) {
+  return (n + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment;
+}
+
+#define ATTN_RETURN_IF_CUDA_ERROR(call)                                   \
+  do {                                                                    \
+    if (absl::Status _s = CudaStatus((call), #call); !_s.ok()) return _s; \
+  } while (0)
+
+}  // namespace
+
+absl::Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // clear a non-sticky error so the next request starts clean
+  if (err == cudaErrorMemoryAllocation) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": device out of memory"));
+  }
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal) {
+  std::unique_ptr<CudaLane> lane(new CudaLane());
+  lane->ordinal_ = ordinal;
+  ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal));
+  ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking));
+  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_start_));
+  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_end_));
+  return lane;
+}
+
+CudaLane::~CudaLane() {
+  cudaSetDevice(ordinal_);
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  if (kernel_start_ != nullptr) cudaEventDestroy(kernel_start_);
+  if (kernel_end_ != nullptr) cudaEventDestroy(kernel_end_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaLane::ReservePinned(size_t bytes) {
+  if (bytes <= pinned_bytes_) return absl::OkStatus();
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  pinned_ = nullptr;
+  pinned_bytes_ = 0;
+  ATTN_RETURN_IF_CUDA_ERROR(
+      cudaHostAlloc(reinterpret_cast<void**>(&pinned_), bytes, cudaHostAllocDefault));
+  pinned_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CudaLane::Run(
+    const std::vector<HostBytes>& inputs, const std::vector<size_t>& output_sizes,
+    size_t workspace_bytes,
+    const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
+    std::vector<std::string>* outputs, float* kernel_ms) {
+  // One layout for pinned and device memory: [inputs | outputs | workspace (device only)].
+  std::vector<size_t> input_offsets, output_offsets;
+  size_t end = 0;
+  for (const HostBytes& in : inputs) {
+    input_offsets.push_back(end);
+    end += AlignUp(in.size);
+  }
+  const size_t outputs_begin = end;
+  for (size_t size : output_sizes) {
+    output_offsets.push_back(end);
+    end += AlignUp(size);
+  }
+  const size_t workspace_offset = end;
+  const size_t pinned_end = end;
+  end += AlignUp(workspace_bytes);
+
+  if (absl::Status s = ReservePinned(pinned_end); !s.ok()) return s;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].size > 0) std::memcpy(pinned_ + input_offsets[i], inputs[i].data, inputs[i].size);
+  }
+  char* device = nullptr;
+  ATTN_RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&device), end, stream_));
+  DeviceBuffers buffers;
+  for (size_t offset : input_offsets) buffers.inputs.push_back(device + offset);
+  for (size_t offset : output_offsets) buffers.outputs.push_back(device + offset);
+  buffers.workspace = workspace_bytes > 0 ? device + workspace_offset : nullptr;
+
+  auto copy_launch_copy = [&]() -> absl::Status {
+    ATTN_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(device, pinned_, outputs_begin, cudaMemcpyHostToDevice, stream_));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_start_, stream_));
+    if (absl::Status s = launch(buffers, stream_); !s.ok()) return s;
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_end_, stream_));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pinned_ + outputs_begin, device + outputs_begin,
+                                              pinned_end - outputs_begin, cudaMemcpyDeviceToHost,
+                                              stream_));
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  };
+  absl::Status status = copy_launch_copy();
+  // Back to the pool even after an error (after the stream's work, which may still run).
+  cudaFreeAsync(device, stream_);
+  if (!status.ok()) return status;
+
+  outputs->clear();
+  for (size_t i = 0; i < output_sizes.size(); ++i) {
+    outputs->emplace_back(pinned_ + output_offsets[i], output_sizes[i]);
+  }
+  *kernel_ms = 0;
+  cudaEventElapsedTime(kernel_ms, kernel_start_, kernel_end_);
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::engine
