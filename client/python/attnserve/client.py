@@ -1,4 +1,5 @@
 """The numpy client: packs arrays into attnserve.v1 requests and unpacks the responses."""
+import json
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -11,6 +12,29 @@ from .errors import AttentionError
 from .tensors import from_tensor, to_tensor
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+# gRPC caps a retry policy at 5 attempts; more are silently treated as 5.
+MAX_RETRIES = 4
+SERVICE = "attnserve.v1.AttentionService"
+
+
+def service_config(retries: int, load_balancing: str) -> str:
+    """The channel's default service config: the balancing policy over every address the target
+    resolves to, and retries of UNAVAILABLE (server down, restarting or draining) with
+    exponential backoff. Forward and Backward are pure functions of their request, so a retry is
+    always safe; other codes are never retried: they would fail the same way again."""
+    config = {"loadBalancingConfig": [{load_balancing: {}}]}
+    if retries:
+        config["methodConfig"] = [{
+            "name": [{"service": SERVICE}],
+            "retryPolicy": {
+                "maxAttempts": retries + 1,
+                "initialBackoff": "0.1s",
+                "maxBackoff": "2s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }]
+    return json.dumps(config)
 
 
 @dataclass(frozen=True)
@@ -86,21 +110,32 @@ def backward_request(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
 
 
 class Client:
-    """A connection to one attnserve server. Thread-safe; use one per process and share it.
+    """A connection to attnserve. Thread-safe; use one per process and share it.
 
-    timeout is the default deadline in seconds for every call (None: no deadline); each call
-    can override it. Failed calls raise AttentionError. Arrays in results are read-only views
-    of the response bytes (copy them to modify in place).
+    target is any gRPC target: "host:port", or "dns:///host:port" (every address the name
+    resolves to, e.g. a Kubernetes headless service) or "ipv4:10.0.0.1:8001,10.0.0.2:8001", over
+    which calls are spread with load_balancing ("round_robin"; "pick_first" for one server at a
+    time). timeout is the default deadline in seconds for every call, retries included (None: no
+    deadline); each call can override it. Calls failing with UNAVAILABLE are retried up to
+    `retries` times (at most 4) with exponential backoff. Failed calls raise AttentionError.
+    Arrays in results are read-only views of the response bytes (copy them to modify in place).
     """
 
     def __init__(self, target: str = "localhost:8001", timeout: Optional[float] = None, *,
+                 retries: int = MAX_RETRIES, load_balancing: str = "round_robin",
                  credentials: Optional[grpc.ChannelCredentials] = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  options: Sequence[Tuple[str, object]] = ()):
-        # gRPC's 4 MiB default receive limit is far below one realistic attention request.
+        if not 0 <= retries <= MAX_RETRIES:
+            raise ValueError(f"retries must be in [0, {MAX_RETRIES}], got {retries}")
+        self.target = target
+        # gRPC's 4 MiB default receive limit is far below one realistic attention request, and
+        # a call whose request outgrows the retry buffer (256 KiB by default) is never retried.
         channel_options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
+            ("grpc.service_config", service_config(retries, load_balancing)),
             *options,
         ]
         if credentials is None:

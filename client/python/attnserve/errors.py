@@ -14,3 +14,8 @@ class AttentionError(Exception):
         self.code = code
         self.details = details or ""
         super().__init__(f"{getattr(code, 'name', code)}: {self.details}")
+
+
+class UnsupportedOptionError(NotImplementedError):
+    """A FlashAttention option that attnserve does not implement (yet): dropout_p > 0,
+    alibi_slopes, block_table. Raised before anything is sent."""
