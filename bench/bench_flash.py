@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Forward attention throughput on the GPU: our flash kernel (through libattn_flash_capi.so)
-against PyTorch's FlashAttention-2 varlen and cuDNN SDPA, on the rows of
-shared/anchors/h100.md. Same bf16 inputs for all; median of CUDA-event-timed repeats after
-warm-ups; TFLOP/s with FLOPs = 4 * sum(sq * sk) * d * heads, halved if causal.
+"""Forward (or, with --backward, backward) attention throughput on the GPU: our flash kernels
+(through libattn_flash_capi.so) against PyTorch's FlashAttention-2 varlen and cuDNN SDPA, on
+the rows of shared/anchors/h100.md. Same bf16 inputs for all; median of CUDA-event-timed
+repeats after warm-ups; TFLOP/s with FLOPs = 4 * sum(sq * sk) * d * heads, halved if causal,
+times 2.5 for the backward.
 
-  python3 bench/bench_flash.py [--lib NAME=PATH ...] [--markdown FILE]
+  python3 bench/bench_flash.py [--backward] [--lib NAME=PATH ...] [--markdown FILE]
 
 Several --lib give one column per build (e.g. tile-size variants); the first is "ours" in the
 ratio columns. Prints a markdown table; --markdown also writes it to FILE.
@@ -114,20 +115,91 @@ def bench_row(libs, head_dim, heads, lens, causal, warmup, repeats):
     return row
 
 
+def fa2_varlen_backward_fn(q, k, v, dout, cu, max_len, causal, scale):
+    """FA2 varlen backward on its own forward's out and lse, as a callable."""
+    out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu, cu, max_len, max_len, 0.0, causal, False, scale=scale)
+
+    def run():
+        return torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, out, lse, cu, cu, max_len, max_len, 0.0, causal, seed, offset,
+            scale=scale)
+    return run
+
+
+def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats):
+    total = sum(lens)
+    max_len = max(lens)
+    scale = 1.0 / math.sqrt(head_dim)
+    q, k, v, dout = (torch.randn(total, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+                     for _ in range(4))
+    cu_host = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))],
+                           dtype=torch.int32)
+    cu = cu_host.cuda()
+    work = 2.5 * flops(lens, head_dim, heads, causal)
+    row = {"hdim": head_dim, "heads": heads, "seqs": seq_name(lens), "causal": causal}
+
+    fa2 = fa2_varlen_backward_fn(q, k, v, dout, cu, max_len, causal, scale)
+    ref_dq = fa2()[0]
+    for name, lib in libs.items():
+        out, lse = lib.forward(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale,
+                               causal=causal)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        workspace = torch.empty(max(1, lib.backward_workspace_bytes(q, k, cu, cu)),
+                                dtype=torch.uint8, device="cuda")
+
+        # Default (atomic dQ) and deterministic mode, as columns NAME and NAME-det.
+        for column, deterministic in ((name, False), (f"{name}-det", True)):
+            def ours(lib=lib, out=out, lse=lse, dq=dq, dk=dk, dv=dv, workspace=workspace,
+                     deterministic=deterministic):
+                lib.backward(dout, q, k, v, out, lse, cu, cu, max_len, max_len,
+                             softmax_scale=scale, causal=causal, dq=dq, dk=dk, dv=dv,
+                             workspace=workspace, deterministic=deterministic)
+            try:
+                ours()
+            except flash_capi.FlashError as err:
+                print(f"{column}: {err}", file=sys.stderr)
+                row[column], row[f"{column}_diff"] = None, math.nan
+                continue
+            torch.cuda.synchronize()
+            row[f"{column}_diff"] = ((dq.float() - ref_dq.float()).norm() /
+                                     ref_dq.float().norm()).item()
+            row[column] = work / time_ms(ours, warmup, repeats) / 1e9
+    row["fa2"] = work / time_ms(fa2, warmup, repeats) / 1e9
+    row["cudnn"] = None
+    if all(x == lens[0] for x in lens):
+        shape = (len(lens), lens[0], heads, head_dim)
+        q4, k4, v4 = (t.view(shape).transpose(1, 2).detach().requires_grad_()
+                      for t in (q, k, v))
+        do4 = dout.view(shape).transpose(1, 2)
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out4 = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+
+                def cudnn():
+                    torch.autograd.grad(out4, (q4, k4, v4), do4, retain_graph=True)
+                row["cudnn"] = work / time_ms(cudnn, warmup, repeats) / 1e9
+        except RuntimeError as err:  # cuDNN refused the shape
+            print(f"cuDNN unavailable for {row['seqs']}: {err}", file=sys.stderr)
+    return row
+
+
 def fmt(x, digits=0):
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-def table(rows, names):
+def table(rows, names, kind="fwd"):
     first = names[0]
-    head = ["hdim", "heads", "sequence lengths", "causal"] + [f"{n} fwd" for n in names] + [
-        "FA2 varlen fwd", "cuDNN fwd", f"{first}/FA2", f"{first}/cuDNN", f"max rel diff vs FA2"]
+    diff = "max rel diff vs FA2" if kind == "fwd" else "dq rel diff vs FA2"
+    head = ["hdim", "heads", "sequence lengths", "causal"] + [f"{n} {kind}" for n in names] + [
+        f"FA2 varlen {kind}", f"cuDNN {kind}", f"{first}/FA2", f"{first}/cuDNN", diff]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        ratio_cudnn = r[first] / r["cudnn"] if r["cudnn"] else None
+        ratio_fa2 = r[first] / r["fa2"] if r[first] else None
+        ratio_cudnn = r[first] / r["cudnn"] if r["cudnn"] and r[first] else None
         cells = [str(r["hdim"]), str(r["heads"]), r["seqs"], "yes" if r["causal"] else "no"]
         cells += [fmt(r[n]) for n in names]
-        cells += [fmt(r["fa2"]), fmt(r["cudnn"]), fmt(r[first] / r["fa2"], 2),
+        cells += [fmt(r["fa2"]), fmt(r["cudnn"]), fmt(ratio_fa2, 2),
                   fmt(ratio_cudnn, 2), f"{max(r[f'{n}_diff'] for n in names):.1e}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -137,6 +209,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", action="append", default=[],
                         help="NAME=PATH of a libattn_flash_capi.so (default: ours=<found>)")
+    parser.add_argument("--backward", action="store_true",
+                        help="time the backward (dq, dk, dv) instead of the forward")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--head-dims", default="64,128,256")
@@ -156,16 +230,19 @@ def main():
             continue
         for lens in SEQUENCE_SETS:
             for causal in (False, True):
-                row = bench_row(libs, head_dim, heads, lens, causal, args.warmup, args.repeats)
+                bench = bench_row_backward if args.backward else bench_row
+                row = bench(libs, head_dim, heads, lens, causal, args.warmup, args.repeats)
                 rows.append(row)
+                names = [n for n in row if f"{n}_diff" in row]
                 print(f"hdim {head_dim} {row['seqs']} causal={causal}: " + ", ".join(
-                    f"{n} {fmt(row[n])}" for n in list(libs) + ["fa2", "cudnn"]), flush=True)
+                    f"{n} {fmt(row[n])}" for n in names + ["fa2", "cudnn"]), flush=True)
 
-    names = list(libs)
+    names = [n for n in rows[0] if f"{n}_diff" in rows[0]] if rows else list(libs)
+    kind_name = "backward" if args.backward else "forward"
     header = (f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, "
-              f"torch {torch.__version__}, bf16, forward, median of {args.repeats} CUDA-event "
+              f"torch {torch.__version__}, bf16, {kind_name}, median of {args.repeats} CUDA-event "
               f"timed repeats after {args.warmup} warm-ups, TFLOP/s")
-    text = header + "\n\n" + table(rows, names) + "\n"
+    text = header + "\n\n" + table(rows, names, "bwd" if args.backward else "fwd") + "\n"
     print("\n" + text)
     if args.markdown:
         args.markdown.write_text(text)

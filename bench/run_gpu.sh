@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does in one call: build the kernels standalone with its nvcc and
-# cmake, run the GPU correctness tests, run the forward benchmark. Logs and results go to $OUT
+# cmake, run the GPU correctness tests, run the forward and backward benchmarks. Logs and results go to $OUT
 # (default /tmp/attn_gpu_out); the last lines printed are the test summary and the table.
 #
-#   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--variants]
+#   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
+#                    [--variants]
 #
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
@@ -13,11 +14,15 @@ OUT="${OUT:-/tmp/attn_gpu_out}"
 mkdir -p "$OUT"
 run_tests=1
 run_bench=1
+run_fwd_bench=1
+run_bwd_bench=1
 variants=0
 for arg in "$@"; do
   case "$arg" in
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
+    --skip-fwd-bench) run_fwd_bench=0 ;;
+    --skip-bwd-bench) run_bwd_bench=0 ;;
     --variants) variants=1 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
@@ -73,9 +78,14 @@ if ((variants)); then
   cat "$OUT"/build-variants.log.* >"$OUT/build-variants.log" && rm -f "$OUT"/build-variants.log.*
 fi
 
-if ((run_bench)); then
+if ((run_bench && run_fwd_bench)); then
   python3 bench/bench_flash.py --lib "ours=$ATTN_FLASH_CAPI" "${variant_libs[@]}" \
     --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
+fi
+if ((run_bench && run_bwd_bench)); then
+  # The backward kernels stop at head dim 128.
+  python3 bench/bench_flash.py --backward --head-dims 64,128 --lib "ours=$ATTN_FLASH_CAPI" \
+    --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if ((run_tests)); then
   echo "pytest: $(tail -1 "$OUT/pytest.log")"

@@ -8,6 +8,8 @@
 #include <limits>
 #include <string>
 
+#include "kernels/flash/bwd_args.h"
+#include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/fwd_args.h"
 #include "kernels/flash/fwd_launch.h"
 #include "kernels/flash/tile_config.h"
@@ -28,6 +30,19 @@ constexpr KernelEntry kKernels[] = {
 #include "kernels/flash/instantiations/kernel_table.inc"
 };
 
+using BackwardLaunchFn = KernelStatus (*)(const BwdKernelArgs&, const BwdGrid&, cudaStream_t);
+
+struct BackwardKernelEntry {
+  int head_dim;
+  BackwardLaunchFn fp16;
+  BackwardLaunchFn bf16;
+};
+
+// The instantiated backward kernels (ATTN_HEAD_DIMS up to kMaxBackwardHeadDim), ascending.
+constexpr BackwardKernelEntry kBackwardKernels[] = {
+#include "kernels/flash/instantiations/bwd_kernel_table.inc"
+};
+
 // Grid limits: gridDim.y (heads) and gridDim.z (sequences).
 constexpr int kMaxGridYZ = 65535;
 
@@ -39,6 +54,13 @@ KernelStatus CudaError(const char* what, cudaError_t err) {
 
 const KernelEntry* FindKernel(int head_dim) {
   for (const KernelEntry& entry : kKernels) {
+    if (entry.head_dim >= head_dim) return &entry;
+  }
+  return nullptr;
+}
+
+const BackwardKernelEntry* FindBackwardKernel(int head_dim) {
+  for (const BackwardKernelEntry& entry : kBackwardKernels) {
     if (entry.head_dim >= head_dim) return &entry;
   }
   return nullptr;
@@ -120,7 +142,7 @@ KernelStatus Validate(const ForwardParams& p) {
   return KernelStatus::Ok();
 }
 
-KernelStatus CheckDevice(int head_dim) {
+KernelStatus CheckDevice(int smem, const char* what) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return CudaError("cudaGetDevice", err);
@@ -139,9 +161,8 @@ KernelStatus CheckDevice(int head_dim) {
     return Error("needs compute capability >= 8.0, device " + std::to_string(device) + " has " +
                  std::to_string(major) + "." + std::to_string(minor));
   }
-  const int smem = ForwardSmemBytes(head_dim);
   if (smem > smem_optin) {
-    return Error("head_dim " + std::to_string(head_dim) + " needs " + std::to_string(smem) +
+    return Error(std::string(what) + " needs " + std::to_string(smem) +
                  " bytes of shared memory per block, device " + std::to_string(device) +
                  " allows " + std::to_string(smem_optin));
   }
@@ -151,19 +172,10 @@ KernelStatus CheckDevice(int head_dim) {
 // Windows as offsets from the diagonal; causal is a right window of 0.
 int WindowBound(int window) { return window < 0 ? kUnboundedWindow : std::min(window, kUnboundedWindow); }
 
-}  // namespace
-
-KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
-  KernelStatus status = Validate(params);
-  if (!status.ok) return status;
+// The forward's kernel arguments: pointers, strides, normalized windows and folded scales (the
+// backward recomputes the forward's scores with exactly these).
+FwdKernelArgs MakeForwardArgs(const ForwardParams& params) {
   const AttentionShape& s = params.shape;
-  if (s.total_q == 0) return KernelStatus::Ok();
-  if (s.batch == 0) return Error("total_q > 0 needs batch > 0");
-  if (s.max_seqlen_q == 0) return Error("max_seqlen_q must be set when total_q > 0");
-  const KernelEntry* kernel = FindKernel(s.head_dim);
-  status = CheckDevice(kernel->head_dim);
-  if (!status.ok) return status;
-
   const AttentionOptions& o = params.options;
   constexpr float kLog2e = 1.4426950408889634f;
   const bool softcap = o.softcap > 0.0f;
@@ -190,9 +202,122 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
   args.softcap_input_scale = softcap ? o.softmax_scale / o.softcap : 0.0f;
   args.lse_scale = softcap ? o.softcap : o.softmax_scale;
   args.exp2_scale = args.lse_scale * kLog2e;
+  return args;
+}
 
+// The backward seen as the forward that produced out and lse (for the shared checks and
+// arguments); lse is only read.
+ForwardParams AsForward(const BackwardParams& p) {
+  ForwardParams f;
+  f.shape = p.shape;
+  f.options = p.options;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.out = const_cast<void*>(p.out);
+  f.lse = const_cast<float*>(p.lse);
+  return f;
+}
+
+constexpr size_t kWorkspaceAlignment = 256;
+
+size_t AlignWorkspace(size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+// Workspace parts: D = rowsum(dO * O) (float32 [num_heads, total_q]), then in non-deterministic
+// mode the float32 dQ accumulator ([total_q, num_heads, head_dim]).
+size_t BackwardDsumBytes(const AttentionShape& s) {
+  if (s.total_q <= 0 || s.num_heads <= 0) return 0;
+  return AlignWorkspace(static_cast<size_t>(s.total_q) * static_cast<size_t>(s.num_heads) * 4);
+}
+
+size_t BackwardDqAccumBytes(const AttentionShape& s) {
+  if (s.total_q <= 0 || s.num_heads <= 0 || s.head_dim <= 0) return 0;
+  return AlignWorkspace(static_cast<size_t>(s.total_q) * static_cast<size_t>(s.num_heads) *
+                        static_cast<size_t>(s.head_dim) * 4);
+}
+
+}  // namespace
+
+KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
+  KernelStatus status = Validate(params);
+  if (!status.ok) return status;
+  const AttentionShape& s = params.shape;
+  if (s.total_q == 0) return KernelStatus::Ok();
+  if (s.batch == 0) return Error("total_q > 0 needs batch > 0");
+  if (s.max_seqlen_q == 0) return Error("max_seqlen_q must be set when total_q > 0");
+  const KernelEntry* kernel = FindKernel(s.head_dim);
+  status = CheckDevice(ForwardSmemBytes(kernel->head_dim),
+                       ("head_dim " + std::to_string(kernel->head_dim)).c_str());
+  if (!status.ok) return status;
+
+  const FwdKernelArgs args = MakeForwardArgs(params);
   const FwdGrid grid{s.batch, s.max_seqlen_q};
   const LaunchFn launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
+  return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
+}
+
+size_t BackwardWorkspaceBytes(const BackwardParams& params) {
+  return BackwardDsumBytes(params.shape) +
+         (params.deterministic ? 0 : BackwardDqAccumBytes(params.shape));
+}
+
+KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx) {
+  const ForwardParams forward = AsForward(params);
+  KernelStatus status = Validate(forward);
+  if (!status.ok) return status;
+  const AttentionShape& s = params.shape;
+  if (s.head_dim > kMaxBackwardHeadDim) {
+    return Error("backward supports head_dim up to " + std::to_string(kMaxBackwardHeadDim) +
+                 ", got " + std::to_string(s.head_dim));
+  }
+  const BackwardKernelEntry* kernel = FindBackwardKernel(s.head_dim);
+  if (kernel == nullptr) {
+    return Error("backward for head_dim " + std::to_string(s.head_dim) +
+                 " is not built into this binary (see ATTN_HEAD_DIMS)");
+  }
+  if (s.total_q > 0 && (params.dout == nullptr || params.dq == nullptr)) {
+    return Error("dout and dq must be set");
+  }
+  if (s.total_k > 0 && (params.dk == nullptr || params.dv == nullptr)) {
+    return Error("dk and dv must be set");
+  }
+  if (!Aligned16(params.dout) || !Aligned16(params.dq) || !Aligned16(params.dk) ||
+      !Aligned16(params.dv)) {
+    return Error("dout, dq, dk and dv must be 16-byte aligned");
+  }
+  if (s.total_q == 0 && s.total_k == 0) return KernelStatus::Ok();
+  if (s.batch == 0) return Error("total_q or total_k > 0 needs batch > 0");
+  if ((s.total_q > 0 && s.max_seqlen_q == 0) || (s.total_k > 0 && s.max_seqlen_k == 0)) {
+    return Error("max_seqlen_q/_k must be set when total_q/_k > 0");
+  }
+  const size_t workspace = BackwardWorkspaceBytes(params);
+  if (ctx.workspace_bytes < workspace || (workspace > 0 && ctx.workspace == nullptr)) {
+    return Error("backward needs a workspace of " + std::to_string(workspace) +
+                 " bytes (BackwardWorkspaceBytes), got " + std::to_string(ctx.workspace_bytes));
+  }
+  if (!Aligned16(ctx.workspace)) return Error("workspace must be 16-byte aligned");
+  status = CheckDevice(BackwardSmemBytes(kernel->head_dim),
+                       ("backward at head_dim " + std::to_string(kernel->head_dim)).c_str());
+  if (!status.ok) return status;
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  BwdKernelArgs args{};
+  args.fwd = MakeForwardArgs(forward);
+  args.dout = params.dout;
+  args.dq = params.dq;
+  args.dk = params.dk;
+  args.dv = params.dv;
+  args.dsum = static_cast<float*>(ctx.workspace);
+  args.dq_accum = params.deterministic || s.total_q == 0
+                      ? nullptr
+                      : reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
+                                                 BackwardDsumBytes(s));
+  args.lse_log2_scale = kLog2e;
+  args.grad_scale = params.options.softmax_scale;
+  const BwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k};
+  const BackwardLaunchFn launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
   return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
 }
 

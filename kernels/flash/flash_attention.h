@@ -2,6 +2,8 @@
 // >= 8.0, behind the plain API of kernels/attention_params.h.
 #pragma once
 
+#include <cstddef>
+
 #include "kernels/attention_params.h"
 
 namespace attnserve::kernels::flash {
@@ -12,5 +14,20 @@ namespace attnserve::kernels::flash {
 // pre-sm80 devices, misaligned pointers) so the caller can route elsewhere. Asynchronous: a
 // successful return means the kernel was launched.
 KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx);
+
+// Bytes of device scratch Backward needs in ctx.workspace (16-byte aligned; the caller allocates
+// it): D = rowsum(dO * O) in float32 (num_heads * total_q floats) and, unless
+// params.deterministic, a float32 dQ accumulator (total_q * num_heads * head_dim floats), each
+// rounded up to 256 bytes. 0 when total_q is 0.
+size_t BackwardWorkspaceBytes(const BackwardParams& params);
+
+// FlashAttention-2's backward over the same packed layout: dq like q, dk/dv like k/v, from q, k,
+// v, out, dout and the forward's lse. Head dims: multiples of 8 up to 128 (larger ones return an
+// error). dK/dV of a GQA group are summed in fp32 registers (always deterministic). dQ: by
+// default FlashAttention-2's float32 atomics from the dK/dV kernel (run-to-run bits may differ);
+// with params.deterministic a separate dQ pass over the key blocks (bitwise reproducible, about
+// 1.4x the matrix work of the atomic scheme, no dQ workspace). Returns an error naming the size
+// when ctx.workspace is smaller than BackwardWorkspaceBytes(params). Asynchronous, like Forward.
+KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx);
 
 }  // namespace attnserve::kernels::flash

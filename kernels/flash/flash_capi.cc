@@ -19,6 +19,60 @@ int Fail(const std::string& message, char* err, size_t errlen) {
   return 1;
 }
 
+// Shape and options of the C arguments; false (with a message) for an unknown dtype.
+bool FillShape(const AttnFwdArgs* a, attnserve::kernels::AttentionShape* shape,
+               attnserve::kernels::AttentionOptions* options, std::string* message) {
+  attnserve::kernels::AttentionShape& s = *shape;
+  switch (a->dtype) {
+    case ATTN_DTYPE_FLOAT16:
+      s.dtype = DType::kFloat16;
+      break;
+    case ATTN_DTYPE_BFLOAT16:
+      s.dtype = DType::kBFloat16;
+      break;
+    case ATTN_DTYPE_FLOAT32:
+      s.dtype = DType::kFloat32;
+      break;
+    default:
+      *message = "flash: unknown dtype " + std::to_string(a->dtype);
+      return false;
+  }
+  s.batch = a->batch;
+  s.total_q = a->total_q;
+  s.total_k = a->total_k;
+  s.num_heads = a->num_heads;
+  s.num_heads_k = a->num_heads_k;
+  s.head_dim = a->head_dim;
+  s.cu_seqlens_q = a->cu_seqlens_q_host;
+  s.cu_seqlens_k = a->cu_seqlens_k_host;
+  s.cu_seqlens_q_device = a->cu_seqlens_q_device;
+  s.cu_seqlens_k_device = a->cu_seqlens_k_device;
+  s.max_seqlen_q = a->max_seqlen_q;
+  s.max_seqlen_k = a->max_seqlen_k;
+  options->softmax_scale = a->softmax_scale;
+  options->causal = a->causal != 0;
+  options->window_left = a->window_left;
+  options->window_right = a->window_right;
+  options->softcap = a->softcap;
+  return true;
+}
+
+// Pointers and mode of the C backward arguments (shape and options come from FillShape).
+attnserve::kernels::BackwardParams BackwardOf(const AttnBwdArgs* a) {
+  attnserve::kernels::BackwardParams p;
+  p.q = a->fwd.q;
+  p.k = a->fwd.k;
+  p.v = a->fwd.v;
+  p.out = a->fwd.out;
+  p.lse = a->fwd.lse;
+  p.dout = a->dout;
+  p.dq = a->dq;
+  p.dk = a->dk;
+  p.dv = a->dv;
+  p.deterministic = a->deterministic != 0;
+  return p;
+}
+
 }  // namespace
 
 extern "C" int attn_flash_capi_version(void) { return ATTN_FLASH_CAPI_VERSION; }
@@ -26,36 +80,8 @@ extern "C" int attn_flash_capi_version(void) { return ATTN_FLASH_CAPI_VERSION; }
 extern "C" int attn_flash_forward(const AttnFwdArgs* a, char* err, size_t errlen) {
   if (a == nullptr) return Fail("flash: args is null", err, errlen);
   attnserve::kernels::ForwardParams p;
-  switch (a->dtype) {
-    case ATTN_DTYPE_FLOAT16:
-      p.shape.dtype = DType::kFloat16;
-      break;
-    case ATTN_DTYPE_BFLOAT16:
-      p.shape.dtype = DType::kBFloat16;
-      break;
-    case ATTN_DTYPE_FLOAT32:
-      p.shape.dtype = DType::kFloat32;
-      break;
-    default:
-      return Fail("flash: unknown dtype " + std::to_string(a->dtype), err, errlen);
-  }
-  p.shape.batch = a->batch;
-  p.shape.total_q = a->total_q;
-  p.shape.total_k = a->total_k;
-  p.shape.num_heads = a->num_heads;
-  p.shape.num_heads_k = a->num_heads_k;
-  p.shape.head_dim = a->head_dim;
-  p.shape.cu_seqlens_q = a->cu_seqlens_q_host;
-  p.shape.cu_seqlens_k = a->cu_seqlens_k_host;
-  p.shape.cu_seqlens_q_device = a->cu_seqlens_q_device;
-  p.shape.cu_seqlens_k_device = a->cu_seqlens_k_device;
-  p.shape.max_seqlen_q = a->max_seqlen_q;
-  p.shape.max_seqlen_k = a->max_seqlen_k;
-  p.options.softmax_scale = a->softmax_scale;
-  p.options.causal = a->causal != 0;
-  p.options.window_left = a->window_left;
-  p.options.window_right = a->window_right;
-  p.options.softcap = a->softcap;
+  std::string message;
+  if (!FillShape(a, &p.shape, &p.options, &message)) return Fail(message, err, errlen);
   p.q = a->q;
   p.k = a->k;
   p.v = a->v;
@@ -64,6 +90,28 @@ extern "C" int attn_flash_forward(const AttnFwdArgs* a, char* err, size_t errlen
   attnserve::kernels::ExecutionContext ctx;
   ctx.stream = a->stream;
   const attnserve::kernels::KernelStatus status = attnserve::kernels::flash::Forward(p, ctx);
+  if (!status.ok) return Fail(status.message, err, errlen);
+  return 0;
+}
+
+extern "C" size_t attn_flash_backward_workspace_bytes(const AttnBwdArgs* a) {
+  if (a == nullptr) return 0;
+  attnserve::kernels::BackwardParams p = BackwardOf(a);
+  std::string message;
+  if (!FillShape(&a->fwd, &p.shape, &p.options, &message)) return 0;
+  return attnserve::kernels::flash::BackwardWorkspaceBytes(p);
+}
+
+extern "C" int attn_flash_backward(const AttnBwdArgs* a, char* err, size_t errlen) {
+  if (a == nullptr) return Fail("flash: args is null", err, errlen);
+  attnserve::kernels::BackwardParams p = BackwardOf(a);
+  std::string message;
+  if (!FillShape(&a->fwd, &p.shape, &p.options, &message)) return Fail(message, err, errlen);
+  attnserve::kernels::ExecutionContext ctx;
+  ctx.stream = a->fwd.stream;
+  ctx.workspace = a->workspace;
+  ctx.workspace_bytes = a->workspace_bytes;
+  const attnserve::kernels::KernelStatus status = attnserve::kernels::flash::Backward(p, ctx);
   if (!status.ok) return Fail(status.message, err, errlen);
   return 0;
 }

@@ -1,6 +1,6 @@
-/* C ABI over attnserve::kernels::flash::Forward, for callers without C++ (Python's ctypes on
-   torch tensors' data_ptr()s in the same process). Every pointer but the host cu_seqlens is a
-   device pointer of the current CUDA device. */
+/* C ABI over attnserve::kernels::flash::Forward and Backward, for callers without C++ (Python's
+   ctypes on torch tensors' data_ptr()s in the same process). Every pointer but the host
+   cu_seqlens is a device pointer of the current CUDA device. */
 #ifndef ATTNSERVE_KERNELS_FLASH_FLASH_CAPI_H_
 #define ATTNSERVE_KERNELS_FLASH_FLASH_CAPI_H_
 
@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-#define ATTN_FLASH_CAPI_VERSION 1
+#define ATTN_FLASH_CAPI_VERSION 2
 
 enum AttnDType { ATTN_DTYPE_FLOAT16 = 0, ATTN_DTYPE_BFLOAT16 = 1, ATTN_DTYPE_FLOAT32 = 2 };
 
@@ -42,7 +42,26 @@ typedef struct AttnFwdArgs {
   void* stream;    /* cudaStream_t; NULL = default stream */
 } AttnFwdArgs;
 
+/* The backward: the forward's shape and options (fwd.out is the forward's output, fwd.lse its
+   lse, both read only) plus the gradients. */
+typedef struct AttnBwdArgs {
+  AttnFwdArgs fwd;
+  const void* dout; /* [total_q, num_heads, head_dim] */
+  void* dq;         /* [total_q, num_heads, head_dim] */
+  void* dk;         /* [total_k, num_heads_k, head_dim] */
+  void* dv;         /* [total_k, num_heads_k, head_dim] */
+  int32_t deterministic;   /* 0 or 1 */
+  void* workspace;         /* device scratch of attn_flash_backward_workspace_bytes() bytes */
+  size_t workspace_bytes;
+} AttnBwdArgs;
+
 int attn_flash_capi_version(void);
+
+/* Bytes of device workspace attn_flash_backward needs for these args. */
+size_t attn_flash_backward_workspace_bytes(const AttnBwdArgs* args);
+
+/* Launches the backward on args->fwd.stream; returns like attn_flash_forward. */
+int attn_flash_backward(const AttnBwdArgs* args, char* err, size_t errlen);
 
 /* Launches the forward on args->stream. Returns 0 on success; otherwise nonzero with a
    NUL-terminated message in err (truncated to errlen bytes; err may be NULL). */

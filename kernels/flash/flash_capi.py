@@ -9,7 +9,7 @@ import math
 import os
 import pathlib
 
-CAPI_VERSION = 1
+CAPI_VERSION = 2
 DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32 = 0, 1, 2
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -48,6 +48,19 @@ class AttnFwdArgs(ctypes.Structure):
     ]
 
 
+class AttnBwdArgs(ctypes.Structure):
+    _fields_ = [
+        ("fwd", AttnFwdArgs),
+        ("dout", ctypes.c_void_p),
+        ("dq", ctypes.c_void_p),
+        ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+        ("deterministic", ctypes.c_int32),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
 class FlashError(RuntimeError):
     """The kernel refused the call; the message says why (e.g. 'flash: fp32 is not supported')."""
 
@@ -70,6 +83,11 @@ class FlashLibrary:
         self._lib.attn_flash_forward.restype = ctypes.c_int
         self._lib.attn_flash_forward.argtypes = [
             ctypes.POINTER(AttnFwdArgs), ctypes.c_char_p, ctypes.c_size_t]
+        self._lib.attn_flash_backward.restype = ctypes.c_int
+        self._lib.attn_flash_backward.argtypes = [
+            ctypes.POINTER(AttnBwdArgs), ctypes.c_char_p, ctypes.c_size_t]
+        self._lib.attn_flash_backward_workspace_bytes.restype = ctypes.c_size_t
+        self._lib.attn_flash_backward_workspace_bytes.argtypes = [ctypes.POINTER(AttnBwdArgs)]
         version = self._lib.attn_flash_capi_version()
         if version != CAPI_VERSION:
             raise RuntimeError(f"{path}: C ABI version {version}, expected {CAPI_VERSION}")
@@ -82,39 +100,87 @@ class FlashLibrary:
         cu_seqlens on the GPU. Returns (out, lse [H, total_q] float32). Raises FlashError."""
         import torch
 
-        for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-                        ("cu_seqlens_k", cu_seqlens_k)):
-            if not t.is_contiguous():
-                raise ValueError(f"{name} must be contiguous")
-        total_q, num_heads, head_dim = q.shape
-        total_k, num_heads_k, _ = k.shape
+        total_q, num_heads, _ = q.shape
         if out is None:
             out = torch.empty_like(q)
         if lse is None:
             lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
-        if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(head_dim)
-        if dtype_code is None:
-            dtype_code = {torch.float16: DTYPE_FLOAT16, torch.bfloat16: DTYPE_BFLOAT16,
-                          torch.float32: DTYPE_FLOAT32}[q.dtype]
-        if stream is None:
-            stream = torch.cuda.current_stream(q.device).cuda_stream
-        args = AttnFwdArgs(
-            dtype=dtype_code, batch=cu_seqlens_q.numel() - 1, total_q=total_q, total_k=total_k,
-            num_heads=num_heads, num_heads_k=num_heads_k, head_dim=head_dim,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=int(bool(causal)),
-            window_left=window[0], window_right=window[1], softmax_scale=softmax_scale,
-            softcap=softcap,
-            cu_seqlens_q_device=cu_seqlens_q.data_ptr(),
-            cu_seqlens_k_device=cu_seqlens_k.data_ptr(),
-            cu_seqlens_q_host=_host_ptr(cu_seqlens_q_host),
-            cu_seqlens_k_host=_host_ptr(cu_seqlens_k_host),
-            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
-            lse=lse.data_ptr(), stream=stream)
+        args = _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, softmax_scale, causal, window, softcap,
+                         cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code)
         err = ctypes.create_string_buffer(512)
         if self._lib.attn_flash_forward(ctypes.byref(args), err, len(err)) != 0:
             raise FlashError(err.value.decode())
         return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k, *, softmax_scale=None, causal=False, window=(-1, -1),
+                 softcap=0.0, deterministic=False, dq=None, dk=None, dv=None, workspace=None,
+                 cu_seqlens_q_host=None, cu_seqlens_k_host=None, stream=None, dtype_code=None):
+        """flash_attn_varlen_func's backward from the forward's out and lse. Returns
+        (dq, dk, dv); allocates the workspace (a uint8 tensor) unless given. Raises FlashError."""
+        import torch
+
+        if not dout.is_contiguous():
+            raise ValueError("dout must be contiguous")
+        dq = torch.empty_like(q) if dq is None else dq
+        dk = torch.empty_like(k) if dk is None else dk
+        dv = torch.empty_like(v) if dv is None else dv
+        args = AttnBwdArgs(
+            fwd=_fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, softmax_scale, causal, window, softcap,
+                          cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code),
+            dout=dout.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(), dv=dv.data_ptr(),
+            deterministic=int(bool(deterministic)))
+        if workspace is None:
+            size = self._lib.attn_flash_backward_workspace_bytes(ctypes.byref(args))
+            workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
+        args.workspace = workspace.data_ptr()
+        args.workspace_bytes = workspace.numel()
+        err = ctypes.create_string_buffer(512)
+        if self._lib.attn_flash_backward(ctypes.byref(args), err, len(err)) != 0:
+            raise FlashError(err.value.decode())
+        return dq, dk, dv
+
+    def backward_workspace_bytes(self, q, k, cu_seqlens_q, cu_seqlens_k, deterministic=False):
+        """Bytes of the device workspace backward() needs for these shapes."""
+        args = AttnBwdArgs(fwd=AttnFwdArgs(
+            dtype=DTYPE_BFLOAT16, batch=cu_seqlens_q.numel() - 1, total_q=q.shape[0],
+            total_k=k.shape[0], num_heads=q.shape[1], num_heads_k=k.shape[1],
+            head_dim=q.shape[2]), deterministic=int(bool(deterministic)))
+        return self._lib.attn_flash_backward_workspace_bytes(ctypes.byref(args))
+
+
+def _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              softmax_scale, causal, window, softcap, cu_seqlens_q_host, cu_seqlens_k_host,
+              stream, dtype_code):
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("cu_seqlens_q", cu_seqlens_q),
+                    ("cu_seqlens_k", cu_seqlens_k)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    total_q, num_heads, head_dim = q.shape
+    total_k, num_heads_k, _ = k.shape
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if dtype_code is None:
+        dtype_code = {torch.float16: DTYPE_FLOAT16, torch.bfloat16: DTYPE_BFLOAT16,
+                      torch.float32: DTYPE_FLOAT32}[q.dtype]
+    if stream is None:
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+    return AttnFwdArgs(
+        dtype=dtype_code, batch=cu_seqlens_q.numel() - 1, total_q=total_q, total_k=total_k,
+        num_heads=num_heads, num_heads_k=num_heads_k, head_dim=head_dim,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=int(bool(causal)),
+        window_left=window[0], window_right=window[1], softmax_scale=softmax_scale,
+        softcap=softcap,
+        cu_seqlens_q_device=cu_seqlens_q.data_ptr(),
+        cu_seqlens_k_device=cu_seqlens_k.data_ptr(),
+        cu_seqlens_q_host=_host_ptr(cu_seqlens_q_host),
+        cu_seqlens_k_host=_host_ptr(cu_seqlens_k_host),
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
+        lse=lse.data_ptr(), stream=stream)
 
 
 def _host_ptr(tensor):

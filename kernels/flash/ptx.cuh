@@ -33,6 +33,25 @@ __device__ __forceinline__ void CopyAsync16(uint32_t smem, const void* gmem, boo
                "r"(src_bytes));
 }
 
+// Copies 4 bytes from global to shared memory asynchronously, zero-filling when !valid.
+__device__ __forceinline__ void CopyAsync4(uint32_t smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_bytes));
+}
+
+// *addr += a, *(addr + 1) += b in global memory (relaxed, no return value): one vector
+// reduction on sm90+, two scalar ones before. addr is 8-byte aligned.
+__device__ __forceinline__ void AtomicAddPair(float* addr, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b)
+               : "memory");
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+#endif
+}
+
 // p + elems, computed where it is written: the compiler cannot split it into a loop-invariant
 // offset and hoist one 64-bit register pair per tile row out of the main loop.
 template <typename Element>

@@ -61,4 +61,23 @@ constexpr int ForwardSmemBytes(int head_dim) {
          ForwardSmemRowBytes(head_dim);
 }
 
+// Backward (bwd_*.cuh). Both main kernels give each of their 4 warps 16 rows of a 64-row
+// resident tile (keys for dK/dV, queries for dQ) and stream 64-row tiles of the other side
+// through two shared-memory stages. Per thread the dK/dV kernel holds dK and dV (2 x head_dim/2
+// floats at 16 rows per warp) plus two 16 x 64 score tiles (S^T and dP^T, 32 floats each): at
+// head dim 128 that is ~200 registers, so 16-row warps and 64-wide streamed tiles are the limit;
+// head dims above 128 (dK + dV alone would be 192-256 registers) are refused for now.
+inline constexpr int kMaxBackwardHeadDim = 128;
+inline constexpr int kBackwardWarps = 4;
+inline constexpr int kBackwardBlock = 64;  // resident rows per CTA and streamed rows per stage
+
+// Dynamic shared memory of either backward main kernel: two resident 64-row tiles (K, V or Q,
+// dO), two stages of two streamed 64-row tiles, padded rows as in the forward, two stages of 64
+// lse and 64 D floats (the dK/dV kernel's per-query scalars), and one padded 64 x 64 16-bit dS
+// tile (the dK/dV kernel's atomic dQ product). 112 KB at head dim 128: two CTAs per H100 SM.
+constexpr int BackwardSmemBytes(int head_dim) {
+  return 6 * kBackwardBlock * ForwardSmemRowBytes(head_dim) + 2 * 2 * kBackwardBlock * 4 +
+         kBackwardBlock * ForwardSmemRowBytes(kBackwardBlock);
+}
+
 }  // namespace attnserve::kernels::flash

@@ -1,8 +1,6 @@
 #include "server/engine/cuda_worker.h"
 
-#include <cuda_runtime_api.h>
-
-#include <cstring>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/flash/flash_attention.h"
@@ -12,49 +10,20 @@
 namespace attnserve::engine {
 namespace {
 
-// Device and pinned buffers are carved into 256-byte aligned segments (cudaMalloc's own
-// alignment), so every tensor starts where vectorized kernel loads expect.
-constexpr size_t kSegmentAlignment = 256;
-
 // Two lanes keep the copy engines and the SMs busy at once: while one request's inputs cross
 // PCIe, the other's kernel runs.
 constexpr int kLanesPerDevice = 2;
 
-size_t AlignUp(size_t n) { return (n + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment; }
+// What the flash family runs (kernels/flash/flash_attention.h): fp16/bf16 on sm80+, head dims
+// that are multiples of 8, up to 256 forward and 128 backward.
+constexpr int kFlashMinComputeCapability = 80;
+constexpr int kFlashHeadDimGranule = 8;
+constexpr int kFlashMaxForwardHeadDim = 256;
+constexpr int kFlashMaxBackwardHeadDim = 128;
 
-absl::Status CudaError(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // clear a non-sticky error so the next request starts clean
-  if (err == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": device out of memory"));
-  }
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-}
-
-#define ATTN_RETURN_IF_CUDA_ERROR(call)                                  \
-  do {                                                                   \
-    if (absl::Status _s = CudaError((call), #call); !_s.ok()) return _s; \
-  } while (0)
-
-// Where each tensor of one forward request sits, identically in pinned and device memory, so
-// one copy moves all inputs in and one moves all outputs out.
-struct ForwardLayout {
-  size_t q, k, v, cu_q, cu_k, inputs_end;
-  size_t out, lse, end;
-};
-
-ForwardLayout LayOut(const ForwardInputs& in, size_t lse_bytes) {
-  ForwardLayout l;
-  l.q = 0;
-  l.k = l.q + AlignUp(in.q.size_bytes);
-  l.v = l.k + AlignUp(in.k.size_bytes);
-  l.cu_q = l.v + AlignUp(in.v.size_bytes);
-  l.cu_k = l.cu_q + AlignUp(in.cu_seqlens_q.size() * sizeof(int32_t));
-  l.inputs_end = l.cu_k + AlignUp(in.cu_seqlens_k.size() * sizeof(int32_t));
-  l.out = l.inputs_end;
-  l.lse = l.out + AlignUp(in.q.size_bytes);
-  l.end = l.lse + AlignUp(lse_bytes);
-  return l;
+int ParseComputeCapability(const std::string& cc) {
+  const size_t dot = cc.find('.');
+  return std::stoi(cc.substr(0, dot)) * 10 + std::stoi(cc.substr(dot + 1));
 }
 
 int MaxLength(const std::vector<int32_t>& cu) {
@@ -63,60 +32,59 @@ int MaxLength(const std::vector<int32_t>& cu) {
   return longest;
 }
 
+// The shape both directions pass to the kernels; device offsets filled in by the caller.
+kernels::AttentionShape ShapeOf(const TensorView& q, const TensorView& k,
+                                const std::vector<int32_t>& cu_q,
+                                const std::vector<int32_t>& cu_k) {
+  kernels::AttentionShape shape;
+  shape.dtype = q.dtype;
+  shape.batch = static_cast<int>(cu_q.size()) - 1;
+  shape.total_q = q.shape[0];
+  shape.total_k = k.shape[0];
+  shape.num_heads = static_cast<int>(q.shape[1]);
+  shape.num_heads_k = static_cast<int>(k.shape[1]);
+  shape.head_dim = static_cast<int>(q.shape[2]);
+  shape.cu_seqlens_q = cu_q.data();
+  shape.cu_seqlens_k = cu_k.data();
+  shape.max_seqlen_q = MaxLength(cu_q);
+  shape.max_seqlen_k = MaxLength(cu_k);
+  return shape;
+}
+
+HostBytes Bytes(const TensorView& t) { return {t.data, t.size_bytes}; }
+HostBytes Bytes(const std::vector<int32_t>& v) { return {v.data(), v.size() * sizeof(int32_t)}; }
+
+absl::Status FromKernel(const char* what, const kernels::KernelStatus& status) {
+  if (status.ok) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", status.message));
+}
+
 }  // namespace
-
-// One lane: its stream, kernel timing events and pinned staging buffer (grown to the largest
-// request it has carried).
-struct CudaWorker::Lane {
-  int ordinal = 0;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t kernel_start = nullptr, kernel_end = nullptr;
-  char* pinned = nullptr;
-  size_t pinned_bytes = 0;
-
-  static absl::StatusOr<std::unique_ptr<Lane>> Create(int ordinal) {
-    auto lane = std::make_unique<Lane>();
-    lane->ordinal = ordinal;
-    ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking));
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_start));
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_end));
-    return lane;
-  }
-
-  absl::Status ReservePinned(size_t bytes) {
-    if (bytes <= pinned_bytes) return absl::OkStatus();
-    if (pinned != nullptr) cudaFreeHost(pinned);
-    pinned = nullptr;
-    pinned_bytes = 0;
-    ATTN_RETURN_IF_CUDA_ERROR(
-        cudaHostAlloc(reinterpret_cast<void**>(&pinned), bytes, cudaHostAllocDefault));
-    pinned_bytes = bytes;
-    return absl::OkStatus();
-  }
-
-  ~Lane() {
-    cudaSetDevice(ordinal);
-    if (pinned != nullptr) cudaFreeHost(pinned);
-    if (kernel_start != nullptr) cudaEventDestroy(kernel_start);
-    if (kernel_end != nullptr) cudaEventDestroy(kernel_end);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-};
 
 absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDescription device,
                                                                const EngineOptions& options,
                                                                metrics::ServerMetrics* metrics) {
-  ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(device.ordinal));
+  if (absl::Status s = CudaStatus(cudaSetDevice(device.ordinal), "cudaSetDevice"); !s.ok()) {
+    return s;
+  }
   // Keep freed device memory in the pool instead of returning it to the driver after every
   // request: requests of similar sizes then allocate without a driver call.
   cudaMemPool_t pool;
-  ATTN_RETURN_IF_CUDA_ERROR(cudaDeviceGetDefaultMemPool(&pool, device.ordinal));
+  if (absl::Status s = CudaStatus(cudaDeviceGetDefaultMemPool(&pool, device.ordinal),
+                                  "cudaDeviceGetDefaultMemPool");
+      !s.ok()) {
+    return s;
+  }
   uint64_t keep_everything = UINT64_MAX;
-  ATTN_RETURN_IF_CUDA_ERROR(
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
-  std::vector<std::unique_ptr<Lane>> lanes;
+  if (absl::Status s = CudaStatus(
+          cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything),
+          "cudaMemPoolSetAttribute");
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::unique_ptr<CudaLane>> lanes;
   for (int i = 0; i < kLanesPerDevice; ++i) {
-    absl::StatusOr<std::unique_ptr<Lane>> lane = Lane::Create(device.ordinal);
+    absl::StatusOr<std::unique_ptr<CudaLane>> lane = CudaLane::Create(device.ordinal);
     if (!lane.ok()) return lane.status();
     lanes.push_back(*std::move(lane));
   }
@@ -125,13 +93,12 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
 }
 
 CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
-                       metrics::ServerMetrics* metrics, std::vector<std::unique_ptr<Lane>> lanes)
+                       metrics::ServerMetrics* metrics,
+                       std::vector<std::unique_ptr<CudaLane>> lanes)
     : QueueWorker(device, options.batching, metrics),
       lanes_(std::move(lanes)),
       cpu_context_{options.cpu_threads},
-      compute_capability_(std::stoi(device.compute_capability) * 10 +
-                          std::stoi(device.compute_capability.substr(
-                              device.compute_capability.find('.') + 1))),
+      compute_capability_(ParseComputeCapability(device.compute_capability)),
       metrics_(metrics) {
   StartLanes(static_cast<int>(lanes_.size()));
 }
@@ -139,20 +106,24 @@ CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& o
 CudaWorker::~CudaWorker() { Stop(); }
 
 std::vector<std::string> CudaWorker::kernel_families() const {
-  if (compute_capability_ >= 80) return {"flash", kReferenceFamily.name};
+  if (compute_capability_ >= kFlashMinComputeCapability) return {"flash", kReferenceFamily.name};
   return {kReferenceFamily.name};
 }
 
-void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal); }
+void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal()); }
 
-bool CudaWorker::FlashCanRun(const TensorView& q) const {
+bool CudaWorker::FlashForwardCovers(const TensorView& q) const {
   const int64_t head_dim = q.shape[2];
-  return compute_capability_ >= 80 && q.dtype != DType::kFloat32 && head_dim % 8 == 0 &&
-         head_dim <= 256;
+  return compute_capability_ >= kFlashMinComputeCapability && q.dtype != DType::kFloat32 &&
+         head_dim % kFlashHeadDimGranule == 0 && head_dim <= kFlashMaxForwardHeadDim;
+}
+
+bool CudaWorker::FlashBackwardCovers(const TensorView& q) const {
+  return FlashForwardCovers(q) && q.shape[2] <= kFlashMaxBackwardHeadDim;
 }
 
 absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, int lane) {
-  if (FlashCanRun(inputs.q) && inputs.q.shape[0] > 0) {
+  if (FlashForwardCovers(inputs.q) && inputs.q.shape[0] > 0) {
     return RunFlashForward(inputs, *lanes_[lane]);
   }
   // No GPU family covers this request (yet): the exact CPU kernels answer it.
@@ -161,74 +132,89 @@ absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, i
   return result;
 }
 
-absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int /*lane*/) {
+absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int lane) {
+  if (FlashBackwardCovers(inputs.q) && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
+    return RunFlashBackward(inputs, *lanes_[lane]);
+  }
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, cpu_context_);
   if (result.ok()) result->execution.device = "cpu";
   return result;
 }
 
-absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& in, Lane& lane) {
-  const int num_heads = static_cast<int>(in.q.shape[1]);
-  const int64_t total_q = in.q.shape[0];
-  const size_t lse_bytes = sizeof(float) * num_heads * total_q;
-  const ForwardLayout layout = LayOut(in, lse_bytes);
-  if (absl::Status s = lane.ReservePinned(layout.end); !s.ok()) return s;
-
-  char* host = lane.pinned;
-  std::memcpy(host + layout.q, in.q.data, in.q.size_bytes);
-  std::memcpy(host + layout.k, in.k.data, in.k.size_bytes);
-  std::memcpy(host + layout.v, in.v.data, in.v.size_bytes);
-  std::memcpy(host + layout.cu_q, in.cu_seqlens_q.data(), in.cu_seqlens_q.size() * 4);
-  std::memcpy(host + layout.cu_k, in.cu_seqlens_k.data(), in.cu_seqlens_k.size() * 4);
-
-  cudaStream_t stream = lane.stream;
-  char* device = nullptr;
-  ATTN_RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&device), layout.end, stream));
-  // From here on the device buffer must go back to the pool whatever happens.
-  auto run = [&]() -> absl::Status {
-    ATTN_RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(device, host, layout.inputs_end, cudaMemcpyHostToDevice, stream));
-    kernels::ForwardParams params;
-    params.shape.dtype = in.q.dtype;
-    params.shape.batch = static_cast<int>(in.cu_seqlens_q.size()) - 1;
-    params.shape.total_q = total_q;
-    params.shape.total_k = in.k.shape[0];
-    params.shape.num_heads = num_heads;
-    params.shape.num_heads_k = static_cast<int>(in.k.shape[1]);
-    params.shape.head_dim = static_cast<int>(in.q.shape[2]);
-    params.shape.cu_seqlens_q = in.cu_seqlens_q.data();
-    params.shape.cu_seqlens_k = in.cu_seqlens_k.data();
-    params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(device + layout.cu_q);
-    params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(device + layout.cu_k);
-    params.shape.max_seqlen_q = MaxLength(in.cu_seqlens_q);
-    params.shape.max_seqlen_k = MaxLength(in.cu_seqlens_k);
-    params.options = ResolveOptions(in.options, params.shape.head_dim);
-    params.q = device + layout.q;
-    params.k = device + layout.k;
-    params.v = device + layout.v;
-    params.out = device + layout.out;
-    params.lse = reinterpret_cast<float*>(device + layout.lse);
-    kernels::ExecutionContext ctx;
-    ctx.stream = stream;
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(lane.kernel_start, stream));
-    kernels::KernelStatus status = kernels::flash::Forward(params, ctx);
-    if (!status.ok) return absl::InternalError(absl::StrCat("flash forward: ", status.message));
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(lane.kernel_end, stream));
-    ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + layout.out, device + layout.out,
-                                              layout.end - layout.out, cudaMemcpyDeviceToHost,
-                                              stream));
-    return CudaError(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  };
-  absl::Status status = run();
-  cudaFreeAsync(device, stream);
-  if (!status.ok()) return status;
-
-  ForwardResult result;
-  result.out = {in.q.dtype, in.q.shape, std::string(host + layout.out, in.q.size_bytes)};
-  result.lse = {DType::kFloat32, {num_heads, total_q}, std::string(host + layout.lse, lse_bytes)};
+absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& in,
+                                                         CudaLane& lane) {
+  kernels::ForwardParams params;
+  params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  params.options = ResolveOptions(in.options, params.shape.head_dim);
+  const size_t lse_bytes = sizeof(float) * params.shape.num_heads * params.shape.total_q;
+  std::vector<std::string> outputs;
   float kernel_ms = 0;
-  cudaEventElapsedTime(&kernel_ms, lane.kernel_start, lane.kernel_end);
-  result.execution.device = this->device().name;
+  absl::Status status = lane.Run(
+      {Bytes(in.q), Bytes(in.k), Bytes(in.v), Bytes(in.cu_seqlens_q), Bytes(in.cu_seqlens_k)},
+      {in.q.size_bytes, lse_bytes}, /*workspace_bytes=*/0,
+      [&](const DeviceBuffers& d, cudaStream_t stream) {
+        params.q = d.inputs[0];
+        params.k = d.inputs[1];
+        params.v = d.inputs[2];
+        params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(d.inputs[3]);
+        params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[4]);
+        params.out = d.outputs[0];
+        params.lse = reinterpret_cast<float*>(d.outputs[1]);
+        kernels::ExecutionContext ctx;
+        ctx.stream = stream;
+        return FromKernel("flash forward", kernels::flash::Forward(params, ctx));
+      },
+      &outputs, &kernel_ms);
+  if (!status.ok()) return status;
+  ForwardResult result;
+  result.out = {in.q.dtype, in.q.shape, std::move(outputs[0])};
+  result.lse = {DType::kFloat32, {params.shape.num_heads, params.shape.total_q},
+                std::move(outputs[1])};
+  result.execution.device = device().name;
+  result.execution.kernel = "flash";
+  result.execution.compute_us = static_cast<int64_t>(kernel_ms * 1000);
+  PublishMemoryUse();
+  return result;
+}
+
+absl::StatusOr<BackwardResult> CudaWorker::RunFlashBackward(const BackwardInputs& in,
+                                                           CudaLane& lane) {
+  kernels::BackwardParams params;
+  params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  params.options = ResolveOptions(in.options, params.shape.head_dim);
+  params.deterministic = in.deterministic;
+  std::vector<std::string> outputs;
+  float kernel_ms = 0;
+  absl::Status status = lane.Run(
+      {Bytes(in.dout), Bytes(in.q), Bytes(in.k), Bytes(in.v), Bytes(in.out), Bytes(in.lse),
+       Bytes(in.cu_seqlens_q), Bytes(in.cu_seqlens_k)},
+      {in.q.size_bytes, in.k.size_bytes, in.v.size_bytes},
+      kernels::flash::BackwardWorkspaceBytes(params),
+      [&](const DeviceBuffers& d, cudaStream_t stream) {
+        params.dout = d.inputs[0];
+        params.q = d.inputs[1];
+        params.k = d.inputs[2];
+        params.v = d.inputs[3];
+        params.out = d.inputs[4];
+        params.lse = reinterpret_cast<const float*>(d.inputs[5]);
+        params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(d.inputs[6]);
+        params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[7]);
+        params.dq = d.outputs[0];
+        params.dk = d.outputs[1];
+        params.dv = d.outputs[2];
+        kernels::ExecutionContext ctx;
+        ctx.stream = stream;
+        ctx.workspace = d.workspace;
+        ctx.workspace_bytes = kernels::flash::BackwardWorkspaceBytes(params);
+        return FromKernel("flash backward", kernels::flash::Backward(params, ctx));
+      },
+      &outputs, &kernel_ms);
+  if (!status.ok()) return status;
+  BackwardResult result;
+  result.dq = {in.q.dtype, in.q.shape, std::move(outputs[0])};
+  result.dk = {in.k.dtype, in.k.shape, std::move(outputs[1])};
+  result.dv = {in.v.dtype, in.v.shape, std::move(outputs[2])};
+  result.execution.device = device().name;
   result.execution.kernel = "flash";
   result.execution.compute_us = static_cast<int64_t>(kernel_ms * 1000);
   PublishMemoryUse();

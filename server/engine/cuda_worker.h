@@ -1,13 +1,14 @@
-// Runs requests on one CUDA device: two lanes, each with its own stream and pinned staging
-// buffer, so one request's host<->device copies overlap another's kernels. Each request is
-// staged through pinned host memory, gets device memory from the device's stream-ordered pool,
-// and runs on the best kernel family the device has for it. What no GPU family can do yet runs on the CPU reference kernels (and
+// Runs requests on one CUDA device through two lanes (cuda_lane.h), so one request's
+// host<->device copies overlap another's kernels, on the best kernel family the device has
+// for each request. What no GPU family can do yet runs on the CPU reference kernels (and
 // Execution says so).
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "server/engine/cuda_lane.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/queue_worker.h"
 
@@ -15,7 +16,7 @@ namespace attnserve::engine {
 
 class CudaWorker : public QueueWorker {
  public:
-  // Fails if the device cannot be bound or has no stream.
+  // Fails if the device cannot be bound or its streams cannot be made.
   static absl::StatusOr<std::unique_ptr<CudaWorker>> Create(devices::DeviceDescription device,
                                                            const EngineOptions& options,
                                                            metrics::ServerMetrics* metrics);
@@ -24,18 +25,20 @@ class CudaWorker : public QueueWorker {
   std::vector<std::string> kernel_families() const override;
 
  private:
-  struct Lane;
   CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
-             metrics::ServerMetrics* metrics, std::vector<std::unique_ptr<Lane>> lanes);
+             metrics::ServerMetrics* metrics, std::vector<std::unique_ptr<CudaLane>> lanes);
 
   void OnLaneStart(int lane) override;
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
-  absl::StatusOr<ForwardResult> RunFlashForward(const ForwardInputs& inputs, Lane& lane);
-  bool FlashCanRun(const TensorView& q) const;
+  absl::StatusOr<ForwardResult> RunFlashForward(const ForwardInputs& inputs, CudaLane& lane);
+  absl::StatusOr<BackwardResult> RunFlashBackward(const BackwardInputs& inputs, CudaLane& lane);
+  // Whether the flash family covers a request of this dtype and head_dim on this device.
+  bool FlashForwardCovers(const TensorView& q) const;
+  bool FlashBackwardCovers(const TensorView& q) const;
   void PublishMemoryUse();
 
-  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::vector<std::unique_ptr<CudaLane>> lanes_;
   const kernels::ExecutionContext cpu_context_;
   const int compute_capability_;  // major * 10 + minor
   metrics::ServerMetrics* const metrics_;

@@ -1,0 +1,18 @@
+// Host-side entry to one compiled flash backward (element type x instantiated head dim): the
+// preprocess, dK/dV and dQ kernels. Each instantiation lives in its own generated file under
+// instantiations/.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention_params.h"
+#include "kernels/flash/bwd_args.h"
+
+namespace attnserve::kernels::flash {
+
+// Launches the three backward kernels for kHeadDim >= args.fwd.head_dim on `stream`, checking
+// each launch. The caller has validated args, checked the device and provided args.dsum.
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream);
+
+}  // namespace attnserve::kernels::flash

@@ -1,0 +1,204 @@
+"""Correctness of the flash backward kernels (kernels/flash) on the GPU, through its C ABI.
+
+Each case draws fresh random inputs and dout, runs our forward for out and lse, poisons dq/dk/dv
+with NaN, runs our backward in both modes (atomic dQ, and deterministic with its separate dQ
+pass) and checks every gradient against float64 autograd with explicit
+masks: ||g - ref|| / ||ref|| within 2x PyTorch's own fp16/bf16 backward error on the same inputs
+plus a small floor, under an absolute cap. Rows that see no key (lse = +inf) and keys no row
+sees get exactly zero gradients. Deterministic mode is bitwise reproducible. Needs torch with
+CUDA and a built libattn_flash_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
+"""
+
+import math
+import os
+import pathlib
+import sys
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "kernels" / "flash"))
+import flash_capi  # noqa: E402
+from oracle import Options, relative_error, visible_mask  # noqa: E402
+from oracle_backward import pytorch_low_precision_grads, reference_grads  # noqa: E402
+from test_flash_forward import (DTYPES, LIB, MASKS, VARLEN_K, VARLEN_Q, make_inputs,  # noqa: E402
+                                run_flash)
+
+GRAD_FLOOR = {torch.float16: 2e-4, torch.bfloat16: 1e-3}
+GRAD_CAP = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic=False):
+    lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
+    lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
+    dq = torch.full_like(q, math.nan)
+    dk = torch.full_like(k, math.nan)
+    dv = torch.full_like(v, math.nan)
+    LIB.backward(dout, q, k, v, out, lse, cu_q.cuda(), cu_k.cuda(), max(lens_q, default=0),
+                 max(lens_k, default=0), softmax_scale=opts.scale(q.shape[2]),
+                 causal=opts.causal, window=(opts.window_left, opts.window_right),
+                 softcap=opts.softcap, deterministic=deterministic, dq=dq, dk=dk, dv=dv,
+                 cu_seqlens_q_host=cu_q, cu_seqlens_k_host=cu_k)
+    torch.cuda.synchronize()
+    return dq, dk, dv
+
+
+def seen_rows_and_keys(q, k, cu_q, cu_k, opts):
+    rows = torch.zeros(q.shape[0], dtype=torch.bool, device="cuda")
+    keys = torch.zeros(k.shape[0], dtype=torch.bool, device="cuda")
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        if cq[b + 1] > cq[b] and ck[b + 1] > ck[b]:
+            mask = visible_mask(cq[b + 1] - cq[b], ck[b + 1] - ck[b], opts, "cuda")
+            rows[cq[b]:cq[b + 1]] = mask.any(dim=1)
+            keys[ck[b]:ck[b + 1]] = mask.any(dim=0)
+    return rows, keys
+
+
+def check(request, q, k, v, cu_q, cu_k, opts):
+    out, lse = run_flash(q, k, v, cu_q, cu_k, opts)
+    seed = (int(os.environ["ATTN_TEST_SEED"]) + zlib.crc32(request.node.nodeid.encode()) + 1)
+    gen = torch.Generator(device="cuda").manual_seed(seed % (1 << 63))
+    dout = torch.randn(q.shape, generator=gen, device="cuda").to(q.dtype)
+    refs = reference_grads(q, k, v, dout, cu_q, cu_k, opts)
+    theirs = pytorch_low_precision_grads(q, k, v, dout, cu_q, cu_k, opts)
+    rows, keys = seen_rows_and_keys(q, k, cu_q, cu_k, opts)
+    for deterministic in (False, True):
+        grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic)
+        check_grads(grads, refs, theirs, rows, keys, deterministic)
+
+
+def check_grads(grads, refs, theirs, rows, keys, deterministic):
+    mode = "deterministic" if deterministic else "atomic"
+    for name, g, ref, base in zip((f"dq ({mode})", "dk", "dv"), grads, refs, theirs):
+        assert not g.isnan().any(), f"{name} has unwritten (NaN) elements"
+        unseen = ~rows if name.startswith("dq") else ~keys
+        assert (g[unseen] == 0).all(), f"{name}: rows/keys without attention must be 0"
+        if ref.norm() == 0:
+            continue
+        ours = relative_error(g, ref)
+        budget = relative_error(base, ref)
+        bound = min(2 * budget + GRAD_FLOOR[g.dtype], GRAD_CAP[g.dtype])
+        assert ours <= bound, (
+            f"{name}: rel error {ours:.3g} > {bound:.3g} (PyTorch's: {budget:.3g})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("head_dim", [8, 32, 40, 64, 72, 96, 104, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_head_dims(request, dtype, head_dim, causal):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, 4, 2, head_dim, dtype)
+    check(request, q, k, v, cu_q, cu_k, Options(causal=causal))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mask", MASKS.keys())
+def test_masks(request, dtype, head_dim, mask):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, 4, 1, head_dim, dtype)
+    check(request, q, k, v, cu_q, cu_k, MASKS[mask])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mask", ["none", "causal", "window32_32"])
+@pytest.mark.parametrize("softcap", [2.0, 30.0])
+def test_softcap(request, dtype, head_dim, mask, softcap):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, 4, 2, head_dim, dtype,
+                                      amplitude=2.0)
+    opts = MASKS[mask]
+    check(request, q, k, v, cu_q, cu_k,
+          Options(causal=opts.causal, window_left=opts.window_left,
+                  window_right=opts.window_right, softcap=softcap))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("heads", [(8, 8), (8, 4), (8, 1), (6, 3)], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gqa_mqa(request, dtype, heads, head_dim):
+    q, k, v, cu_q, cu_k = make_inputs(request, VARLEN_Q, VARLEN_K, *heads, head_dim, dtype)
+    check(request, q, k, v, cu_q, cu_k, Options(causal=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("lens", [(1000, 1000), (700, 1500), (1500, 300)], ids=str)
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_left24", "window32_32"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_long_sequences(request, dtype, lens, mask, head_dim):
+    q, k, v, cu_q, cu_k = make_inputs(request, [lens[0]], [lens[1]], 2, 1, head_dim, dtype)
+    check(request, q, k, v, cu_q, cu_k, MASKS[mask])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_bitwise(request, head_dim):
+    q, k, v, cu_q, cu_k = make_inputs(request, [900, 300, 17], [1100, 300, 40], 8, 2, head_dim,
+                                      torch.bfloat16)
+    opts = Options(causal=True)
+    out, lse = run_flash(q, k, v, cu_q, cu_k, opts)
+    dout = torch.randn_like(q)
+    first = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic=True)
+    second = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic=True)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_no_keys_anywhere(request):
+    q, k, v, cu_q, cu_k = make_inputs(request, [3, 200], [0, 0], 2, 1, 64, torch.float16)
+    out, lse = run_flash(q, k, v, cu_q, cu_k, Options())
+    dq, dk, dv = run_backward(q, k, v, out, lse, torch.randn_like(q), cu_q, cu_k, Options())
+    assert (dq == 0).all() and dk.numel() == 0 and dv.numel() == 0
+
+
+def test_no_queries_anywhere(request):
+    q, k, v, cu_q, cu_k = make_inputs(request, [0, 0], [70, 5], 2, 1, 64, torch.bfloat16)
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 0, device="cuda")
+    dq, dk, dv = run_backward(q, k, v, out, lse, torch.empty_like(q), cu_q, cu_k, Options())
+    assert (dk == 0).all() and (dv == 0).all()
+
+
+def test_batch_zero():
+    q = torch.empty(0, 2, 64, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(2, 0, device="cuda")
+    cu = torch.zeros(1, dtype=torch.int32)
+    dq, dk, dv = LIB.backward(q, q, q, q, q, lse, cu.cuda(), cu.cuda(), 0, 0,
+                              cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
+    torch.cuda.synchronize()
+    assert dq.shape == (0, 2, 64)
+
+
+def _backward_call(**overrides):
+    q = torch.randn(8, 2, overrides.pop("head_dim", 64), device="cuda").to(
+        overrides.pop("dtype", torch.bfloat16))
+    lse = torch.zeros(2, 8, device="cuda")
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    kwargs = dict(dout=q, q=q, k=q, v=q, out=q, lse=lse, cu_seqlens_q=cu.cuda(),
+                  cu_seqlens_k=cu.cuda(), max_seqlen_q=8, max_seqlen_k=8,
+                  cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
+    kwargs.update(overrides)
+    return kwargs
+
+
+@pytest.mark.parametrize("head_dim", [136, 192, 256])
+def test_error_head_dim_too_large(head_dim):
+    with pytest.raises(flash_capi.FlashError, match="backward supports head_dim up to 128"):
+        LIB.backward(**_backward_call(head_dim=head_dim))
+
+
+def test_error_fp32():
+    with pytest.raises(flash_capi.FlashError, match="fp32 is not supported"):
+        LIB.backward(**_backward_call(dtype=torch.float32))
+
+
+def test_error_workspace_too_small():
+    kwargs = _backward_call()
+    kwargs["workspace"] = torch.empty(4, dtype=torch.uint8, device="cuda")
+    with pytest.raises(flash_capi.FlashError, match=r"needs a workspace of 4352 bytes"):
+        LIB.backward(**kwargs)
+    kwargs["deterministic"] = True
+    with pytest.raises(flash_capi.FlashError, match=r"needs a workspace of 256 bytes"):
+        LIB.backward(**kwargs)
