@@ -5,21 +5,18 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/flash/flash_attention.h"
 #include "server/engine/cpu_worker.h"
+#include "server/engine/kernel_routing.h"
 #include "server/engine/kernel_runner.h"
 
 namespace attnserve::engine {
 namespace {
 
+// The families this binary holds: the flash kernels are built whenever CUDA is.
+constexpr KernelCatalog kCatalog{/*flash=*/true};
+
 // Two lanes keep the copy engines and the SMs busy at once: while one request's inputs cross
 // PCIe, the other's kernel runs.
 constexpr int kLanesPerDevice = 2;
-
-// What the flash family runs (kernels/flash/flash_attention.h): fp16/bf16 on sm80+, head dims
-// that are multiples of 8, up to 256 forward and 128 backward.
-constexpr int kFlashMinComputeCapability = 80;
-constexpr int kFlashHeadDimGranule = 8;
-constexpr int kFlashMaxForwardHeadDim = 256;
-constexpr int kFlashMaxBackwardHeadDim = 128;
 
 int ParseComputeCapability(const std::string& cc) {
   const size_t dot = cc.find('.');
@@ -106,34 +103,41 @@ CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& o
 CudaWorker::~CudaWorker() { Stop(); }
 
 std::vector<std::string> CudaWorker::kernel_families() const {
-  if (compute_capability_ >= kFlashMinComputeCapability) return {"flash", kReferenceFamily.name};
-  return {kReferenceFamily.name};
+  // The families the routing table can pick on this device for some request.
+  std::vector<std::string> families;
+  for (const std::string& family : KnownFamilies()) {
+    for (Direction direction : {Direction::kForward, Direction::kBackward}) {
+      const RouteQuery probe{compute_capability_, direction, DType::kBFloat16, 64};
+      if (Covers(family, probe, kCatalog) &&
+          std::find(families.begin(), families.end(), family) == families.end()) {
+        families.push_back(family);
+      }
+    }
+  }
+  return families;
 }
 
 void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal()); }
 
-bool CudaWorker::FlashForwardCovers(const TensorView& q) const {
-  const int64_t head_dim = q.shape[2];
-  return compute_capability_ >= kFlashMinComputeCapability && q.dtype != DType::kFloat32 &&
-         head_dim % kFlashHeadDimGranule == 0 && head_dim <= kFlashMaxForwardHeadDim;
-}
-
-bool CudaWorker::FlashBackwardCovers(const TensorView& q) const {
-  return FlashForwardCovers(q) && q.shape[2] <= kFlashMaxBackwardHeadDim;
+std::string CudaWorker::FamilyFor(Direction direction, const TensorView& q) const {
+  return ChooseRoute({compute_capability_, direction, q.dtype, static_cast<int>(q.shape[2])},
+                     kCatalog)
+      .family;
 }
 
 absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, int lane) {
-  if (FlashForwardCovers(inputs.q) && inputs.q.shape[0] > 0) {
+  if (FamilyFor(Direction::kForward, inputs.q) == "flash" && inputs.q.shape[0] > 0) {
     return RunFlashForward(inputs, *lanes_[lane]);
   }
-  // No GPU family covers this request (yet): the exact CPU kernels answer it.
+  // The reference family runs on the host: Execution reports device "cpu".
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, cpu_context_);
   if (result.ok()) result->execution.device = "cpu";
   return result;
 }
 
 absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int lane) {
-  if (FlashBackwardCovers(inputs.q) && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
+  if (FamilyFor(Direction::kBackward, inputs.q) == "flash" && inputs.q.shape[0] > 0 &&
+      inputs.k.shape[0] > 0) {
     return RunFlashBackward(inputs, *lanes_[lane]);
   }
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, cpu_context_);

@@ -10,6 +10,7 @@
 
 #include "server/engine/cuda_lane.h"
 #include "server/engine/engine_options.h"
+#include "server/engine/kernel_routing.h"
 #include "server/engine/queue_worker.h"
 
 namespace attnserve::engine {
@@ -33,9 +34,8 @@ class CudaWorker : public QueueWorker {
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
   absl::StatusOr<ForwardResult> RunFlashForward(const ForwardInputs& inputs, CudaLane& lane);
   absl::StatusOr<BackwardResult> RunFlashBackward(const BackwardInputs& inputs, CudaLane& lane);
-  // Whether the flash family covers a request of this dtype and head_dim on this device.
-  bool FlashForwardCovers(const TensorView& q) const;
-  bool FlashBackwardCovers(const TensorView& q) const;
+  // The routing table's family for a request of q's dtype and head_dim on this device.
+  std::string FamilyFor(Direction direction, const TensorView& q) const;
   void PublishMemoryUse();
 
   std::vector<std::unique_ptr<CudaLane>> lanes_;
