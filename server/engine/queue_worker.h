@@ -19,7 +19,7 @@
 namespace attnserve::engine {
 
 struct BatchingOptions {
-  bool enabled = true;
+  bool enabled = false;  // see the --batching flag
   // Most query (and, separately, key) tokens one launch may carry.
   int64_t max_batch_tokens = 1 << 16;
   // How long the oldest job may wait for compatible company (Triton's

@@ -86,12 +86,18 @@ void ExpectOwnRows(const absl::StatusOr<ForwardResult>& r, const TaggedRequest& 
   EXPECT_EQ(r->lse.shape, (std::vector<int64_t>{1, req.cu[1]}));
 }
 
+BatchingOptions BatchingOn() {
+  BatchingOptions options;
+  options.enabled = true;
+  return options;
+}
+
 void WaitUntilBusy(GatedWorker& worker) {
   while (!worker.busy()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 TEST(QueueWorkerTest, QueuedCompatibleJobsShareOneLaunchAndGetTheirOwnRows) {
-  GatedWorker worker(BatchingOptions{});
+  GatedWorker worker(BatchingOn());
   std::vector<TaggedRequest> requests = {{1, 3}, {2, 5}, {3, 2}, {4, 7}, {5, 4, 8}};
   std::vector<std::promise<absl::StatusOr<ForwardResult>>> answers(requests.size());
   worker.Submit(requests[0].Job(&answers[0]));
@@ -110,7 +116,7 @@ TEST(QueueWorkerTest, QueuedCompatibleJobsShareOneLaunchAndGetTheirOwnRows) {
 }
 
 TEST(QueueWorkerTest, TokenBudgetBoundsABatch) {
-  BatchingOptions options;
+  BatchingOptions options = BatchingOn();
   options.max_batch_tokens = 10;
   GatedWorker worker(options);
   std::vector<TaggedRequest> requests = {{1, 1}, {2, 4}, {3, 4}, {4, 4}, {5, 4}};
@@ -138,7 +144,7 @@ TEST(QueueWorkerTest, DisabledBatchingRunsJobsAlone) {
 }
 
 TEST(QueueWorkerTest, MaxQueueDelayWaitsForCompany) {
-  BatchingOptions options;
+  BatchingOptions options = BatchingOn();
   options.max_queue_delay = absl::Milliseconds(300);
   GatedWorker worker(options);
   worker.Open();
@@ -155,7 +161,7 @@ TEST(QueueWorkerTest, MaxQueueDelayWaitsForCompany) {
 }
 
 TEST(QueueWorkerTest, ExpiredAndCancelledJobsAreDroppedBeforeLaunch) {
-  GatedWorker worker(BatchingOptions{});
+  GatedWorker worker(BatchingOn());
   TaggedRequest first(1, 2), expired(2, 2), cancelled(3, 2), alive(4, 2);
   std::promise<absl::StatusOr<ForwardResult>> a0, a1, a2, a3;
   worker.Submit(first.Job(&a0));
@@ -201,7 +207,7 @@ TEST(QueueWorkerTest, StopAnswersEveryQueuedJob) {
   for (int i = 0; i < 50; ++i) requests.emplace_back(i, 1 + i % 4, 4 + 4 * (i % 3));
   std::vector<std::promise<absl::StatusOr<ForwardResult>>> answers(requests.size());
   {
-    GatedWorker worker(BatchingOptions{});
+    GatedWorker worker(BatchingOn());
     for (size_t i = 0; i < requests.size(); ++i) worker.Submit(requests[i].Job(&answers[i]));
   }  // the destructor opens the gate and stops: every job must be answered
   for (size_t i = 0; i < requests.size(); ++i) ExpectOwnRows(answers[i].get_future().get(), requests[i]);

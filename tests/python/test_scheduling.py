@@ -55,7 +55,7 @@ def wait_for_metric(server, name, labels, value, timeout=30):
 
 
 def test_concurrent_compatible_requests_share_launches(start_server, rng):
-    server = start_server(cpu_threads=1, max_queue_delay_us=200_000)
+    server = start_server(cpu_threads=1, batching="true", max_queue_delay_us=200_000)
     requests = []
     for i in range(8):
         n, m = 5 + 3 * i, 9 + 2 * i
