@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox  # draws attnload --sweep's latency/throughput PNG
   prometheus  # prometheus and promtool for tests/deploy (rule checks, rule unit tests, e2e scrape)
+  clang libclang-rt-14-dev  # sanitizer and libFuzzer builds (scripts/test_hardening.sh)
 )
 
 missing=()

@@ -31,8 +31,9 @@ ABSL_FLAG(int32_t, max_num_heads, 1024, "Most query heads in one request.");
 ABSL_FLAG(int32_t, max_batch, 65536, "Most sequences in one request.");
 ABSL_FLAG(int32_t, cpu_threads, 0, "Threads of the CPU reference kernels (0 = all cores).");
 ABSL_FLAG(int32_t, http_threads, 4, "HTTP worker threads.");
-ABSL_FLAG(bool, batching, true,
-          "Merge concurrent compatible requests into one kernel launch.");
+ABSL_FLAG(bool, batching, false,
+          "Merge concurrent compatible requests into one kernel launch (off by default: on the "
+          "H100 it lowered throughput, see bench/RESULTS.md).");
 ABSL_FLAG(int64_t, max_batch_tokens, 65536,
           "Most query (and, separately, key) tokens one batched launch may carry.");
 ABSL_FLAG(int64_t, max_queue_delay_us, 0,
@@ -42,6 +43,29 @@ ABSL_FLAG(int64_t, max_queue_size, 1024,
 ABSL_FLAG(int32_t, grpc_max_connection_age_seconds, 0,
           "Close client connections gracefully after this many seconds so clients re-resolve "
           "and spread over new replicas (0 = never).");
+ABSL_FLAG(int64_t, max_concurrent_requests, 256,
+          "Forward/Backward calls served at once over all connections; more are refused at "
+          "once with RESOURCE_EXHAUSTED (0 = unlimited).");
+ABSL_FLAG(int32_t, max_concurrent_streams_per_connection, 100,
+          "Calls one client connection may have open at once (HTTP/2 streams); more wait on "
+          "the client side.");
+ABSL_FLAG(int32_t, max_deadline_seconds, 600,
+          "Longest a call may wait for its turn: longer client deadlines are shortened to "
+          "this and calls without a deadline get it (0 = no cap).");
+ABSL_FLAG(int32_t, keepalive_time_seconds, 60,
+          "How often the server pings each gRPC connection to detect dead clients.");
+ABSL_FLAG(int32_t, keepalive_timeout_seconds, 20,
+          "How long a keepalive ping may go unanswered before the connection is closed.");
+ABSL_FLAG(int32_t, keepalive_min_client_ping_interval_seconds, 10,
+          "Client pings closer together than this are abusive; after two such strikes the "
+          "connection is closed with GOAWAY too_many_pings.");
+ABSL_FLAG(bool, keepalive_permit_without_calls, false,
+          "Allow keepalive pings on connections with no call in progress (both directions).");
+ABSL_FLAG(int32_t, http_request_timeout_ms, 5000,
+          "HTTP connections that take longer to send their request or read the reply are "
+          "closed.");
+ABSL_FLAG(int32_t, http_max_request_bytes, 8192,
+          "Largest HTTP request head (request line and headers) accepted.");
 ABSL_FLAG(int32_t, drain_timeout_seconds, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
 
@@ -64,6 +88,20 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
   config.max_connection_age =
       absl::Seconds(absl::GetFlag(FLAGS_grpc_max_connection_age_seconds));
+  config.call_limits.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  const int32_t max_deadline_seconds = absl::GetFlag(FLAGS_max_deadline_seconds);
+  config.call_limits.max_deadline = max_deadline_seconds == 0
+                                        ? absl::InfiniteDuration()
+                                        : absl::Seconds(max_deadline_seconds);
+  config.max_concurrent_streams_per_connection =
+      absl::GetFlag(FLAGS_max_concurrent_streams_per_connection);
+  config.keepalive_time = absl::Seconds(absl::GetFlag(FLAGS_keepalive_time_seconds));
+  config.keepalive_timeout = absl::Seconds(absl::GetFlag(FLAGS_keepalive_timeout_seconds));
+  config.keepalive_min_client_ping_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_keepalive_min_client_ping_interval_seconds));
+  config.keepalive_permit_without_calls = absl::GetFlag(FLAGS_keepalive_permit_without_calls);
+  config.http_request_timeout_ms = absl::GetFlag(FLAGS_http_request_timeout_ms);
+  config.http_max_request_bytes = absl::GetFlag(FLAGS_http_max_request_bytes);
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   config.engine.batching.enabled = absl::GetFlag(FLAGS_batching);
   config.engine.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
@@ -90,6 +128,17 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
       {"grpc_max_connection_age_seconds", absl::GetFlag(FLAGS_grpc_max_connection_age_seconds), 0,
        86400 * 365},
       {"cpu_threads", config.engine.cpu_threads, 0, 1024},
+      {"max_concurrent_requests", config.call_limits.max_concurrent_requests, 0, 1'000'000},
+      {"max_concurrent_streams_per_connection", config.max_concurrent_streams_per_connection,
+       1, 1'000'000},
+      // Millisecond gRPC arguments are ints: every duration stays below 2^31 ms.
+      {"max_deadline_seconds", max_deadline_seconds, 0, 86400 * 7},
+      {"keepalive_time_seconds", absl::GetFlag(FLAGS_keepalive_time_seconds), 1, 86400 * 7},
+      {"keepalive_timeout_seconds", absl::GetFlag(FLAGS_keepalive_timeout_seconds), 1, 86400},
+      {"keepalive_min_client_ping_interval_seconds",
+       absl::GetFlag(FLAGS_keepalive_min_client_ping_interval_seconds), 0, 86400 * 7},
+      {"http_request_timeout_ms", config.http_request_timeout_ms, 100, 3'600'000},
+      {"http_max_request_bytes", config.http_max_request_bytes, 1024, 1 << 20},
       {"max_message_bytes", limits.max_message_bytes, 1024, 2147483647},
       {"max_total_tokens", limits.max_total_tokens, 1, 2147483647},
       {"max_head_dim", limits.max_head_dim, 1, 1024},

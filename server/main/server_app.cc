@@ -16,6 +16,8 @@ constexpr absl::Duration kRefusalLinger = absl::Milliseconds(250);
 // Calls outside the engine (GetServerInfo, health) are short; past this they are cancelled.
 constexpr absl::Duration kTransportShutdownTimeout = absl::Seconds(1);
 
+int Milliseconds(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
+
 }  // namespace
 
 ServerApp::ServerApp(const ServerConfig& config) : config_(config) {}
@@ -33,7 +35,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   if (!engine.ok()) return engine.status();
   app->engine_ = *std::move(engine);
   app->service_ = std::make_unique<transport::AttentionServiceImpl>(
-      app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION);
+      app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, config.call_limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -50,6 +52,17 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                                static_cast<int>(absl::ToInt64Milliseconds(config.drain_timeout)));
   }
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             config.max_concurrent_streams_per_connection);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(config.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             Milliseconds(config.keepalive_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+                             config.keepalive_permit_without_calls ? 1 : 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             Milliseconds(config.keepalive_min_client_ping_interval));
+  // Two strikes, then GOAWAY (gRPC's default, stated so it cannot drift to 0 = unlimited).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.RegisterService(app->service_.get());
   app->grpc_server_ = builder.BuildAndStart();
   if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {
@@ -61,6 +74,8 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   http_options.port = config.http_port;
   http_options.num_threads = config.http_threads;
   http_options.version = ATTNSERVE_VERSION;
+  http_options.request_timeout_ms = config.http_request_timeout_ms;
+  http_options.max_request_bytes = config.http_max_request_bytes;
   ServerApp* raw = app.get();
   absl::StatusOr<std::unique_ptr<transport::HttpServer>> http = transport::HttpServer::Start(
       http_options, app->engine_.get(), app->metrics_.get(), [raw] { return raw->ready_.load(); });

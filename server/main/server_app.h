@@ -31,6 +31,19 @@ struct ServerConfig {
   // Connections older than this are closed gracefully (GOAWAY) so clients re-resolve and
   // spread over replicas added since; zero keeps connections forever.
   absl::Duration max_connection_age = absl::ZeroDuration();
+  transport::CallLimits call_limits;
+  // HTTP/2 streams (calls) one client connection may have open; more wait on the client side.
+  int max_concurrent_streams_per_connection = 100;
+  // The server pings each connection this often, and closes it when a ping goes unanswered
+  // for keepalive_timeout, so dead clients do not hold calls and memory.
+  absl::Duration keepalive_time = absl::Seconds(60);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // Client pings closer together than this (or on connections without calls, unless
+  // permitted) count as strikes; past two the connection is closed with too_many_pings.
+  absl::Duration keepalive_min_client_ping_interval = absl::Seconds(10);
+  bool keepalive_permit_without_calls = false;
+  int http_request_timeout_ms = 5000;
+  int http_max_request_bytes = 8192;
 };
 
 class ServerApp {

@@ -1,7 +1,9 @@
 #include "server/transport/grpc/attention_service.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/transport/grpc/proto_codec.h"
 #include "server/transport/server_info.h"
 
@@ -14,8 +16,20 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 AttentionServiceImpl::AttentionServiceImpl(engine::Engine* engine,
-                                           metrics::ServerMetrics* metrics, std::string version)
-    : engine_(engine), metrics_(metrics), version_(std::move(version)) {}
+                                           metrics::ServerMetrics* metrics, std::string version,
+                                           CallLimits limits)
+    : engine_(engine), metrics_(metrics), version_(std::move(version)), limits_(limits) {}
+
+bool AttentionServiceImpl::AcquireSlot() {
+  const int64_t before = active_calls_.fetch_add(1, std::memory_order_relaxed);
+  if (limits_.max_concurrent_requests > 0 && before >= limits_.max_concurrent_requests) {
+    active_calls_.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void AttentionServiceImpl::ReleaseSlot() { active_calls_.fetch_sub(1, std::memory_order_relaxed); }
 
 void AttentionServiceImpl::Finish(grpc::ServerUnaryReactor* reactor, const char* rpc,
                                   absl::Time start, const absl::Status& status) {
@@ -35,26 +49,41 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   metrics_->AddReceivedBytes(static_cast<double>(TensorBytes(*request)));
+  if (!AcquireSlot()) {
+    Finish(reactor, rpc, start,
+           absl::ResourceExhaustedError(absl::StrCat(
+               "the server is already serving max_concurrent_requests = ",
+               limits_.max_concurrent_requests, " requests; retry later")));
+    return reactor;
+  }
+  // The slot is held until the call is answered, whichever way that happens.
+  auto finish = [this, reactor, rpc, start](const absl::Status& status) {
+    ReleaseSlot();
+    Finish(reactor, rpc, start, status);
+  };
   auto inputs = decode(*request);
   if (!inputs.ok()) {
-    Finish(reactor, rpc, start, inputs.status());
+    finish(inputs.status());
     return reactor;
   }
   Job job;
   job.inputs = *std::move(inputs);
-  // A client deadline or cancellation makes the engine drop the job if it has not run yet.
+  // A client deadline (capped by max_deadline) or cancellation makes the engine drop the job
+  // if it has not run yet.
+  absl::Time deadline = start + limits_.max_deadline;
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-    job.control.deadline = absl::FromChrono(context->deadline());
+    deadline = std::min(deadline, absl::FromChrono(context->deadline()));
   }
+  job.control.deadline = deadline;
   job.control.cancelled = [context] { return context->IsCancelled(); };
-  job.done = [this, reactor, response, rpc, start, encode](auto result) {
+  job.done = [this, response, encode, finish](auto result) {
     if (result.ok()) {
       metrics_->AddSentBytes(static_cast<double>(encode(*std::move(result), response)));
     }
-    Finish(reactor, rpc, start, result.status());
+    finish(result.status());
   };
   if (absl::Status status = engine_->Enqueue(std::move(job)); !status.ok()) {
-    Finish(reactor, rpc, start, status);
+    finish(status);
   }
   return reactor;
 }

@@ -2,6 +2,8 @@
 // at once; the device worker's completion finishes the reactor. No scheduling here.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,11 +17,22 @@ namespace attnserve::transport {
 // The one place absl::Status becomes grpc::Status (their codes are the same numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// Per-call limits the transport enforces before a call reaches the engine.
+struct CallLimits {
+  // Forward/Backward calls in progress at once, over all connections; past it a call is
+  // refused at once with RESOURCE_EXHAUSTED instead of holding its message in memory while
+  // it waits. 0 = unlimited.
+  int64_t max_concurrent_requests = 0;
+  // Longest a call may stay queued: longer client deadlines are shortened to it, and calls
+  // without one get it. Infinite = the client's deadline, if any.
+  absl::Duration max_deadline = absl::InfiniteDuration();
+};
+
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
   // `engine` and `metrics` must outlive the service.
   AttentionServiceImpl(engine::Engine* engine, metrics::ServerMetrics* metrics,
-                       std::string version);
+                       std::string version, CallLimits limits = {});
 
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
                                     const v1::ForwardRequest* request,
@@ -38,10 +51,15 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
                                   Encode encode);
   void Finish(grpc::ServerUnaryReactor* reactor, const char* rpc, absl::Time start,
               const absl::Status& status);
+  // Takes one of max_concurrent_requests' slots; false (and nothing taken) when all are used.
+  bool AcquireSlot();
+  void ReleaseSlot();
 
   engine::Engine* const engine_;
   metrics::ServerMetrics* const metrics_;
   const std::string version_;
+  const CallLimits limits_;
+  std::atomic<int64_t> active_calls_{0};
 };
 
 }  // namespace attnserve::transport

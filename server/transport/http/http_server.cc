@@ -56,7 +56,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   const std::vector<std::string> civet_options = {
       "listening_ports", absl::StrCat(options.host, ":", options.port),
       "num_threads", absl::StrCat(options.num_threads),
-      "request_timeout_ms", "10000"};
+      "request_timeout_ms", absl::StrCat(options.request_timeout_ms),
+      "max_request_size", absl::StrCat(options.max_request_bytes)};
   try {
     server->server_ = std::make_unique<CivetServer>(civet_options);
   } catch (const CivetException& e) {

@@ -22,6 +22,12 @@ struct HttpServerOptions {
   int port = 8000;
   int num_threads = 4;
   std::string version;
+  // A connection that has not sent its whole request (or taken its reply) by then is closed,
+  // so slow or stalled clients cannot hold the few worker threads.
+  int request_timeout_ms = 5000;
+  // Largest request head (request line + headers) accepted; larger ones are refused. The
+  // endpoints take no body, so this bounds what one connection can make the server buffer.
+  int max_request_bytes = 8192;
 };
 
 class HttpServer {
