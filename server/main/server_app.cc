@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   http_options.port = config.http_port;
   http_options.num_threads = config.http_threads;
   http_options.version = ATTNSERVE_VERSION;
+  http_options.call_limits = config.call_limits;
   http_options.request_timeout_ms = config.http_request_timeout_ms;
   http_options.max_request_bytes = config.http_max_request_bytes;
   ServerApp* raw = app.get();

@@ -2,7 +2,8 @@
 
 namespace attnserve::transport {
 
-v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& version) {
+v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& version,
+                               const CallLimits& call_limits) {
   v1::ServerInfo info;
   info.set_version(version);
   const std::vector<std::string> families = engine.KernelFamilies();
@@ -23,6 +24,10 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
   out_limits->set_max_head_dim(limits.max_head_dim);
   out_limits->set_max_num_heads(limits.max_num_heads);
   out_limits->set_max_batch(limits.max_batch);
+  out_limits->set_max_concurrent_requests(call_limits.max_concurrent_requests);
+  if (call_limits.max_deadline != absl::InfiniteDuration()) {
+    out_limits->set_max_deadline_seconds(absl::ToInt64Seconds(call_limits.max_deadline));
+  }
   for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT32}) {
     info.add_dtypes(dtype);
   }

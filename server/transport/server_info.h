@@ -6,9 +6,11 @@
 
 #include "attnserve/v1/attention.pb.h"
 #include "server/engine/engine.h"
+#include "server/transport/call_limits.h"
 
 namespace attnserve::transport {
 
-v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& version);
+v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& version,
+                               const CallLimits& call_limits);
 
 }  // namespace attnserve::transport

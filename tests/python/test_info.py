@@ -22,6 +22,13 @@ def test_server_info(client):
     _assert_limits(info.limits, MAIN_LIMITS)
 
 
+def test_server_info_reports_call_limits(client):
+    # The server's defaults: --max_concurrent_requests=256, --max_deadline_seconds=600.
+    limits = client.server_info().limits
+    assert limits.max_concurrent_requests == 256
+    assert limits.max_deadline_seconds == 600
+
+
 def test_server_info_reports_small_limits(small_client):
     _assert_limits(small_client.server_info().limits, SMALL_LIMITS)
 

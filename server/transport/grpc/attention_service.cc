@@ -107,7 +107,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
     v1::ServerInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  *response = BuildServerInfo(*engine_, version_);
+  *response = BuildServerInfo(*engine_, version_, limits_);
   Finish(reactor, "GetServerInfo", start, absl::OkStatus());
   return reactor;
 }

@@ -11,6 +11,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "server/engine/engine.h"
 #include "server/metrics/server_metrics.h"
+#include "server/transport/call_limits.h"
 
 namespace attnserve::transport {
 
@@ -18,15 +19,6 @@ namespace attnserve::transport {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Per-call limits the transport enforces before a call reaches the engine.
-struct CallLimits {
-  // Forward/Backward calls in progress at once, over all connections; past it a call is
-  // refused at once with RESOURCE_EXHAUSTED instead of holding its message in memory while
-  // it waits. 0 = unlimited.
-  int64_t max_concurrent_requests = 0;
-  // Longest a call may stay queued: longer client deadlines are shortened to it, and calls
-  // without one get it. Infinite = the client's deadline, if any.
-  absl::Duration max_deadline = absl::InfiniteDuration();
-};
 
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:

@@ -36,13 +36,14 @@ class FunctionHandler : public CivetHandler {
   std::function<HttpResponse()> respond_;
 };
 
-HttpResponse InfoJson(const engine::Engine& engine, const std::string& version) {
+HttpResponse InfoJson(const engine::Engine& engine, const std::string& version,
+                      const CallLimits& call_limits) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
-  const auto status =
-      google::protobuf::util::MessageToJsonString(BuildServerInfo(engine, version), &json, options);
+  const auto status = google::protobuf::util::MessageToJsonString(
+      BuildServerInfo(engine, version, call_limits), &json, options);
   if (!status.ok()) return {500, "text/plain; charset=utf-8", std::string(status.message())};
   return {200, "application/json", json};
 }
@@ -76,7 +77,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   add("/metrics", [metrics] {
     return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", metrics->Serialize()};
   });
-  add("/v1/info", [engine, version = options.version] { return InfoJson(*engine, version); });
+  add("/v1/info", [engine, version = options.version, limits = options.call_limits] {
+    return InfoJson(*engine, version, limits);
+  });
   return server;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "server/engine/engine.h"
 #include "server/metrics/server_metrics.h"
+#include "server/transport/call_limits.h"
 
 class CivetServer;
 class CivetHandler;
@@ -22,6 +23,7 @@ struct HttpServerOptions {
   int port = 8000;
   int num_threads = 4;
   std::string version;
+  CallLimits call_limits;  // reported in /v1/info
   // A connection that has not sent its whole request (or taken its reply) by then is closed,
   // so slow or stalled clients cannot hold the few worker threads.
   int request_timeout_ms = 5000;

@@ -139,18 +139,22 @@ class DeviceInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch")
+    __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch", "max_concurrent_requests", "max_deadline_seconds")
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_HEADS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     max_message_bytes: int
     max_total_tokens: int
     max_head_dim: int
     max_num_heads: int
     max_batch: int
-    def __init__(self, max_message_bytes: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., max_num_heads: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    max_concurrent_requests: int
+    max_deadline_seconds: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., max_num_heads: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_concurrent_requests: _Optional[int] = ..., max_deadline_seconds: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
     __slots__ = ("version", "devices", "kernel_families", "limits", "dtypes")

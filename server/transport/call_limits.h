@@ -1,0 +1,21 @@
+// Per-call limits the transports enforce (and ServerInfo reports), beside the engine's size
+// limits.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace attnserve::transport {
+
+struct CallLimits {
+  // Forward/Backward calls in progress at once, over all connections; past it a call is
+  // refused at once with RESOURCE_EXHAUSTED instead of holding its message in memory while
+  // it waits. 0 = unlimited.
+  int64_t max_concurrent_requests = 0;
+  // Longest a call may stay queued: longer client deadlines are shortened to it, and calls
+  // without one get it. Infinite = the client's deadline, if any.
+  absl::Duration max_deadline = absl::InfiniteDuration();
+};
+
+}  // namespace attnserve::transport
