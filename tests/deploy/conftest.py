@@ -1,6 +1,5 @@
 """Fixtures for the deployment tests: the real server (as tests/python starts it) and tools."""
 import pathlib
-import shutil
 import sys
 
 import pytest
@@ -11,14 +10,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 from server_process import ServerProcess, require_binary  # noqa: E402
 
 from deploy_traffic import LIMITS  # noqa: E402
-
-
-def require_tool(name: str) -> str:
-    """A tool scripts/setup.sh installs: missing means a broken setup, so fail, don't skip."""
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed; run scripts/setup.sh")
-    return path
 
 
 @pytest.fixture(scope="session")

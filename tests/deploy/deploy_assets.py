@@ -1,10 +1,12 @@
 """Reads what deploy/ ships: dashboard queries, rule expressions, prometheus-adapter queries, and
-the metric names they use."""
+the metric names they use; and require_tool for the tools scripts/setup.sh installs."""
 import json
 import pathlib
 import re
+import shutil
 from typing import Dict, List, Set, Tuple
 
+import pytest
 import yaml
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -121,3 +123,11 @@ def used_metric_names() -> Set[str]:
     for rule in adapter_rules():
         names |= metric_names(rule["seriesQuery"]) | metric_names(rule["metricsQuery"])
     return names
+
+
+def require_tool(name: str) -> str:
+    """A tool scripts/setup.sh installs: missing means a broken setup, so fail, don't skip."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed; run scripts/setup.sh")
+    return path

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from conftest import require_tool
+from deploy_assets import require_tool
 from deploy_assets import DOCKERFILE, DOCKERIGNORE, REPO_ROOT
 from server_process import _free_ports
 

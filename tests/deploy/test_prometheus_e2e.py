@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import require_tool
+from deploy_assets import require_tool
 from deploy_assets import (PENDING_METRICS, RULES, adapter_query, adapter_rules,
                            dashboard_targets, dashboard_variables, metric_names,
                            recording_rules, rules, substitute)

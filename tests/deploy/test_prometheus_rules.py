@@ -5,7 +5,7 @@ import subprocess
 
 import yaml
 
-from conftest import require_tool
+from deploy_assets import require_tool
 from deploy_assets import ADAPTER_VALUES, RULE_TESTS, RULES, alert_rules, recording_rules
 
 REQUIRED_ALERTS = {  # the list, by what each watches

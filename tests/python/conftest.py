@@ -3,19 +3,9 @@ import numpy as np
 import pytest
 
 import attnserve
-from server_process import MAIN_LIMITS, SMALL_LIMITS, ServerProcess, require_binary
+from server_process import MAIN_LIMITS, SMALL_LIMITS, run_server
 
 CALL_TIMEOUT_S = 30
-
-
-def run_server(flags):
-    """Yields a started server; at teardown it must exit 0 on SIGTERM."""
-    server = ServerProcess(require_binary(), flags).start()
-    try:
-        yield server
-    finally:
-        code = server.stop()
-    assert code == 0, f"server exit code {code} after SIGTERM:\n{server.log()}"
 
 
 @pytest.fixture(scope="session")

@@ -127,3 +127,13 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def run_server(flags):
+    """Yields a started server; at teardown it must exit 0 on SIGTERM."""
+    server = ServerProcess(require_binary(), flags).start()
+    try:
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, f"server exit code {code} after SIGTERM:\n{server.log()}"

@@ -12,7 +12,7 @@ import pytest
 
 from attnserve._proto.attnserve.v1 import attention_pb2 as pb2
 from attnserve._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
-from conftest import run_server
+from server_process import run_server
 from server_process import require_binary
 
 # One CPU thread and no batching: a request's run time is predictable and requests queued on
