@@ -53,7 +53,7 @@ Fixture* StartServer() {
   return fixture;
 }
 
-int Connect(int port) {
+int ConnectOnce(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   timeval timeout{kReplyTimeoutSeconds, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
@@ -69,12 +69,25 @@ int Connect(int port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    std::fprintf(stderr, "http_fuzzer: the HTTP server stopped accepting connections: %s\n",
-                 std::strerror(errno));
-    std::abort();
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+  const int error = errno;
+  close(fd);
+  errno = error;
+  return -1;
+}
+
+int Connect(int port) {
+  // libFuzzer's own timers deliver signals; a connect they interrupt (EINTR) is retried on a
+  // fresh socket rather than taken for a server that stopped accepting.
+  constexpr int kAttempts = 5;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const int fd = ConnectOnce(port);
+    if (fd >= 0) return fd;
+    if (errno != EINTR) break;
   }
-  return fd;
+  std::fprintf(stderr, "http_fuzzer: the HTTP server stopped accepting connections: %s\n",
+               std::strerror(errno));
+  std::abort();
 }
 
 }  // namespace
@@ -94,7 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   char reply[4096];
   for (;;) {
     const ssize_t n = recv(fd, reply, sizeof(reply), 0);
-    if (n > 0) continue;
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       std::fprintf(stderr, "http_fuzzer: no reply and no close within %d s\n",
                    kReplyTimeoutSeconds);
