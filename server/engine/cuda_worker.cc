@@ -23,31 +23,6 @@ int ParseComputeCapability(const std::string& cc) {
   return std::stoi(cc.substr(0, dot)) * 10 + std::stoi(cc.substr(dot + 1));
 }
 
-int MaxLength(const std::vector<int32_t>& cu) {
-  int longest = 0;
-  for (size_t i = 1; i < cu.size(); ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
-  return longest;
-}
-
-// The shape both directions pass to the kernels; device offsets filled in by the caller.
-kernels::AttentionShape ShapeOf(const TensorView& q, const TensorView& k,
-                                const std::vector<int32_t>& cu_q,
-                                const std::vector<int32_t>& cu_k) {
-  kernels::AttentionShape shape;
-  shape.dtype = q.dtype;
-  shape.batch = static_cast<int>(cu_q.size()) - 1;
-  shape.total_q = q.shape[0];
-  shape.total_k = k.shape[0];
-  shape.num_heads = static_cast<int>(q.shape[1]);
-  shape.num_heads_k = static_cast<int>(k.shape[1]);
-  shape.head_dim = static_cast<int>(q.shape[2]);
-  shape.cu_seqlens_q = cu_q.data();
-  shape.cu_seqlens_k = cu_k.data();
-  shape.max_seqlen_q = MaxLength(cu_q);
-  shape.max_seqlen_k = MaxLength(cu_k);
-  return shape;
-}
-
 HostBytes Bytes(const TensorView& t) { return {t.data, t.size_bytes}; }
 HostBytes Bytes(const std::vector<int32_t>& v) { return {v.data(), v.size() * sizeof(int32_t)}; }
 

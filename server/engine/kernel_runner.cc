@@ -1,5 +1,6 @@
 #include "server/engine/kernel_runner.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,14 @@
 
 namespace attnserve::engine {
 namespace {
+
+int MaxLength(const std::vector<int32_t>& cu) {
+  int longest = 0;
+  for (size_t i = 1; i < cu.size(); ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
+  return longest;
+}
+
+}  // namespace
 
 kernels::AttentionShape ShapeOf(const TensorView& q, const TensorView& k,
                                 const std::vector<int32_t>& cu_q,
@@ -21,10 +30,10 @@ kernels::AttentionShape ShapeOf(const TensorView& q, const TensorView& k,
   shape.head_dim = static_cast<int>(q.shape[2]);
   shape.cu_seqlens_q = cu_q.data();
   shape.cu_seqlens_k = cu_k.data();
+  shape.max_seqlen_q = MaxLength(cu_q);
+  shape.max_seqlen_k = MaxLength(cu_k);
   return shape;
 }
-
-}  // namespace
 
 kernels::AttentionOptions ResolveOptions(const RequestOptions& o, int head_dim) {
   kernels::AttentionOptions resolved;

@@ -15,6 +15,11 @@ struct KernelFamily {
   kernels::BackwardFn backward;
 };
 
+// The kernels' shape of a validated request (host offsets; GPU callers add device copies).
+kernels::AttentionShape ShapeOf(const TensorView& q, const TensorView& k,
+                                const std::vector<int32_t>& cu_q,
+                                const std::vector<int32_t>& cu_k);
+
 // The wire's conventions resolved for kernels: scale 0 means 1/sqrt(head_dim), absent window
 // means -1 (unbounded).
 kernels::AttentionOptions ResolveOptions(const RequestOptions& options, int head_dim);
