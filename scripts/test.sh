@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: C++ unit, kernel and end-to-end tests (ctest), then the
-# Python client's and the deployment assets' tests (pytest) against the freshly built server,
-# then the hardening suite (sanitizers, fuzzing).
+# Sets up, builds and runs every test: C++ unit, kernel and end-to-end tests (ctest), the
+# hardening suite (sanitizers, fuzzing), then the Python client's and the deployment assets'
+# tests (pytest) against the freshly built server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
-ATTNSERVE_BIN="$PWD/build/bin/attnserve" .venv/bin/python -m pytest tests/python tests/deploy -q
 # ASan+UBSan and TSan builds with the C++ tests, and bounded fuzzing (HARDENING=0 skips it).
 if [ "${HARDENING:-1}" != 0 ]; then scripts/test_hardening.sh; fi
+ATTNSERVE_BIN="$PWD/build/bin/attnserve" .venv/bin/python -m pytest tests/python tests/deploy -q
