@@ -1,6 +1,7 @@
 """Runs build/bin/attnserve on free loopback ports for the end-to-end tests."""
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -105,6 +106,22 @@ class ServerProcess:
     def http_get(self, path: str) -> bytes:
         with urllib.request.urlopen(self.http_url + path, timeout=10) as response:
             return response.read()
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One series of /metrics (labels as written there, e.g. 'device="cpu"'); 0 if absent."""
+        braces = r"\{" + re.escape(labels) + r"\}" if labels else ""
+        match = re.search(r"^" + re.escape(name) + braces + r" (\S+)$",
+                          self.http_get("/metrics").decode(), re.M)
+        return float(match.group(1)) if match else 0.0
+
+    def wait_for_metric(self, name: str, value: float, labels: str = "",
+                        timeout: float = 30) -> None:
+        """Waits until the series reaches at least `value`; fails the test after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while self.metric(name, labels) < value:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name}{{{labels}}} never reached {value}")
+            time.sleep(0.01)
 
     def terminate(self) -> None:
         self.process.send_signal(signal.SIGTERM)

@@ -54,10 +54,7 @@ def test_readiness_turns_off_while_accepted_work_drains(rng):
         assert server.http_status("/readyz") == 200
         worker = threading.Thread(target=slow_request)
         worker.start()
-        deadline = time.monotonic() + 30
-        while "attnserve_inflight_requests 1" not in server.http_get("/metrics").decode():
-            assert time.monotonic() < deadline, "the slow request never started"
-            time.sleep(0.01)
+        server.wait_for_metric("attnserve_inflight_requests", 1)  # the slow request runs
         server.terminate()
         deadline = time.monotonic() + 5
         while server.http_status("/readyz") == 200 and time.monotonic() < deadline:

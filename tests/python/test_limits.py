@@ -37,18 +37,6 @@ def stub(server, options=()):
     return channel, pb2_grpc.AttentionServiceStub(channel)
 
 
-def wait_inflight(server, count, timeout=10.0):
-    """Waits until the server reports `count` requests in flight."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in server.http_get("/metrics").decode().splitlines():
-            if line.startswith("attnserve_inflight_requests ") and \
-                    float(line.split()[1]) >= count:
-                return
-        time.sleep(0.02)
-    pytest.fail(f"the server never had {count} requests in flight")
-
-
 @pytest.fixture
 def limited(request):
     yield from run_server({**SERIAL, **request.param})
@@ -59,7 +47,7 @@ def test_calls_past_max_concurrent_requests_are_refused_at_once(limited):
     channel, attention = stub(limited)
     with channel, concurrent.futures.ThreadPoolExecutor(1) as pool:
         slow = pool.submit(attention.Forward, request(SLOW_TOKENS), timeout=60)
-        wait_inflight(limited, 1)
+        limited.wait_for_metric("attnserve_inflight_requests", 1, timeout=10)
         start = time.monotonic()
         with pytest.raises(grpc.RpcError) as refused:
             attention.Forward(request(SHORT_TOKENS), timeout=60)
@@ -77,7 +65,7 @@ def test_calls_without_deadline_get_the_cap(limited):
     with channel, concurrent.futures.ThreadPoolExecutor(1) as pool:
         # About 2.5 s of work, so the call queued behind it outlasts the 1 s cap.
         slow = pool.submit(attention.Forward, request(SLOW_TOKENS * 3 // 2))
-        wait_inflight(limited, 1)
+        limited.wait_for_metric("attnserve_inflight_requests", 1, timeout=10)
         try:
             attention.Forward(request(SHORT_TOKENS))
         except grpc.RpcError as dropped:

@@ -29,13 +29,6 @@ def start_server():
         assert server.stop() == 0, server.log()
 
 
-def metric(server, name, labels):
-    braces = r"\{" + re.escape(labels) + r"\}" if labels else ""
-    match = re.search(r"^" + re.escape(name) + braces + r" (\S+)$",
-                      server.http_get("/metrics").decode(), re.M)
-    return float(match.group(1)) if match else 0.0
-
-
 def slow_request(server, rng):
     """Occupies the single CPU thread for a while (seconds on the CI machine)."""
     q = rng.standard_normal((2500, 8, 64)).astype(np.float32)
@@ -43,15 +36,8 @@ def slow_request(server, rng):
     thread = threading.Thread(
         target=lambda: attnserve.Client(server.target, timeout=120).forward(q, q, q, cu, cu))
     thread.start()
-    wait_for_metric(server, "attnserve_inflight_requests", "", 1)  # running on the worker
+    server.wait_for_metric("attnserve_inflight_requests", 1)  # running on the worker
     return thread
-
-
-def wait_for_metric(server, name, labels, value, timeout=30):
-    deadline = time.monotonic() + timeout
-    while metric(server, name, labels) != value:
-        assert time.monotonic() < deadline, f"{name}{{{labels}}} never reached {value}"
-        time.sleep(0.01)
 
 
 def test_concurrent_compatible_requests_share_launches(start_server, rng):
@@ -97,7 +83,7 @@ def test_expired_request_is_dropped_before_running(start_server, rng):
             client.forward(x, x, x, cu, cu, timeout=0.05)
     assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     blocker.join()
-    assert metric(server, "attnserve_rejections_total", 'reason="deadline"') == 1
+    assert server.metric("attnserve_rejections_total", 'reason="deadline"') == 1
 
 
 def test_full_queue_refuses_with_resource_exhausted(start_server, rng):
@@ -109,7 +95,7 @@ def test_full_queue_refuses_with_resource_exhausted(start_server, rng):
     with attnserve.Client(server.target, timeout=60) as client:
         queued = threading.Thread(target=lambda: queued_answer.append(client.forward(x, x, x, cu, cu)))
         queued.start()
-        wait_for_metric(server, "attnserve_queue_depth", 'device="cpu"', 1)  # the queue is full
+        server.wait_for_metric("attnserve_queue_depth", 1, 'device="cpu"')  # the queue is full
         with pytest.raises(attnserve.AttentionError) as error:
             client.forward(x, x, x, cu, cu)
         queued.join()
@@ -117,4 +103,4 @@ def test_full_queue_refuses_with_resource_exhausted(start_server, rng):
     assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "queue" in error.value.details
     assert queued_answer and queued_answer[0].execution.kernel == "reference"
-    assert metric(server, "attnserve_rejections_total", 'reason="queue_full"') == 1
+    assert server.metric("attnserve_rejections_total", 'reason="queue_full"') == 1
