@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Forward (or, with --backward, backward) attention throughput on the GPU: our flash kernels
-(through libattn_flash_capi.so) against PyTorch's FlashAttention-2 varlen and cuDNN SDPA, on
+(through libattn_capi.so) against PyTorch's FlashAttention-2 varlen and cuDNN SDPA, on
 the rows of shared/anchors/h100.md. Same bf16 inputs for all; median of CUDA-event-timed
 repeats after warm-ups; TFLOP/s with FLOPs = 4 * sum(sq * sk) * d * heads, halved if causal,
 times 2.5 for the backward.
 
   python3 bench/bench_flash.py [--backward] [--lib NAME=PATH ...] [--markdown FILE]
+  python3 bench/bench_flash.py --turing [--backward] ...
+
+--turing times the flash family's Turing (sm75) path instead, run on this GPU with
+compute_capability 75 (fp16, head dim 64 rows only), beside our sm80 path on the same fp16
+inputs and PyTorch's memory-efficient attention (the kernel PyTorch runs on Turing).
 
 Several --lib give one column per build (e.g. tile-size variants); the first is "ours" in the
 ratio columns. Prints a markdown table; --markdown also writes it to FILE.
@@ -22,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "flash"))
-import flash_capi  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "capi"))
+import attn_capi  # noqa: E402
 
 # (head_dim, heads) x sequence-length sets x causal, as in shared/anchors/h100.md.
 HEAD_CONFIGS = [(64, 32), (128, 16), (256, 8)]
@@ -157,7 +162,7 @@ def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats):
                              workspace=workspace, deterministic=deterministic)
             try:
                 ours()
-            except flash_capi.FlashError as err:
+            except attn_capi.KernelError as err:
                 print(f"{column}: {err}", file=sys.stderr)
                 row[column], row[f"{column}_diff"] = None, math.nan
                 continue
@@ -184,6 +189,90 @@ def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats):
     return row
 
 
+def mem_efficient_fn(q, k, v, dout, lens, causal, scale, backward):
+    """PyTorch's memory-efficient SDPA kernel on the padded-batch view of equal-length sequences
+    (None for mixed lengths); with backward, its backward on its own forward."""
+    if any(x != lens[0] for x in lens):
+        return None
+    shape = (len(lens), lens[0], q.shape[1], q.shape[2])
+    q4, k4, v4 = (t.view(shape).transpose(1, 2).detach().requires_grad_(backward)
+                  for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        out4 = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+    if not backward:
+        def forward():
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+        return forward
+    do4 = dout.view(shape).transpose(1, 2)
+
+    def run_backward():
+        torch.autograd.grad(out4, (q4, k4, v4), do4, retain_graph=True)
+    return run_backward
+
+
+def bench_row_turing(libs, head_dim, heads, lens, causal, warmup, repeats, backward):
+    """fp16; columns: each lib's flash family on the sm75 path ("NAME-sm75") and on the device's
+    own path ("NAME-sm80"), PyTorch's memory-efficient kernel ("memeff")."""
+    total = sum(lens)
+    max_len = max(lens)
+    scale = 1.0 / math.sqrt(head_dim)
+    q, k, v, dout = (torch.randn(total, heads, head_dim, device="cuda", dtype=torch.float16)
+                     for _ in range(4))
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                      device="cuda")
+    work = flops(lens, head_dim, heads, causal) * (2.5 if backward else 1)
+    row = {"hdim": head_dim, "heads": heads, "seqs": seq_name(lens), "causal": causal}
+    reference = None
+    for name, lib in libs.items():
+        for path, cc in (("sm75", 75), ("sm80", 0)):
+            family = lib.family("flash", compute_capability=cc)
+            out, lse = family.forward(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale,
+                                      causal=causal)
+            if backward:
+                grads = [torch.empty_like(t) for t in (q, k, v)]
+                workspace = torch.empty(
+                    max(1, family.backward_workspace_bytes(q, k, cu, cu, dtype_code=0)),
+                    dtype=torch.uint8, device="cuda")
+
+                def fn(family=family, out=out, lse=lse, grads=grads, workspace=workspace):
+                    family.backward(dout, q, k, v, out, lse, cu, cu, max_len, max_len,
+                                    softmax_scale=scale, causal=causal, dq=grads[0],
+                                    dk=grads[1], dv=grads[2], workspace=workspace)
+                fn()
+                result = grads[0]
+            else:
+                def fn(family=family, out=out, lse=lse):
+                    family.forward(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale,
+                                   causal=causal, out=out, lse=lse)
+                result = out
+            torch.cuda.synchronize()
+            column = f"{name}-{path}"
+            reference = result.float().clone() if reference is None else reference
+            row[f"{column}_diff"] = ((result.float() - reference).norm() /
+                                     reference.norm()).item()
+            row[column] = work / time_ms(fn, warmup, repeats) / 1e9
+    memeff = mem_efficient_fn(q, k, v, dout, lens, causal, scale, backward)
+    row["memeff"] = None if memeff is None else work / time_ms(memeff, warmup, repeats) / 1e9
+    return row
+
+
+def turing_table(rows, names, kind):
+    first = names[0]
+    head = ["hdim", "heads", "sequence lengths", "causal"] + [f"{n} {kind}" for n in names] + [
+        f"PyTorch mem-efficient {kind}", f"{first}/mem-efficient", f"{first}/{names[1]}",
+        "max rel diff vs first"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["hdim"]), str(r["heads"]), r["seqs"], "yes" if r["causal"] else "no"]
+        cells += [fmt(r[n]) for n in names] + [fmt(r["memeff"])]
+        cells += [fmt(r[first] / r["memeff"] if r["memeff"] else None, 2),
+                  fmt(r[first] / r[names[1]], 2),
+                  f"{max(r[f'{n}_diff'] for n in names):.1e}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def fmt(x, digits=0):
     return "–" if x is None else f"{x:.{digits}f}"
 
@@ -208,20 +297,25 @@ def table(rows, names, kind="fwd"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", action="append", default=[],
-                        help="NAME=PATH of a libattn_flash_capi.so (default: ours=<found>)")
+                        help="NAME=PATH of a libattn_capi.so (default: ours=<found>)")
     parser.add_argument("--backward", action="store_true",
                         help="time the backward (dq, dk, dv) instead of the forward")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--markdown", type=pathlib.Path)
+    parser.add_argument("--turing", action="store_true",
+                        help="time the sm75 path (fp16, hdim 64) against PyTorch's "
+                             "memory-efficient kernel")
     args = parser.parse_args()
+    if args.turing:
+        return main_turing(args)
 
-    specs = args.lib or [f"ours={flash_capi.find_library()}"]
+    specs = args.lib or [f"ours={attn_capi.find_library()}"]
     libs = {}
     for spec in specs:
         name, _, path = spec.partition("=")
-        libs[name] = flash_capi.FlashLibrary(path)
+        libs[name] = attn_capi.AttnLibrary(path).family("flash")
     head_dims = {int(x) for x in args.head_dims.split(",")}
 
     rows = []
@@ -243,6 +337,36 @@ def main():
               f"torch {torch.__version__}, bf16, {kind_name}, median of {args.repeats} CUDA-event "
               f"timed repeats after {args.warmup} warm-ups, TFLOP/s")
     text = header + "\n\n" + table(rows, names, "bwd" if args.backward else "fwd") + "\n"
+    print("\n" + text)
+    if args.markdown:
+        args.markdown.write_text(text)
+
+
+def main_turing(args):
+    specs = args.lib or [f"ours={attn_capi.find_library()}"]
+    libs = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        libs[name] = attn_capi.AttnLibrary(path)
+    rows = []
+    for head_dim, heads in HEAD_CONFIGS:
+        if head_dim != 64:  # the Turing path stops at head dim 64
+            continue
+        for lens in SEQUENCE_SETS:
+            for causal in (False, True):
+                row = bench_row_turing(libs, head_dim, heads, lens, causal, args.warmup,
+                                       args.repeats, args.backward)
+                rows.append(row)
+                names = [n for n in row if f"{n}_diff" in row]
+                print(f"hdim {head_dim} {row['seqs']} causal={causal}: " + ", ".join(
+                    f"{n} {fmt(row[n])}" for n in names + ["memeff"]), flush=True)
+    names = [n for n in rows[0] if f"{n}_diff" in rows[0]]
+    kind = "bwd" if args.backward else "fwd"
+    header = (f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, "
+              f"torch {torch.__version__}, fp16, Turing path (compute_capability 75) "
+              f"{'backward' if args.backward else 'forward'}, median of {args.repeats} CUDA-event "
+              f"timed repeats after {args.warmup} warm-ups, TFLOP/s")
+    text = header + "\n\n" + turing_table(rows, names, kind) + "\n"
     print("\n" + text)
     if args.markdown:
         args.markdown.write_text(text)

@@ -62,12 +62,12 @@ if ((variants)); then
     flags="-DATTN_FLASH_TILE_OVERRIDES -I$PWD/$dir/overrides"
     configure_and_build "$dir" "$OUT/build-variants.log.$name" -DATTN_HEAD_DIMS="64;128;256" \
       "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
-    variant_libs+=("--lib" "$name=$dir/lib/libattn_flash_capi.so")
+    variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
   done
 fi
 
 status=0
-export ATTN_FLASH_CAPI="$PWD/build-gpu/lib/libattn_flash_capi.so"
+export ATTN_CAPI="$PWD/build-gpu/lib/libattn_capi.so"
 if ((run_tests)); then
   python3 -m pytest tests/kernels/gpu -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}
@@ -79,12 +79,12 @@ if ((variants)); then
 fi
 
 if ((run_bench && run_fwd_bench)); then
-  python3 bench/bench_flash.py --lib "ours=$ATTN_FLASH_CAPI" "${variant_libs[@]}" \
+  python3 bench/bench_flash.py --lib "ours=$ATTN_CAPI" "${variant_libs[@]}" \
     --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 fi
 if ((run_bench && run_bwd_bench)); then
   # The backward kernels stop at head dim 128.
-  python3 bench/bench_flash.py --backward --head-dims 64,128 --lib "ours=$ATTN_FLASH_CAPI" \
+  python3 bench/bench_flash.py --backward --head-dims 64,128 --lib "ours=$ATTN_CAPI" \
     --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if ((run_tests)); then

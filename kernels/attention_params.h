@@ -13,7 +13,18 @@ namespace attnserve::kernels {
 enum class DType { kFloat16, kBFloat16, kFloat32 };
 
 inline int DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
-const char* DTypeName(DType dtype);
+// Inline so GPU family libraries (linked after attn_kernels) need nothing back from it.
+inline const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+  }
+  return "unknown";
+}
 
 // Attention semantics are FlashAttention >= 2.1 varlen: s = scale * q.k^T, softcap, masking
 // (bottom-right aligned causal / sliding window), softmax, times v.
@@ -73,11 +84,15 @@ struct BackwardParams {
 // Where a kernel runs. The reference family uses num_threads host threads (0 = all cores).
 // GPU families run on `stream` (a cudaStream_t) of the current device, with tensor pointers
 // in device memory, and may use `workspace` (device scratch of workspace_bytes).
+// compute_capability (major * 10 + minor) selects the code path a GPU family runs, so an
+// older architecture's path (Turing flash, the fallback's sm70/sm75 paths) can be run and tested
+// on a newer GPU; 0 = the current device's own.
 struct ExecutionContext {
   int num_threads = 0;
   void* stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  int compute_capability = 0;
 };
 
 // Kernels report failure as a message; the engine turns it into absl::Status.

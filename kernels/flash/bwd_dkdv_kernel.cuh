@@ -1,7 +1,8 @@
 // FlashAttention-2's backward main loop for dK and dV: one CTA per (key block, kv head,
 // sequence). K and V of the block stay in shared memory; for every query head of the kv head's
-// group and every query block that sees a key of the block, Q, dO, lse and D stream through two
-// cp.async stages. Per query tile each warp, for its 16 keys:
+// group and every query block that sees a key of the block, Q, dO, lse and D stream through
+// shared memory (two cp.async stages on Sm80; one register-staged stage on Sm75). Per query
+// tile each warp, for its 16 keys:
 //   S^T = K Q^T,  P^T = exp2(S^T * c - lse * log2 e),  dV += P^T dO,
 //   dP^T = V dO^T,  dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap],  dK += dS^T Q.
 // dK and dV of the whole head group accumulate in fp32 registers (GQA needs no atomics), so they
@@ -30,6 +31,7 @@ __device__ __forceinline__ void AccumulateDqAtomic(float* dq_accum, int64_t row_
                                                    int rows_valid, int head_dim,
                                                    uint32_t ds_smem, uint32_t k_frag, int warp,
                                                    int lane) {
+  using Arch = typename T::Arch;
   using Element = typename T::Element;
   constexpr int kChunkTiles = 4;  // 32 columns
   const int mat = lane / 8;
@@ -54,8 +56,8 @@ __device__ __forceinline__ void AccumulateDqAtomic(float* dq_accum, int64_t row_
         uint32_t b[4];
         ptx::LoadMatrixX4Trans(b, k_frag + kk * T::kMmaK * T::kSmemRowBytes +
                                       (chunk * kChunkTiles / 2 + dp) * 32);
-        ptx::Mma16816<Element>(acc[2 * dp], a, b[0], b[1]);
-        ptx::Mma16816<Element>(acc[2 * dp + 1], a, b[2], b[3]);
+        ptx::Mma16816<Arch, Element>(acc[2 * dp], a, b[0], b[1]);
+        ptx::Mma16816<Arch, Element>(acc[2 * dp + 1], a, b[2], b[3]);
       }
     }
 #pragma unroll
@@ -72,10 +74,10 @@ __device__ __forceinline__ void AccumulateDqAtomic(float* dq_accum, int64_t row_
   }
 }
 
-template <DType kDType, int kHeadDim, bool kAtomicDq>
-__global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
-    FlashBackwardDkDvKernel(const __grid_constant__ BwdKernelArgs args) {
-  using T = BwdTraits<kDType, kHeadDim>;
+// One CTA's work; the kernel below is this, or a trap where the path's instructions don't exist.
+template <class Arch, DType kDType, int kHeadDim, bool kAtomicDq>
+__device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) {
+  using T = BwdTraits<Arch, kDType, kHeadDim>;
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
   constexpr int kBlock = T::kBlock;
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
   const uint32_t k_smem = ptx::SharedAddress(smem);
   const uint32_t v_smem = k_smem + T::kTileBytes;
   const uint32_t stage_smem = v_smem + T::kTileBytes;
-  const uint32_t ds_smem = stage_smem + 2 * T::kStageBytes;
+  const uint32_t ds_smem = stage_smem + T::kStages * T::kStageBytes;
   const FragOffsets frag = FragOffsets::For<kRowBytes>(lane);
   const uint32_t k_rows = k_smem + warp * T::kWarpRows * kRowBytes;  // this warp's 16 keys
   const uint32_t v_rows = v_smem + warp * T::kWarpRows * kRowBytes;
@@ -119,10 +121,10 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
                             int64_t{kv_head} * f.head_dim;
   const int kv_stride = static_cast<int>(f.kv_row_stride);
   if (iters > 0) {
-    LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
         k_smem, static_cast<const Element*>(f.k) + kv_offset, kv_stride, len_k - key_first,
         vecs_valid, tid);
-    LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
         v_smem, static_cast<const Element*>(f.v) + kv_offset, kv_stride, len_k - key_first,
         vecs_valid, tid);
   }
@@ -131,14 +133,14 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
   auto load_stage = [&](int it) {
     const int head = kv_head * f.head_group + it / m_count;
     const int row0 = (m_begin + it % m_count) * kBlock;
-    const uint32_t st = stage_smem + (it % 2) * T::kStageBytes;
+    const uint32_t st = stage_smem + (it % T::kStages) * T::kStageBytes;
     const int64_t q_offset = (int64_t{q_begin} + row0) * f.q_row_stride +
                              int64_t{head} * f.head_dim;
     const int q_stride = static_cast<int>(f.q_row_stride);
-    LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
         st, static_cast<const Element*>(f.q) + q_offset, q_stride, len_q - row0, vecs_valid,
         tid);
-    LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
         st + T::kTileBytes, static_cast<const Element*>(args.dout) + q_offset, q_stride,
         len_q - row0, vecs_valid, tid);
     // Threads 0-63 fetch lse, 64-127 D; rows past the sequence read 0 (their Q and dO are 0,
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
     const int row = row0 + tid % kBlock;
     const float* src = tid < kBlock ? f.lse : args.dsum;
     const int64_t index = int64_t{head} * f.total_q + q_begin + row;
-    ptx::CopyAsync4(st + 2 * T::kTileBytes + tid * 4, src + (row < len_q ? index : 0),
+    ptx::CopyAsync4<Arch>(st + 2 * T::kTileBytes + tid * 4, src + (row < len_q ? index : 0),
                     row < len_q);
   };
 
@@ -161,19 +163,25 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
     }
   }
 
-  if (iters > 0) load_stage(0);
-  ptx::CommitAsyncGroup();
+  if constexpr (T::kStages == 2) {
+    if (iters > 0) load_stage(0);
+  }
+  ptx::CommitAsyncGroup<Arch>();
   const float exp2_scale = f.exp2_scale;
   const float lse2_scale = args.lse_log2_scale;
   const int my_key = key_first + warp * T::kWarpRows + group;  // rows my_key, my_key + 8
   for (int it = 0; it < iters; ++it) {
-    if (it + 1 < iters) load_stage(it + 1);
-    ptx::CommitAsyncGroup();
-    ptx::WaitAsyncGroups<1>();
+    if constexpr (T::kStages == 2) {
+      if (it + 1 < iters) load_stage(it + 1);
+    } else {
+      load_stage(it);  // the previous iteration's closing barrier freed the one stage
+    }
+    ptx::CommitAsyncGroup<Arch>();
+    ptx::WaitAsyncGroups<Arch, 1>();
     __syncthreads();
 
     const int row0 = (m_begin + it % m_count) * kBlock;
-    const uint32_t q_st = stage_smem + (it % 2) * T::kStageBytes;
+    const uint32_t q_st = stage_smem + (it % T::kStages) * T::kStageBytes;
     const uint32_t do_st = q_st + T::kTileBytes;
     const float* lse_st =
         reinterpret_cast<const float*>(smem + (q_st - k_smem) + 2 * T::kTileBytes);
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
     }
-    WarpGemmABt<Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(s, k_rows + frag.a,
+    WarpGemmABt<Arch, Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(s, k_rows + frag.a,
                                                                     q_st + frag.b);
     if (f.softcap) {
 #pragma unroll
@@ -242,7 +250,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
       }
       PackA<Element, T::kSTiles>(pa, p);
     }
-    WarpGemmAB<Element, T::kSTiles / 2, T::kDTiles, kRowBytes>(dv, pa, do_st + frag.a);
+    WarpGemmAB<Arch, Element, T::kSTiles / 2, T::kDTiles, kRowBytes>(dv, pa, do_st + frag.a);
 
     // dP^T = V dO^T, then dS^T = P^T (dP^T - D) in place.
     float dp[T::kSTiles][4];
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[nt][e] = 0.0f;
     }
-    WarpGemmABt<Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(dp, v_rows + frag.a,
+    WarpGemmABt<Arch, Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(dp, v_rows + frag.a,
                                                                     do_st + frag.b);
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
@@ -282,7 +290,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
       }
     }
     PackA<Element, T::kSTiles>(pa, dp);
-    WarpGemmAB<Element, T::kSTiles / 2, T::kDTiles, kRowBytes>(dk, pa, q_st + frag.a);
+    WarpGemmAB<Arch, Element, T::kSTiles / 2, T::kDTiles, kRowBytes>(dk, pa, q_st + frag.a);
     if constexpr (kAtomicDq) {
       __syncthreads();  // the dS tile is complete
       const int head = kv_head * f.head_group + it / m_count;
@@ -295,7 +303,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
 
   // Epilogue: each warp rounds its 16 rows of dK (times softmax_scale: d(score)/d(q.k)) and dV
   // into its own rows of the K and V buffers (only it ever read them) and stores them.
-  ptx::WaitAsyncGroups<0>();
+  ptx::WaitAsyncGroups<Arch, 0>();
   __syncthreads();  // no copy into K/V (issued by any thread) is still landing
   StoreAccumulator<Element, T::kDTiles, kRowBytes>(k_rows, dk, args.grad_scale, lane);
   StoreAccumulator<Element, T::kDTiles, kRowBytes>(v_rows, dv, 1.0f, lane);
@@ -309,6 +317,16 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
   StoreRows<T::kWarpRows, T::kRowVecs, kRowBytes, 32>(
       static_cast<Element*>(args.dv) + out_offset, f.kv_row_stride, v_rows, len_k - warp_key,
       vecs_valid, lane);
+}
+
+template <class Arch, DType kDType, int kHeadDim, bool kAtomicDq>
+__global__ void __launch_bounds__(BwdTraits<Arch, kDType, kHeadDim>::kThreads)
+    FlashBackwardDkDvKernel(const __grid_constant__ BwdKernelArgs args) {
+  if constexpr (kArchBodyCompiled<Arch>) {
+    FlashBackwardDkDvCta<Arch, kDType, kHeadDim, kAtomicDq>(args);
+  } else {
+    __trap();  // an sm80 kernel in an sm_75 binary: never launched there
+  }
 }
 
 }  // namespace attnserve::kernels::flash

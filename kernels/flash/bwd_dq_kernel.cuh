@@ -1,6 +1,7 @@
 // The backward's dQ pass: one CTA per (query block, head, sequence), the forward's geometry. Q,
 // dO, lse and D of the block stay resident; K and V tiles of the keys the block sees stream
-// through two cp.async stages. Per key tile each warp, for its 16 query rows:
+// through shared memory (two cp.async stages on Sm80, one register-staged stage on Sm75). Per
+// key tile each warp, for its 16 query rows:
 //   S = Q K^T,  P = exp2(S * c - lse * log2 e),  dP = dO V^T,
 //   dS = P (dP - D) [(1 - tanh^2) with softcap],  dQ += dS K.
 // This recomputes S and dP, which FlashAttention-2 avoids by accumulating dQ with float atomics
@@ -20,10 +21,10 @@
 
 namespace attnserve::kernels::flash {
 
-template <DType kDType, int kHeadDim>
-__global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
-    FlashBackwardDqKernel(const __grid_constant__ BwdKernelArgs args) {
-  using T = BwdTraits<kDType, kHeadDim>;
+// One CTA's work; the kernel below is this, or a trap where the path's instructions don't exist.
+template <class Arch, DType kDType, int kHeadDim>
+__device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
+  using T = BwdTraits<Arch, kDType, kHeadDim>;
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
   constexpr int kBlock = T::kBlock;
@@ -64,10 +65,10 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
   const uint32_t do_rows = do_smem + warp * T::kWarpRows * kRowBytes;
 
   const int q_stride = static_cast<int>(f.q_row_stride);
-  LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+  LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
       q_smem, static_cast<const Element*>(f.q) + q_offset, q_stride, block.rows_valid,
       vecs_valid, tid);
-  LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+  LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
       do_smem, static_cast<const Element*>(args.dout) + q_offset, q_stride, block.rows_valid,
       vecs_valid, tid);
 
@@ -75,19 +76,19 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
                           int64_t{head / f.head_group} * f.head_dim;
   const int kv_stride = static_cast<int>(f.kv_row_stride);
   const int n_count = block.n_end - block.n_begin;
-  auto load_stage = [&](int it) {  // key tile n_end - 1 - it into stage it % 2
+  auto load_stage = [&](int it) {  // key tile n_end - 1 - it into stage it % kStages
     const int first_key = (block.n_end - 1 - it) * kBlock;
-    const uint32_t st = stage_smem + (it % 2) * T::kStageBytes;
+    const uint32_t st = stage_smem + (it % T::kStages) * T::kStageBytes;
     const int64_t offset = kv_base + int64_t{first_key} * f.kv_row_stride;
-    LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
         st, static_cast<const Element*>(f.k) + offset, kv_stride, len_k - first_key, vecs_valid,
         tid);
-    LoadRowsAsync<kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
         st + T::kTileBytes, static_cast<const Element*>(f.v) + offset, kv_stride,
         len_k - first_key, vecs_valid, tid);
   };
-  load_stage(0);
-  ptx::CommitAsyncGroup();
+  if constexpr (T::kStages == 2) load_stage(0);
+  ptx::CommitAsyncGroup<Arch>();
 
   // lse (base 2) and D of this thread's two rows; rows past the sequence contribute nothing
   // (their Q and dO are 0), rows that see no key have lse +inf and P = 0.
@@ -110,13 +111,17 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
   }
   const float exp2_scale = f.exp2_scale;
   for (int it = 0; it < n_count; ++it) {
-    if (it + 1 < n_count) load_stage(it + 1);
-    ptx::CommitAsyncGroup();
-    ptx::WaitAsyncGroups<1>();
+    if constexpr (T::kStages == 2) {
+      if (it + 1 < n_count) load_stage(it + 1);
+    } else {
+      load_stage(it);  // the previous iteration's closing barrier freed the one stage
+    }
+    ptx::CommitAsyncGroup<Arch>();
+    ptx::WaitAsyncGroups<Arch, 1>();
     __syncthreads();
 
     const int n = block.n_end - 1 - it;
-    const uint32_t k_st = stage_smem + (it % 2) * T::kStageBytes;
+    const uint32_t k_st = stage_smem + (it % T::kStages) * T::kStageBytes;
     const uint32_t v_st = k_st + T::kTileBytes;
 
     float s[T::kSTiles][4];
@@ -125,7 +130,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
     }
-    WarpGemmABt<Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(s, q_rows + frag.a,
+    WarpGemmABt<Arch, Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(s, q_rows + frag.a,
                                                                     k_st + frag.b);
     if (f.softcap) {
 #pragma unroll
@@ -165,7 +170,7 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[nt][e] = 0.0f;
     }
-    WarpGemmABt<Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(dp, do_rows + frag.a,
+    WarpGemmABt<Arch, Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(dp, do_rows + frag.a,
                                                                     v_st + frag.b);
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
@@ -182,13 +187,13 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
     }
     uint32_t ds[T::kSTiles / 2][4];
     PackA<Element, T::kSTiles>(ds, dp);
-    WarpGemmAB<Element, T::kSTiles / 2, T::kDTiles, kRowBytes>(dq_acc, ds, k_st + frag.a);
+    WarpGemmAB<Arch, Element, T::kSTiles / 2, T::kDTiles, kRowBytes>(dq_acc, ds, k_st + frag.a);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
   // Epilogue: each warp rounds its rows of dQ (times softmax_scale) into its own rows of the Q
   // buffer (only it ever read them) and stores them.
-  ptx::WaitAsyncGroups<0>();
+  ptx::WaitAsyncGroups<Arch, 0>();
   __syncwarp();
   StoreAccumulator<Element, T::kDTiles, kRowBytes>(q_rows, dq_acc, args.grad_scale, lane);
   __syncwarp();
@@ -196,6 +201,16 @@ __global__ void __launch_bounds__(BwdTraits<kDType, kHeadDim>::kThreads)
   StoreRows<T::kWarpRows, T::kRowVecs, kRowBytes, 32>(
       dq + warp_row * f.q_row_stride, f.q_row_stride, q_rows, block.rows_valid - warp_row,
       vecs_valid, lane);
+}
+
+template <class Arch, DType kDType, int kHeadDim>
+__global__ void __launch_bounds__(BwdTraits<Arch, kDType, kHeadDim>::kThreads)
+    FlashBackwardDqKernel(const __grid_constant__ BwdKernelArgs args) {
+  if constexpr (kArchBodyCompiled<Arch>) {
+    FlashBackwardDqCta<Arch, kDType, kHeadDim>(args);
+  } else {
+    __trap();  // an sm80 kernel in an sm_75 binary: never launched there
+  }
 }
 
 }  // namespace attnserve::kernels::flash

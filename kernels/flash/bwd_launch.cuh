@@ -18,13 +18,13 @@ inline KernelStatus BackwardLaunchError(const char* what, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-template <DType kDType, int kHeadDim>
+template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream) {
-  using T = BwdTraits<kDType, kHeadDim>;
+  using T = BwdTraits<Arch, kDType, kHeadDim>;
   const bool atomic_dq = args.dq_accum != nullptr;
-  const auto dkdv = atomic_dq ? &FlashBackwardDkDvKernel<kDType, kHeadDim, true>
-                              : &FlashBackwardDkDvKernel<kDType, kHeadDim, false>;
-  const auto dq = &FlashBackwardDqKernel<kDType, kHeadDim>;
+  const auto dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, true>
+                              : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, false>;
+  const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim>;
   if constexpr (T::kSmemBytes > kDefaultSmemLimit) {
     cudaError_t err =
         cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);

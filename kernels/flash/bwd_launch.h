@@ -6,13 +6,14 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention_params.h"
+#include "kernels/flash/arch.h"
 #include "kernels/flash/bwd_args.h"
 
 namespace attnserve::kernels::flash {
 
-// Launches the three backward kernels for kHeadDim >= args.fwd.head_dim on `stream`, checking
+// Launches Arch's backward kernels for kHeadDim >= args.fwd.head_dim on `stream`, checking
 // each launch. The caller has validated args, checked the device and provided args.dsum.
-template <DType kDType, int kHeadDim>
+template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream);
 
 }  // namespace attnserve::kernels::flash

@@ -77,8 +77,8 @@ inline constexpr int kConvertThreads = 256;
 
 // dq[i] = dq_accum[i] * scale for `count` elements (a multiple of 8), 8 per thread.
 template <DType kDType>
-__global__ void __launch_bounds__(kConvertThreads)
-    FlashBackwardConvertDqKernel(const float* dq_accum, void* dq, int64_t count, float scale) {
+__device__ __forceinline__ void ConvertDq(const float* dq_accum, void* dq, int64_t count,
+                                          float scale) {
   using Element = typename ElementOf<kDType>::type;
   const int64_t first = (int64_t{blockIdx.x} * kConvertThreads + threadIdx.x) * 8;
   if (first >= count) return;
@@ -90,6 +90,16 @@ __global__ void __launch_bounds__(kConvertThreads)
   packed.z = ptx::PackPair<Element>(hi.x * scale, hi.y * scale);
   packed.w = ptx::PackPair<Element>(hi.z * scale, hi.w * scale);
   *reinterpret_cast<uint4*>(static_cast<Element*>(dq) + first) = packed;
+}
+
+template <DType kDType>
+__global__ void __launch_bounds__(kConvertThreads)
+    FlashBackwardConvertDqKernel(const float* dq_accum, void* dq, int64_t count, float scale) {
+  if constexpr (kDType == DType::kBFloat16 && !kArchBodyCompiled<Sm80>) {
+    __trap();  // bf16 runs on the sm80 path only: no bf16 conversion in an sm_75 binary
+  } else {
+    ConvertDq<kDType>(dq_accum, dq, count, scale);
+  }
 }
 
 }  // namespace attnserve::kernels::flash

@@ -29,7 +29,7 @@ struct FragOffsets {
 
 // acc[nt] += A * B^T for a 16 x (kNTiles * 8) tile: A is 16 rows at `a` (a lane's A address),
 // B is kNTiles * 8 rows at `b` (a lane's B address), both [row][k] with kKSteps * 16 k.
-template <typename Element, int kNTiles, int kKSteps, int kRowBytes>
+template <class Arch, typename Element, int kNTiles, int kKSteps, int kRowBytes>
 __device__ __forceinline__ void WarpGemmABt(float (&acc)[kNTiles][4], uint32_t a, uint32_t b) {
   static_assert(kNTiles % 2 == 0, "pairs of 8-column tiles");
 #pragma unroll
@@ -40,8 +40,8 @@ __device__ __forceinline__ void WarpGemmABt(float (&acc)[kNTiles][4], uint32_t a
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t bf[4];
       ptx::LoadMatrixX4(bf, b + np * 16 * kRowBytes + kk * 32);
-      ptx::Mma16816<Element>(acc[2 * np], af, bf[0], bf[1]);
-      ptx::Mma16816<Element>(acc[2 * np + 1], af, bf[2], bf[3]);
+      ptx::Mma16816<Arch, Element>(acc[2 * np], af, bf[0], bf[1]);
+      ptx::Mma16816<Arch, Element>(acc[2 * np + 1], af, bf[2], bf[3]);
     }
   }
 }
@@ -62,7 +62,7 @@ __device__ __forceinline__ void PackA(uint32_t (&a)[kKTiles / 2][4],
 // acc[dt] += A * B for a 16 x (kDTiles * 8) tile: A packed fragments (kKSteps * 16 k), B stored
 // [k][n] (kKSteps * 16 rows of kDTiles * 8 columns) at `b` (a lane's A-pattern address), read
 // with ldmatrix.trans.
-template <typename Element, int kKSteps, int kDTiles, int kRowBytes>
+template <class Arch, typename Element, int kKSteps, int kDTiles, int kRowBytes>
 __device__ __forceinline__ void WarpGemmAB(float (&acc)[kDTiles][4],
                                            const uint32_t (&a)[kKSteps][4], uint32_t b) {
   static_assert(kDTiles % 2 == 0, "pairs of 8-column tiles");
@@ -72,8 +72,8 @@ __device__ __forceinline__ void WarpGemmAB(float (&acc)[kDTiles][4],
     for (int dp = 0; dp < kDTiles / 2; ++dp) {
       uint32_t bf[4];
       ptx::LoadMatrixX4Trans(bf, b + kk * 16 * kRowBytes + dp * 32);
-      ptx::Mma16816<Element>(acc[2 * dp], a[kk], bf[0], bf[1]);
-      ptx::Mma16816<Element>(acc[2 * dp + 1], a[kk], bf[2], bf[3]);
+      ptx::Mma16816<Arch, Element>(acc[2 * dp], a[kk], bf[0], bf[1]);
+      ptx::Mma16816<Arch, Element>(acc[2 * dp + 1], a[kk], bf[2], bf[3]);
     }
   }
 }

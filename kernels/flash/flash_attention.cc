@@ -3,11 +3,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 
+#include "kernels/flash/arch.h"
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/fwd_args.h"
@@ -43,6 +45,18 @@ constexpr BackwardKernelEntry kBackwardKernels[] = {
 #include "kernels/flash/instantiations/bwd_kernel_table.inc"
 };
 
+struct TuringKernelEntry {
+  int head_dim;
+  LaunchFn forward;  // fp16
+  BackwardLaunchFn backward;
+};
+
+// The Turing (sm75) path's kernels (ATTN_HEAD_DIMS of 32 and 64), ascending head dim, then a
+// sentinel that matches no head dim (the list may be empty).
+constexpr TuringKernelEntry kTuringKernels[] = {
+#include "kernels/flash/instantiations/sm75_kernel_table.inc"
+    {0, nullptr, nullptr}};
+
 // Grid limits: gridDim.y (heads) and gridDim.z (sequences).
 constexpr int kMaxGridYZ = 65535;
 
@@ -61,6 +75,13 @@ const KernelEntry* FindKernel(int head_dim) {
 
 const BackwardKernelEntry* FindBackwardKernel(int head_dim) {
   for (const BackwardKernelEntry& entry : kBackwardKernels) {
+    if (entry.head_dim >= head_dim) return &entry;
+  }
+  return nullptr;
+}
+
+const TuringKernelEntry* FindTuringKernel(int head_dim) {
+  for (const TuringKernelEntry& entry : kTuringKernels) {
     if (entry.head_dim >= head_dim) return &entry;
   }
   return nullptr;
@@ -94,10 +115,6 @@ KernelStatus Validate(const ForwardParams& p) {
   if (s.head_dim < 1 || s.head_dim % kHeadDimGranule != 0 || s.head_dim > kMaxHeadDim) {
     return Error("head_dim " + std::to_string(s.head_dim) + " is not supported (multiples of " +
                  std::to_string(kHeadDimGranule) + " up to " + std::to_string(kMaxHeadDim) + ")");
-  }
-  if (FindKernel(s.head_dim) == nullptr) {
-    return Error("head_dim " + std::to_string(s.head_dim) +
-                 " is not built into this binary (see ATTN_HEAD_DIMS)");
   }
   if (s.batch < 0 || s.batch > kMaxGridYZ) {
     return Error("batch must be in [0, " + std::to_string(kMaxGridYZ) + "]");
@@ -142,31 +159,102 @@ KernelStatus Validate(const ForwardParams& p) {
   return KernelStatus::Ok();
 }
 
-KernelStatus CheckDevice(int smem, const char* what) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
+// The current device, its compute capability and opt-in shared memory per block. The attributes
+// are read once per device (cudaDeviceGetAttribute is not free at thousands of calls a second)
+// and kept packed as (cc << 32 | smem) + 1, 0 meaning not read yet.
+struct DeviceInfo {
+  int device;
+  int compute_capability;  // major * 10 + minor
+  int smem_optin;
+};
+
+constexpr int kMaxCachedDevices = 64;
+
+KernelStatus CurrentDevice(DeviceInfo* info) {
+  static std::atomic<uint64_t> cache[kMaxCachedDevices] = {};
+  cudaError_t err = cudaGetDevice(&info->device);
   if (err != cudaSuccess) return CudaError("cudaGetDevice", err);
+  const bool cacheable = info->device >= 0 && info->device < kMaxCachedDevices;
+  const uint64_t cached = cacheable ? cache[info->device].load(std::memory_order_relaxed) : 0;
+  if (cached != 0) {
+    info->compute_capability = static_cast<int>((cached - 1) >> 32);
+    info->smem_optin = static_cast<int>((cached - 1) & 0xffffffffu);
+    return KernelStatus::Ok();
+  }
   int major = 0;
   int minor = 0;
   int smem_optin = 0;
-  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, info->device)) !=
           cudaSuccess ||
-      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, info->device)) !=
           cudaSuccess ||
       (err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                    device)) != cudaSuccess) {
+                                    info->device)) != cudaSuccess) {
     return CudaError("cudaDeviceGetAttribute", err);
   }
-  if (major < 8) {
-    return Error("needs compute capability >= 8.0, device " + std::to_string(device) + " has " +
-                 std::to_string(major) + "." + std::to_string(minor));
-  }
-  if (smem > smem_optin) {
-    return Error(std::string(what) + " needs " + std::to_string(smem) +
-                 " bytes of shared memory per block, device " + std::to_string(device) +
-                 " allows " + std::to_string(smem_optin));
+  info->compute_capability = major * 10 + minor;
+  info->smem_optin = smem_optin;
+  if (cacheable) {
+    cache[info->device].store(
+        ((uint64_t{static_cast<uint32_t>(info->compute_capability)} << 32) |
+         static_cast<uint32_t>(smem_optin)) + 1,
+        std::memory_order_relaxed);
   }
   return KernelStatus::Ok();
+}
+
+std::string CcName(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
+
+// Which code path runs: the effective compute capability is ctx.compute_capability (to run an
+// older architecture's path on a newer GPU) or the device's own. >= 8.0: the sm80 kernels;
+// 7.5-7.9: the Turing kernels (fp16, head_dim <= 64); below 7.5, or above what the device is
+// (a newer path cannot run on an older GPU): an error.
+struct Target {
+  bool turing;
+  DeviceInfo device;
+};
+
+KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim, Target* target) {
+  if (ctx.compute_capability < 0) {
+    return Error("compute_capability must be >= 0 (0 = the device's own)");
+  }
+  KernelStatus status = CurrentDevice(&target->device);
+  if (!status.ok) return status;
+  const int device_cc = target->device.compute_capability;
+  const int cc = ctx.compute_capability == 0 ? device_cc : ctx.compute_capability;
+  if (cc > device_cc) {
+    return Error("compute_capability " + CcName(cc) + " is above device " +
+                 std::to_string(target->device.device) + "'s " + CcName(device_cc) +
+                 ": a newer architecture's path cannot run on it");
+  }
+  if (cc < Sm75::kComputeCapability) {
+    return Error("needs compute capability >= 7.5, got " + CcName(cc) +
+                 (ctx.compute_capability == 0
+                      ? " (device " + std::to_string(target->device.device) + ")"
+                      : std::string()));
+  }
+  target->turing = cc < Sm80::kComputeCapability;
+  if (target->turing && (dtype != DType::kFloat16 || head_dim > Sm75::kMaxHeadDim)) {
+    return Error("flash on sm75 supports fp16 head_dim <= " + std::to_string(Sm75::kMaxHeadDim) +
+                 "; route to fallback (got " + (dtype == DType::kFloat16 ? "fp16" : "bf16") +
+                 " head_dim " + std::to_string(head_dim) + ")");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckSmem(const Target& target, int smem, const std::string& what) {
+  if (smem > target.device.smem_optin) {
+    return Error(what + " needs " + std::to_string(smem) +
+                 " bytes of shared memory per block, device " +
+                 std::to_string(target.device.device) + " allows " +
+                 std::to_string(target.device.smem_optin));
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus NotBuilt(const Target& target, const char* what, int head_dim) {
+  return Error(std::string(target.turing ? "sm75 " : "") + what + "head_dim " +
+               std::to_string(head_dim) + " is not built into this binary (see ATTN_HEAD_DIMS)");
 }
 
 // Windows as offsets from the diagonal; causal is a right window of 0.
@@ -244,17 +332,33 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
   KernelStatus status = Validate(params);
   if (!status.ok) return status;
   const AttentionShape& s = params.shape;
+  Target target;
+  status = SelectTarget(ctx, s.dtype, s.head_dim, &target);
+  if (!status.ok) return status;
+  LaunchFn launch = nullptr;
+  int kernel_head_dim = 0;
+  int smem = 0;
+  if (target.turing) {
+    const TuringKernelEntry* kernel = FindTuringKernel(s.head_dim);
+    if (kernel == nullptr) return NotBuilt(target, "", s.head_dim);
+    launch = kernel->forward;
+    kernel_head_dim = kernel->head_dim;
+    smem = ForwardSmemBytes<Sm75>(kernel_head_dim);
+  } else {
+    const KernelEntry* kernel = FindKernel(s.head_dim);
+    if (kernel == nullptr) return NotBuilt(target, "", s.head_dim);
+    launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
+    kernel_head_dim = kernel->head_dim;
+    smem = ForwardSmemBytes<Sm80>(kernel_head_dim);
+  }
   if (s.total_q == 0) return KernelStatus::Ok();
   if (s.batch == 0) return Error("total_q > 0 needs batch > 0");
   if (s.max_seqlen_q == 0) return Error("max_seqlen_q must be set when total_q > 0");
-  const KernelEntry* kernel = FindKernel(s.head_dim);
-  status = CheckDevice(ForwardSmemBytes(kernel->head_dim),
-                       ("head_dim " + std::to_string(kernel->head_dim)).c_str());
+  status = CheckSmem(target, smem, "head_dim " + std::to_string(kernel_head_dim));
   if (!status.ok) return status;
 
   const FwdKernelArgs args = MakeForwardArgs(params);
   const FwdGrid grid{s.batch, s.max_seqlen_q};
-  const LaunchFn launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
   return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
 }
 
@@ -272,10 +376,24 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     return Error("backward supports head_dim up to " + std::to_string(kMaxBackwardHeadDim) +
                  ", got " + std::to_string(s.head_dim));
   }
-  const BackwardKernelEntry* kernel = FindBackwardKernel(s.head_dim);
-  if (kernel == nullptr) {
-    return Error("backward for head_dim " + std::to_string(s.head_dim) +
-                 " is not built into this binary (see ATTN_HEAD_DIMS)");
+  Target target;
+  status = SelectTarget(ctx, s.dtype, s.head_dim, &target);
+  if (!status.ok) return status;
+  BackwardLaunchFn launch = nullptr;
+  int smem = 0;
+  int kernel_head_dim = 0;
+  if (target.turing) {
+    const TuringKernelEntry* kernel = FindTuringKernel(s.head_dim);
+    if (kernel == nullptr) return NotBuilt(target, "backward for ", s.head_dim);
+    launch = kernel->backward;
+    kernel_head_dim = kernel->head_dim;
+    smem = BackwardSmemBytes<Sm75>(kernel_head_dim);
+  } else {
+    const BackwardKernelEntry* kernel = FindBackwardKernel(s.head_dim);
+    if (kernel == nullptr) return NotBuilt(target, "backward for ", s.head_dim);
+    launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
+    kernel_head_dim = kernel->head_dim;
+    smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
   }
   if (s.total_q > 0 && (params.dout == nullptr || params.dq == nullptr)) {
     return Error("dout and dq must be set");
@@ -298,8 +416,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
                  " bytes (BackwardWorkspaceBytes), got " + std::to_string(ctx.workspace_bytes));
   }
   if (!Aligned16(ctx.workspace)) return Error("workspace must be 16-byte aligned");
-  status = CheckDevice(BackwardSmemBytes(kernel->head_dim),
-                       ("backward at head_dim " + std::to_string(kernel->head_dim)).c_str());
+  status = CheckSmem(target, smem, "backward at head_dim " + std::to_string(kernel_head_dim));
   if (!status.ok) return status;
 
   constexpr float kLog2e = 1.4426950408889634f;
@@ -317,7 +434,6 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   args.lse_log2_scale = kLog2e;
   args.grad_scale = params.options.softmax_scale;
   const BwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k};
-  const BackwardLaunchFn launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
   return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
 }
 

@@ -1,5 +1,7 @@
 // The flash kernel family: FlashAttention-2-class kernels of our own for compute capability
-// >= 8.0, behind the plain API of kernels/attention_params.h.
+// >= 8.0, and their Turing variant for 7.5 (fp16, head_dim <= 64, as FlashAttention 1 ran there),
+// behind the plain API of kernels/attention_params.h. The code path follows
+// ctx.compute_capability (0 = the current device's own; an older path runs on a newer GPU).
 #pragma once
 
 #include <cstddef>
@@ -11,8 +13,8 @@ namespace attnserve::kernels::flash {
 // Forward over packed varlen fp16/bf16 tensors in device memory (q, k, v, out, lse and the
 // device copies of cu_seqlens), on ctx.stream of the current device. Head dims: multiples of 8
 // up to 256. Returns an error, never crashes, for what it cannot run (fp32, other head dims,
-// pre-sm80 devices, misaligned pointers) so the caller can route elsewhere. Asynchronous: a
-// successful return means the kernel was launched.
+// devices below 7.5, bf16 or head_dim > 64 on the 7.5 path, misaligned pointers) so the
+// caller can route elsewhere. Asynchronous: a successful return means the kernel was launched.
 KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx);
 
 // Bytes of device scratch Backward needs in ctx.workspace (16-byte aligned; the caller allocates

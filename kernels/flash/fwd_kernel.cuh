@@ -1,9 +1,11 @@
-// The flash forward kernel (FlashAttention-2's algorithm on mma.sync): one CTA per (query block,
-// head, sequence). Q stays in shared memory; K and V tiles stream through one buffer each with
-// cp.async, V(n) loading under S = Q K(n)^T and K(n-1) loading under softmax and P V(n). Key
-// tiles are visited last to first, so the masked diagonal tiles come first; tiles no row sees
-// are never loaded, and only tiles crossing a mask edge pay for per-element masking. S, P and O
-// stay in registers; P is rounded to 16 bits in place to become the A operand of P V.
+// The flash forward kernel (FlashAttention-2's algorithm on mma.sync), for either code path
+// (arch.h): one CTA per (query block, head, sequence). Q stays in shared memory; K and V tiles
+// go through one buffer each, V(n) loading under S = Q K(n)^T and K(n-1) under softmax and P V(n)
+// (cp.async on Sm80; on Sm75 the register-staged loads complete before the math, and other CTAs
+// on the SM cover their latency). Key tiles are visited last to first, so the masked diagonal
+// tiles come first; tiles no row sees are never loaded, and only tiles crossing a mask edge pay
+// for per-element masking. S, P and O stay in registers; P is rounded to 16 bits in place to
+// become the A operand of P V.
 #pragma once
 
 #include <cmath>
@@ -53,9 +55,9 @@ __device__ __forceinline__ FwdBlock LocateBlock(const FwdKernelArgs& args, int m
   return b;
 }
 
-template <DType kDType, int kHeadDim>
+template <class Arch, DType kDType, int kHeadDim>
 class FwdBlockRunner {
-  using T = FwdTraits<kDType, kHeadDim>;
+  using T = FwdTraits<Arch, kDType, kHeadDim>;
   using Element = typename T::Element;
 
  public:
@@ -83,10 +85,10 @@ class FwdBlockRunner {
 
   // Loads Q and the last key tile; call once before Run.
   __device__ __forceinline__ void Prologue(const Element* q) {
-    LoadRowsAsync<T::kBlockM, T::kRowVecs, T::kSmemRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, T::kBlockM, T::kRowVecs, T::kSmemRowBytes, T::kThreads>(
         q_smem_, q, static_cast<int>(args_.q_row_stride), block_.rows_valid, vecs_valid_, tid_);
     LoadKeyTile(k_smem_, args_.k, block_.n_end - 1);
-    ptx::CommitAsyncGroup();
+    ptx::CommitAsyncGroup<Arch>();
   }
 
   __device__ __forceinline__ void Run() {
@@ -154,7 +156,7 @@ class FwdBlockRunner {
     const int first_key = n * T::kBlockN;
     const Element* src = static_cast<const Element*>(tensor) + kv_offset_ +
                          int64_t{first_key} * args_.kv_row_stride;
-    LoadRowsAsync<T::kBlockN, T::kRowVecs, T::kSmemRowBytes, T::kThreads>(
+    LoadRowsAsync<Arch, T::kBlockN, T::kRowVecs, T::kSmemRowBytes, T::kThreads>(
         smem, src, static_cast<int>(args_.kv_row_stride), block_.len_k - first_key, vecs_valid_,
         ptx::FreshThreadIdx());
   }
@@ -172,10 +174,10 @@ class FwdBlockRunner {
       }
     }
     // K(n) has landed, and every warp is done with V(n+1): refill V.
-    ptx::WaitAsyncGroups<0>();
+    ptx::WaitAsyncGroups<Arch, 0>();
     __syncthreads();
     LoadKeyTile(v_smem_, args_.v, n);
-    ptx::CommitAsyncGroup();
+    ptx::CommitAsyncGroup<Arch>();
 
     ComputeScores(s);
     if (args_.softcap) {
@@ -193,11 +195,11 @@ class FwdBlockRunner {
     if constexpr (kMask) ApplyMask(s, n);
 
     // V(n) has landed, and every warp is done with K(n): prefetch K(n-1).
-    ptx::WaitAsyncGroups<0>();
+    ptx::WaitAsyncGroups<Arch, 0>();
     __syncthreads();
     if (n > block_.n_begin) {
       LoadKeyTile(k_smem_, args_.k, n - 1);
-      ptx::CommitAsyncGroup();
+      ptx::CommitAsyncGroup<Arch>();
     }
 
     UpdateSoftmax(s);
@@ -218,8 +220,8 @@ class FwdBlockRunner {
         ptx::LoadMatrixX4(b, k_frag_ + np * 2 * T::kMmaN * T::kSmemRowBytes + kk * T::kMmaK * 2);
 #pragma unroll
         for (int mt = 0; mt < T::kMTiles; ++mt) {
-          ptx::Mma16816<Element>(s[mt][2 * np], a[mt], b[0], b[1]);
-          ptx::Mma16816<Element>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+          ptx::Mma16816<Arch, Element>(s[mt][2 * np], a[mt], b[0], b[1]);
+          ptx::Mma16816<Arch, Element>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
         }
       }
     }
@@ -327,8 +329,8 @@ class FwdBlockRunner {
             b, v_frag_ + kk * T::kMmaK * T::kSmemRowBytes + dp * 2 * T::kMmaN * 2);
 #pragma unroll
         for (int mt = 0; mt < T::kMTiles; ++mt) {
-          ptx::Mma16816<Element>(o_[mt][2 * dp], a[mt], b[0], b[1]);
-          ptx::Mma16816<Element>(o_[mt][2 * dp + 1], a[mt], b[2], b[3]);
+          ptx::Mma16816<Arch, Element>(o_[mt][2 * dp], a[mt], b[0], b[1]);
+          ptx::Mma16816<Arch, Element>(o_[mt][2 * dp + 1], a[mt], b[2], b[3]);
         }
       }
     }
@@ -346,10 +348,10 @@ class FwdBlockRunner {
   float row_sum_[T::kMTiles][2];
 };
 
-template <DType kDType, int kHeadDim>
-__global__ void __launch_bounds__(FwdTraits<kDType, kHeadDim>::kThreads)
-    FlashForwardKernel(const __grid_constant__ FwdKernelArgs args) {
-  using T = FwdTraits<kDType, kHeadDim>;
+// One CTA's work; the kernel below is this, or a trap where the path's instructions do not exist.
+template <class Arch, DType kDType, int kHeadDim>
+__device__ __forceinline__ void FlashForwardCta(const FwdKernelArgs& args) {
+  using T = FwdTraits<Arch, kDType, kHeadDim>;
   using Element = typename T::Element;
   extern __shared__ __align__(16) unsigned char smem[];
 
@@ -383,10 +385,20 @@ __global__ void __launch_bounds__(FwdTraits<kDType, kHeadDim>::kThreads)
   }
 
   const int64_t kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
-  FwdBlockRunner<kDType, kHeadDim> runner(args, block, kv_offset, smem);
+  FwdBlockRunner<Arch, kDType, kHeadDim> runner(args, block, kv_offset, smem);
   runner.Prologue(q);
   runner.Run();
   runner.Epilogue(out, lse);
+}
+
+template <class Arch, DType kDType, int kHeadDim>
+__global__ void __launch_bounds__(FwdTraits<Arch, kDType, kHeadDim>::kThreads)
+    FlashForwardKernel(const __grid_constant__ FwdKernelArgs args) {
+  if constexpr (kArchBodyCompiled<Arch>) {
+    FlashForwardCta<Arch, kDType, kHeadDim>(args);
+  } else {
+    __trap();  // an sm80 kernel in an sm_75 binary: never launched there
+  }
 }
 
 }  // namespace attnserve::kernels::flash

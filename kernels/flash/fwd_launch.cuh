@@ -11,10 +11,10 @@ namespace attnserve::kernels::flash {
 // Shared memory a kernel may use without opting in.
 inline constexpr int kDefaultSmemLimit = 48 * 1024;
 
-template <DType kDType, int kHeadDim>
+template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchForward(const FwdKernelArgs& args, const FwdGrid& grid, cudaStream_t stream) {
-  using T = FwdTraits<kDType, kHeadDim>;
-  const auto kernel = &FlashForwardKernel<kDType, kHeadDim>;
+  using T = FwdTraits<Arch, kDType, kHeadDim>;
+  const auto kernel = &FlashForwardKernel<Arch, kDType, kHeadDim>;
   if constexpr (T::kSmemBytes > kDefaultSmemLimit) {
     const cudaError_t err = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);

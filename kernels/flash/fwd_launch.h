@@ -1,10 +1,12 @@
-// Host-side entry to one compiled flash forward kernel (element type x instantiated head dim).
+// Host-side entry to one compiled flash forward kernel (code path x element type x instantiated
+// head dim).
 // Each instantiation lives in its own generated file under instantiations/.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention_params.h"
+#include "kernels/flash/arch.h"
 #include "kernels/flash/fwd_args.h"
 
 namespace attnserve::kernels::flash {
@@ -14,9 +16,9 @@ struct FwdGrid {
   int max_seqlen_q;
 };
 
-// Launches the kernel for kHeadDim >= args.head_dim on `stream` and checks the launch. The
+// Launches Arch's kernel for kHeadDim >= args.head_dim on `stream` and checks the launch. The
 // caller has validated args and checked the device (compute capability, shared memory).
-template <DType kDType, int kHeadDim>
+template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchForward(const FwdKernelArgs& args, const FwdGrid& grid, cudaStream_t stream);
 
 }  // namespace attnserve::kernels::flash

@@ -1,6 +1,6 @@
-// Moving tiles between global and shared memory for the flash forward kernel: cp.async loads of
-// Q/K/V row tiles (rows past the sequence and head-dim padding zero-filled), and the 16-byte
-// stores of finished output rows.
+// Moving tiles between global and shared memory for the flash kernels: loads of row tiles (rows
+// past the sequence and head-dim padding zero-filled) with cp.async on Sm80 or through registers
+// on Sm75, and the 16-byte stores of finished output rows.
 #pragma once
 
 #include <cstdint>
@@ -9,12 +9,15 @@
 
 namespace attnserve::kernels::flash {
 
-// Starts the asynchronous copy of kRows rows of kRowVecs 16-byte vectors into shared memory at
-// `smem` (rows kRowBytes apart). Row r of the source starts at src + r * row_stride; rows at or
-// past `rows_valid` and vectors at or past `vecs_valid` are filled with zeros, never read.
+// Copies kRows rows of kRowVecs 16-byte vectors into shared memory at `smem` (rows kRowBytes
+// apart): on Sm80 asynchronously (cp.async; lands by the next WaitAsyncGroups), on Sm75 with
+// every 16-byte load of the thread issued first into registers and then stored (complete on
+// return, the loads in flight together). Row r of the source starts at src + r * row_stride;
+// rows at or past `rows_valid` and vectors at or past `vecs_valid` are filled with zeros, never
+// read.
 // Offsets are 32-bit (the host checks that a tile spans less than 2^31 elements), which keeps
 // the per-thread address registers that live across the main loop to one each.
-template <int kRows, int kRowVecs, int kRowBytes, int kThreads, typename Element>
+template <class Arch, int kRows, int kRowVecs, int kRowBytes, int kThreads, typename Element>
 __device__ __forceinline__ void LoadRowsAsync(uint32_t smem, const Element* src, int row_stride,
                                               int rows_valid, int vecs_valid, int tid) {
   constexpr int kVecElems = 16 / sizeof(Element);
@@ -30,13 +33,26 @@ __device__ __forceinline__ void LoadRowsAsync(uint32_t smem, const Element* src,
     const uint32_t smem0 = smem + row0 * kRowBytes + vec * 16;
     const Element* from = src + row0 * row_stride + vec * kVecElems;
     const int pass_stride = kRowsPerPass * row_stride;
+    if constexpr (Arch::kAsyncCopy) {
 #pragma unroll
-    for (int it = 0; it < kPerThread; ++it) {
-      ptx::CopyAsync16(smem0 + it * kRowsPerPass * kRowBytes, from,
-                       vec_valid && it * kRowsPerPass < rows_left);
-      from = ptx::Advance(from, pass_stride);
+      for (int it = 0; it < kPerThread; ++it) {
+        ptx::CopyAsync16(smem0 + it * kRowsPerPass * kRowBytes, from,
+                         vec_valid && it * kRowsPerPass < rows_left);
+        from = ptx::Advance(from, pass_stride);
+      }
+    } else {
+      uint4 staged[kPerThread];
+#pragma unroll
+      for (int it = 0; it < kPerThread; ++it) {
+        staged[it] = ptx::LoadGlobal128(from, vec_valid && it * kRowsPerPass < rows_left);
+        from = ptx::Advance(from, pass_stride);
+      }
+#pragma unroll
+      for (int it = 0; it < kPerThread; ++it) {
+        ptx::StoreShared128(smem0 + it * kRowsPerPass * kRowBytes, staged[it]);
+      }
     }
-  } else {
+  } else if constexpr (Arch::kAsyncCopy) {
 #pragma unroll
     for (int it = 0; it < kPerThread; ++it) {
       const int idx = it * kThreads + tid;
@@ -45,6 +61,22 @@ __device__ __forceinline__ void LoadRowsAsync(uint32_t smem, const Element* src,
       const bool valid = row < rows_valid && vec < vecs_valid;
       const Element* from = src + (valid ? row * row_stride + vec * kVecElems : 0);
       ptx::CopyAsync16(smem + row * kRowBytes + vec * 16, from, valid);
+    }
+  } else {
+    uint4 staged[kPerThread];
+#pragma unroll
+    for (int it = 0; it < kPerThread; ++it) {
+      const int idx = it * kThreads + tid;
+      const int row = idx / kRowVecs;
+      const int vec = idx % kRowVecs;
+      const bool valid = row < rows_valid && vec < vecs_valid;
+      staged[it] =
+          ptx::LoadGlobal128(src + (valid ? row * row_stride + vec * kVecElems : 0), valid);
+    }
+#pragma unroll
+    for (int it = 0; it < kPerThread; ++it) {
+      const int idx = it * kThreads + tid;
+      ptx::StoreShared128(smem + idx / kRowVecs * kRowBytes + idx % kRowVecs * 16, staged[it]);
     }
   }
 }

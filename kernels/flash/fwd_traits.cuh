@@ -1,5 +1,5 @@
-// Compile-time geometry of one flash forward kernel (element type x head dim): tile sizes from
-// the heuristic, the mma tiling per warp, and the shared-memory layout.
+// Compile-time geometry of one flash forward kernel (code path x element type x head dim): tile
+// sizes from the heuristic, the mma tiling per warp, and the shared-memory layout.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/attention_params.h"
+#include "kernels/flash/arch.h"
 #include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
@@ -23,11 +24,24 @@ struct ElementOf<DType::kBFloat16> {
   using type = __nv_bfloat16;
 };
 
-template <DType kDType, int kHeadDim_>
+// What the Sm75 path supports: fp16 (Turing has no bf16 mma), head dims up to 64, 64 KB of
+// shared memory per block.
+template <class Arch, DType kDType, int kHeadDim, int kSmemBytes>
+constexpr bool ArchSupports() {
+  if constexpr (Arch::kBFloat16) {
+    return true;
+  } else {
+    return kDType == DType::kFloat16 && kHeadDim <= Arch::kMaxHeadDim &&
+           kSmemBytes <= Arch::kSmemPerBlock;
+  }
+}
+
+template <class Arch_, DType kDType, int kHeadDim_>
 struct FwdTraits {
+  using Arch = Arch_;
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr ForwardTiles kTiles = ForwardTilesFor(kHeadDim);
+  static constexpr ForwardTiles kTiles = ForwardTilesFor<Arch>(kHeadDim);
   static constexpr int kBlockM = kTiles.block_m;
   static constexpr int kBlockN = kTiles.block_n;
   static constexpr int kWarps = kTiles.warps;
@@ -50,7 +64,7 @@ struct FwdTraits {
   static constexpr int kSmemRowBytes = ForwardSmemRowBytes(kHeadDim);
   static constexpr int kQSmemBytes = kBlockM * kSmemRowBytes;
   static constexpr int kKvSmemBytes = kBlockN * kSmemRowBytes;
-  static constexpr int kSmemBytes = ForwardSmemBytes(kHeadDim);
+  static constexpr int kSmemBytes = ForwardSmemBytes<Arch>(kHeadDim);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kVecElems == kHeadDimGranule, "head-dim granule is one 16-byte vector");
@@ -63,6 +77,8 @@ struct FwdTraits {
   static_assert((kBlockN * kRowVecs) % kThreads == 0, "K/V tile: whole vectors per thread");
   static_assert((kWarpRows * kRowVecs) % 32 == 0, "output rows: whole vectors per lane");
   static_assert(kSmemBytes == kQSmemBytes + 2 * kKvSmemBytes, "shared memory layout");
+  static_assert(ArchSupports<Arch, kDType, kHeadDim, kSmemBytes>(),
+                "Sm75: fp16, head dim <= 64, 64 KB of shared memory");
 };
 
 }  // namespace attnserve::kernels::flash

@@ -1,12 +1,16 @@
-// Thin wrappers over the sm80 PTX instructions the flash kernels are built from: cp.async
-// (global -> shared, 16 bytes, zero-filling), ldmatrix, mma.sync m16n8k16 with fp32
-// accumulation, packing fp32 pairs to 16-bit pairs, and the fast exp2 / reciprocal.
+// Thin wrappers over the PTX instructions the flash kernels are built from: cp.async (global ->
+// shared, 16 bytes, zero-filling), ldmatrix, mma.sync m16n8k16 with fp32 accumulation (two
+// m16n8k8 on the Sm75 path), packing fp32 pairs to 16-bit pairs, and the fast exp2 / reciprocal.
+// Where the paths differ the wrapper takes the Arch tag (arch.h).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "kernels/flash/arch.h"
 
 namespace attnserve::kernels::flash::ptx {
 
@@ -33,11 +37,24 @@ __device__ __forceinline__ void CopyAsync16(uint32_t smem, const void* gmem, boo
                "r"(src_bytes));
 }
 
-// Copies 4 bytes from global to shared memory asynchronously, zero-filling when !valid.
+// 16 bytes from global memory (read-only data), or zeros when !valid (nothing is read then).
+__device__ __forceinline__ uint4 LoadGlobal128(const void* gmem, bool valid) {
+  return valid ? __ldg(static_cast<const uint4*>(gmem)) : make_uint4(0, 0, 0, 0);
+}
+
+__device__ __forceinline__ void StoreShared32(uint32_t smem, uint32_t v);
+
+// Copies 4 bytes from global to shared memory, zero-filling when !valid: asynchronously with
+// cp.async on Sm80 (lands by the next WaitAsyncGroups), through a register on Sm75.
+template <class Arch>
 __device__ __forceinline__ void CopyAsync4(uint32_t smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(src_bytes));
+  if constexpr (Arch::kAsyncCopy) {
+    const int src_bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
+                 "r"(src_bytes));
+  } else {
+    StoreShared32(smem, valid ? *static_cast<const uint32_t*>(gmem) : 0u);
+  }
 }
 
 // *addr += a, *(addr + 1) += b in global memory (relaxed, no return value): one vector
@@ -61,14 +78,16 @@ __device__ __forceinline__ const Element* Advance(const Element* p, int elems) {
   return r;
 }
 
+// cp.async group bookkeeping; nothing on Sm75, whose copies are complete when issued.
+template <class Arch>
 __device__ __forceinline__ void CommitAsyncGroup() {
-  asm volatile("cp.async.commit_group;\n" ::);
+  if constexpr (Arch::kAsyncCopy) asm volatile("cp.async.commit_group;\n" ::);
 }
 
 // Waits until at most `kPending` committed groups of this thread are still in flight.
-template <int kPending>
+template <class Arch, int kPending>
 __device__ __forceinline__ void WaitAsyncGroups() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  if constexpr (Arch::kAsyncCopy) asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // Four 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i.
@@ -85,13 +104,13 @@ __device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], uint32_t sme
                : "r"(smem));
 }
 
-// d += a * b for one 16x8x16 tile: a row-major 16x16, b column-major 16x8, d fp32 16x8.
+// d += a * b for one 16x8x16 tile with the m16n8k16 instruction (sm80+).
 template <typename Element>
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1);
+__device__ __forceinline__ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1);
 
 template <>
-__device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+__device__ __forceinline__ void MmaM16N8K16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
                                                         uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
@@ -101,13 +120,38 @@ __device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&d)[4], const uin
 }
 
 template <>
-__device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4],
-                                                 uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void MmaM16N8K16<__half>(float (&d)[4], const uint32_t (&a)[4],
+                                                    uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a * b for one 16x8x8 fp16 tile (sm75+): a row-major 16x8 in {a0, a1}, b column-major 8x8.
+__device__ __forceinline__ void MmaM16N8K8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+// d += a * b for one 16x8x16 tile: a row-major 16x16, b column-major 16x8, d fp32 16x8. On Sm75
+// as two m16n8k8 over k 0-7 and 8-15: the m16n8k16 fragments split exactly there (A registers
+// {a0, a1} hold columns 0-7 of rows g and g + 8, {a2, a3} columns 8-15; B register b0 holds
+// k 0-7, b1 k 8-15), so every caller's fragment code is shared by both paths.
+template <class Arch, typename Element>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (Arch::kMmaK16) {
+    MmaM16N8K16<Element>(d, a, b0, b1);
+  } else {
+    static_assert(std::is_same_v<Element, __half>, "Turing's mma.sync takes fp16 only");
+    MmaM16N8K8(d, a[0], a[1], b0);
+    MmaM16N8K8(d, a[2], a[3], b1);
+  }
 }
 
 // Rounds (lo, hi) to two 16-bit values packed in one register, lo in the low half.
@@ -123,9 +167,15 @@ __device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) 
 
 template <>
 __device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // cvt.rn.f16x2.f32 is sm80+; two scalar conversions round the same way.
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+#else
   uint32_t r;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+#endif
 }
 
 // 2^x, relative error 2^-22; 2^-inf = 0.

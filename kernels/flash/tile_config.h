@@ -2,6 +2,8 @@
 // comment per choice. Plain C++ so the host dispatcher and the kernels agree on every number.
 #pragma once
 
+#include "kernels/flash/arch.h"
+
 namespace attnserve::kernels::flash {
 
 // Head dims with a kernel of their own; every multiple of 8 up to 256 runs on the next one up,
@@ -34,7 +36,7 @@ inline constexpr TileOverride kTileOverrides[] = {
 // (12-92 per thread, L1-resident), so hdim 64 and 128 take them; FlashAttention-2's own
 // hdim-128 kernel spills more. More query rows per warp (32 rather than 16) halve the
 // shared-memory traffic of K/V fragments per mma.
-constexpr ForwardTiles ForwardTilesFor(int head_dim) {
+constexpr ForwardTiles Sm80ForwardTiles(int head_dim) {
   for (const TileOverride& o : kTileOverrides) {
     if (o.head_dim == head_dim) return o.tiles;
   }
@@ -53,11 +55,32 @@ constexpr ForwardTiles ForwardTilesFor(int head_dim) {
   return {128, 64, 8};
 }
 
+// Turing (sm75, T4 / RTX 20xx): 64 KB of shared memory per SM (and per block), 64K registers,
+// 1024 threads per SM; head dims up to 64 (FlashAttention 1's limit there), fp16 only. Tiles are
+// sized so two CTAs share an SM (<= 32 KB each): with no cp.async a CTA stalls on its own
+// loads and the other CTA's math has to cover them. Not measured on a Turing GPU (none here).
+constexpr ForwardTiles Sm75ForwardTiles(int head_dim) {
+  // 32: 32 rows per warp and 64-key tiles; 20 KB (three CTAs fit).
+  if (head_dim <= 32) return {128, 64, 4};
+  // 64: 32-key tiles keep Q + K + V at 27 KB (two CTAs) and S at 32 floats per thread.
+  return {128, 32, 4};
+}
+
+template <class Arch>
+constexpr ForwardTiles ForwardTilesFor(int head_dim) {
+  if constexpr (Arch::kMmaK16) {
+    return Sm80ForwardTiles(head_dim);
+  } else {
+    return Sm75ForwardTiles(head_dim);
+  }
+}
+
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows
 // each), every row padded by one 16-byte vector so ldmatrix reads are bank-conflict free.
 constexpr int ForwardSmemRowBytes(int head_dim) { return (head_dim + kHeadDimGranule) * 2; }
+template <class Arch>
 constexpr int ForwardSmemBytes(int head_dim) {
-  return (ForwardTilesFor(head_dim).block_m + 2 * ForwardTilesFor(head_dim).block_n) *
+  return (ForwardTilesFor<Arch>(head_dim).block_m + 2 * ForwardTilesFor<Arch>(head_dim).block_n) *
          ForwardSmemRowBytes(head_dim);
 }
 
@@ -71,12 +94,22 @@ inline constexpr int kMaxBackwardHeadDim = 128;
 inline constexpr int kBackwardWarps = 4;
 inline constexpr int kBackwardBlock = 64;  // resident rows per CTA and streamed rows per stage
 
+// Stages of the streamed tiles: two with cp.async (the next tile lands under this one's math);
+// one on Sm75, whose register-staged copies are complete when issued, so a second stage would
+// only cost shared memory (46 KB instead of 64 KB at head dim 64).
+template <class Arch>
+constexpr int BackwardStages() {
+  return Arch::kAsyncCopy ? 2 : 1;
+}
+
 // Dynamic shared memory of either backward main kernel: two resident 64-row tiles (K, V or Q,
-// dO), two stages of two streamed 64-row tiles, padded rows as in the forward, two stages of 64
-// lse and 64 D floats (the dK/dV kernel's per-query scalars), and one padded 64 x 64 16-bit dS
-// tile (the dK/dV kernel's atomic dQ product). 112 KB at head dim 128: two CTAs per H100 SM.
+// dO), per stage two streamed 64-row tiles, padded rows as in the forward, and 64 lse and 64 D
+// floats (the dK/dV kernel's per-query scalars), and one padded 64 x 64 16-bit dS tile (the
+// dK/dV kernel's atomic dQ product). 112 KB at head dim 128 on Sm80: two CTAs per H100 SM.
+template <class Arch>
 constexpr int BackwardSmemBytes(int head_dim) {
-  return 6 * kBackwardBlock * ForwardSmemRowBytes(head_dim) + 2 * 2 * kBackwardBlock * 4 +
+  return (2 + 2 * BackwardStages<Arch>()) * kBackwardBlock * ForwardSmemRowBytes(head_dim) +
+         BackwardStages<Arch>() * 2 * kBackwardBlock * 4 +
          kBackwardBlock * ForwardSmemRowBytes(kBackwardBlock);
 }
 

@@ -4,7 +4,7 @@
 
 namespace attnserve::kernels::flash {
 
-template KernelStatus LaunchBackward<DType::kBFloat16, 128>(
+template KernelStatus LaunchBackward<Sm80, DType::kBFloat16, 128>(
     const BwdKernelArgs&, const BwdGrid&, cudaStream_t);
 
 }  // namespace attnserve::kernels::flash

@@ -4,7 +4,7 @@
 
 namespace attnserve::kernels::flash {
 
-template KernelStatus LaunchForward<DType::kFloat16, 128>(
+template KernelStatus LaunchForward<Sm80, DType::kFloat16, 128>(
     const FwdKernelArgs&, const FwdGrid&, cudaStream_t);
 
 }  // namespace attnserve::kernels::flash

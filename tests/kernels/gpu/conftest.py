@@ -8,5 +8,5 @@ os.environ.setdefault("ATTN_TEST_SEED", str(random.randrange(1 << 31)))
 
 
 def pytest_report_header(config):
-    library = os.environ.get("ATTN_FLASH_CAPI", "build-gpu/lib/libattn_flash_capi.so")
-    return f"ATTN_TEST_SEED={os.environ['ATTN_TEST_SEED']}  flash library: {library}"
+    library = os.environ.get("ATTN_CAPI", "build-gpu/lib/libattn_capi.so")
+    return f"ATTN_TEST_SEED={os.environ['ATTN_TEST_SEED']}  kernel library: {library}"

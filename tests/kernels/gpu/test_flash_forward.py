@@ -3,16 +3,14 @@
 Each case draws fresh random inputs, poisons out/lse with NaN, and checks against a float64
 reference: ||out - ref|| / ||ref|| must be within 2x PyTorch's own fp16/bf16 attention error on
 the same inputs (plus a small floor) and under an absolute cap; lse within 2e-3; rows that see
-no key exactly 0 with lse +inf. Needs torch with CUDA and a built libattn_flash_capi.so
-($ATTN_FLASH_CAPI or build-gpu/lib/); skipped otherwise.
+no key exactly 0 with lse +inf. Needs torch with CUDA and a built libattn_capi.so
+($ATTN_CAPI or build-gpu/lib/); skipped otherwise.
 
 Seed: $ATTN_TEST_SEED (default: random, printed in pytest's header) fixes every case's inputs.
 """
 
 import math
 import os
-import pathlib
-import sys
 import zlib
 
 import pytest
@@ -21,14 +19,10 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "kernels" / "flash"))
-import flash_capi  # noqa: E402
+from capi_library import KernelError, load_family  # noqa: E402
 from oracle import Options, pytorch_low_precision, reference, relative_error  # noqa: E402
 
-_LIB_PATH = flash_capi.find_library()
-if _LIB_PATH is None:
-    pytest.skip("libattn_flash_capi.so is not built", allow_module_level=True)
-LIB = flash_capi.FlashLibrary(_LIB_PATH)
+LIB = load_family("flash")
 
 BASE_SEED = int(os.environ["ATTN_TEST_SEED"])  # conftest.py draws one when unset
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -200,7 +194,7 @@ def _expect_error(match, **overrides):
     kwargs = dict(q=q, k=q, v=q, cu_seqlens_q=cu.cuda(), cu_seqlens_k=cu.cuda(), max_seqlen_q=8,
                   max_seqlen_k=8, cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
     kwargs.update(overrides)
-    with pytest.raises(flash_capi.FlashError, match=match):
+    with pytest.raises(KernelError, match=match):
         LIB.forward(**kwargs)
 
 

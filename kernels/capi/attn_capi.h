@@ -1,8 +1,9 @@
-/* C ABI over attnserve::kernels::flash::Forward and Backward, for callers without C++ (Python's
-   ctypes on torch tensors' data_ptr()s in the same process). Every pointer but the host
-   cu_seqlens is a device pointer of the current CUDA device. */
-#ifndef ATTNSERVE_KERNELS_FLASH_FLASH_CAPI_H_
-#define ATTNSERVE_KERNELS_FLASH_FLASH_CAPI_H_
+/* C ABI over every GPU kernel family built in (kernels/kernel_families.h: "flash", "fallback",
+   "cublas"), for callers without C++ (Python's ctypes on torch tensors' data_ptr()s in the same
+   process, in tests and benchmarks). Every pointer but the host cu_seqlens is a device pointer
+   of the current CUDA device. */
+#ifndef ATTNSERVE_KERNELS_CAPI_ATTN_CAPI_H_
+#define ATTNSERVE_KERNELS_CAPI_ATTN_CAPI_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -11,7 +12,7 @@
 extern "C" {
 #endif
 
-#define ATTN_FLASH_CAPI_VERSION 2
+#define ATTN_CAPI_VERSION 3
 
 enum AttnDType { ATTN_DTYPE_FLOAT16 = 0, ATTN_DTYPE_BFLOAT16 = 1, ATTN_DTYPE_FLOAT32 = 2 };
 
@@ -40,6 +41,9 @@ typedef struct AttnFwdArgs {
   void* out;       /* [total_q, num_heads, head_dim] */
   float* lse;      /* [num_heads, total_q] */
   void* stream;    /* cudaStream_t; NULL = default stream */
+  int32_t compute_capability; /* code path to run (major*10+minor), 0 = the device's own */
+  void* workspace;            /* forward scratch of attn_forward_workspace_bytes() bytes */
+  size_t workspace_bytes;
 } AttnFwdArgs;
 
 /* The backward: the forward's shape and options (fwd.out is the forward's output, fwd.lse its
@@ -51,24 +55,28 @@ typedef struct AttnBwdArgs {
   void* dk;         /* [total_k, num_heads_k, head_dim] */
   void* dv;         /* [total_k, num_heads_k, head_dim] */
   int32_t deterministic;   /* 0 or 1 */
-  void* workspace;         /* device scratch of attn_flash_backward_workspace_bytes() bytes */
+  void* workspace;         /* device scratch of attn_backward_workspace_bytes() bytes */
   size_t workspace_bytes;
 } AttnBwdArgs;
 
-int attn_flash_capi_version(void);
+int attn_capi_version(void);
 
-/* Bytes of device workspace attn_flash_backward needs for these args. */
-size_t attn_flash_backward_workspace_bytes(const AttnBwdArgs* args);
+/* The GPU families built into this library, comma-separated, e.g. "flash,fallback,cublas". */
+const char* attn_capi_families(void);
 
-/* Launches the backward on args->fwd.stream; returns like attn_flash_forward. */
-int attn_flash_backward(const AttnBwdArgs* args, char* err, size_t errlen);
+/* Bytes of device workspace attn_forward / attn_backward need for these args; 0 for an unknown
+   family or dtype. */
+size_t attn_forward_workspace_bytes(const char* family, const AttnFwdArgs* args);
+size_t attn_backward_workspace_bytes(const char* family, const AttnBwdArgs* args);
 
-/* Launches the forward on args->stream. Returns 0 on success; otherwise nonzero with a
-   NUL-terminated message in err (truncated to errlen bytes; err may be NULL). */
-int attn_flash_forward(const AttnFwdArgs* args, char* err, size_t errlen);
+/* Launch family's forward on args->stream (backward on args->fwd.stream). Return 0 on success;
+   otherwise nonzero with a NUL-terminated message in err (truncated to errlen bytes; err may be
+   NULL), e.g. for an unknown family or what the family cannot run. */
+int attn_forward(const char* family, const AttnFwdArgs* args, char* err, size_t errlen);
+int attn_backward(const char* family, const AttnBwdArgs* args, char* err, size_t errlen);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* ATTNSERVE_KERNELS_FLASH_FLASH_CAPI_H_ */
+#endif /* ATTNSERVE_KERNELS_CAPI_ATTN_CAPI_H_ */

@@ -1,7 +1,12 @@
-"""ctypes binding of libattn_flash_capi.so (flash_capi.h) for torch tensors on the GPU.
+"""ctypes binding of libattn_capi.so (attn_capi.h) for torch tensors on the GPU.
 
-Used by tests/kernels/gpu and bench/: our kernel runs in the same process as PyTorch's, on
+Used by tests/kernels/gpu and bench/: our kernels run in the same process as PyTorch's, on
 PyTorch's current stream, reading and writing the tensors' device memory directly.
+
+    lib = AttnLibrary(find_library())
+    flash = lib.family("flash")                       # the device's own code path
+    turing = lib.family("flash", compute_capability=75)
+    out, lse = flash.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
 """
 
 import ctypes
@@ -9,13 +14,13 @@ import math
 import os
 import pathlib
 
-CAPI_VERSION = 2
+CAPI_VERSION = 3
 DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32 = 0, 1, 2
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _DEFAULT_PATHS = [
-    _REPO / "build-gpu" / "lib" / "libattn_flash_capi.so",
-    _REPO / "build" / "lib" / "libattn_flash_capi.so",
+    _REPO / "build-gpu" / "lib" / "libattn_capi.so",
+    _REPO / "build" / "lib" / "libattn_capi.so",
 ]
 
 
@@ -45,6 +50,9 @@ class AttnFwdArgs(ctypes.Structure):
         ("out", ctypes.c_void_p),
         ("lse", ctypes.c_void_p),
         ("stream", ctypes.c_void_p),
+        ("compute_capability", ctypes.c_int32),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
@@ -61,13 +69,13 @@ class AttnBwdArgs(ctypes.Structure):
     ]
 
 
-class FlashError(RuntimeError):
+class KernelError(RuntimeError):
     """The kernel refused the call; the message says why (e.g. 'flash: fp32 is not supported')."""
 
 
 def find_library():
-    """Path of the built .so ($ATTN_FLASH_CAPI first), or None."""
-    env = os.environ.get("ATTN_FLASH_CAPI")
+    """Path of the built .so ($ATTN_CAPI first), or None."""
+    env = os.environ.get("ATTN_CAPI")
     candidates = [pathlib.Path(env)] if env else _DEFAULT_PATHS
     for path in candidates:
         if path.is_file():
@@ -75,29 +83,49 @@ def find_library():
     return None
 
 
-class FlashLibrary:
+class AttnLibrary:
     def __init__(self, path):
         self.path = pathlib.Path(path)
         self._lib = ctypes.CDLL(str(self.path))
-        self._lib.attn_flash_capi_version.restype = ctypes.c_int
-        self._lib.attn_flash_forward.restype = ctypes.c_int
-        self._lib.attn_flash_forward.argtypes = [
-            ctypes.POINTER(AttnFwdArgs), ctypes.c_char_p, ctypes.c_size_t]
-        self._lib.attn_flash_backward.restype = ctypes.c_int
-        self._lib.attn_flash_backward.argtypes = [
-            ctypes.POINTER(AttnBwdArgs), ctypes.c_char_p, ctypes.c_size_t]
-        self._lib.attn_flash_backward_workspace_bytes.restype = ctypes.c_size_t
-        self._lib.attn_flash_backward_workspace_bytes.argtypes = [ctypes.POINTER(AttnBwdArgs)]
-        version = self._lib.attn_flash_capi_version()
+        lib = self._lib
+        lib.attn_capi_version.restype = ctypes.c_int
+        lib.attn_capi_families.restype = ctypes.c_char_p
+        fwd, bwd = ctypes.POINTER(AttnFwdArgs), ctypes.POINTER(AttnBwdArgs)
+        for name, args_type in (("forward", fwd), ("backward", bwd)):
+            run = getattr(lib, f"attn_{name}")
+            run.restype = ctypes.c_int
+            run.argtypes = [ctypes.c_char_p, args_type, ctypes.c_char_p, ctypes.c_size_t]
+            size = getattr(lib, f"attn_{name}_workspace_bytes")
+            size.restype = ctypes.c_size_t
+            size.argtypes = [ctypes.c_char_p, args_type]
+        version = lib.attn_capi_version()
         if version != CAPI_VERSION:
             raise RuntimeError(f"{path}: C ABI version {version}, expected {CAPI_VERSION}")
 
+    def families(self):
+        """Names of the GPU kernel families built into the library."""
+        return [f for f in self._lib.attn_capi_families().decode().split(",") if f]
+
+    def family(self, name, compute_capability=0):
+        """One family's entry points; compute_capability (major*10+minor, 0 = the device's own)
+        picks the code path, e.g. 75 runs Turing's on a newer GPU."""
+        return KernelFamily(self._lib, name, compute_capability)
+
+
+class KernelFamily:
+    def __init__(self, lib, name, compute_capability):
+        self._lib = lib
+        self.name = name
+        self.compute_capability = compute_capability
+        self._name = name.encode()
+
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                 softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, out=None,
-                lse=None, cu_seqlens_q_host=None, cu_seqlens_k_host=None, stream=None,
-                dtype_code=None):
+                lse=None, workspace=None, cu_seqlens_q_host=None, cu_seqlens_k_host=None,
+                stream=None, dtype_code=None):
         """flash_attn_varlen_func's forward: q [total_q, H, D], k/v [total_k, Hk, D], int32
-        cu_seqlens on the GPU. Returns (out, lse [H, total_q] float32). Raises FlashError."""
+        cu_seqlens on the GPU. Returns (out, lse [H, total_q] float32); allocates the workspace
+        (a uint8 tensor) unless given. Raises KernelError."""
         import torch
 
         total_q, num_heads, _ = q.shape
@@ -107,10 +135,16 @@ class FlashLibrary:
             lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
         args = _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, softmax_scale, causal, window, softcap,
-                         cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code)
+                         cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code,
+                         self.compute_capability)
+        if workspace is None:
+            size = self._lib.attn_forward_workspace_bytes(self._name, ctypes.byref(args))
+            workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
+        args.workspace = workspace.data_ptr()
+        args.workspace_bytes = workspace.numel()
         err = ctypes.create_string_buffer(512)
-        if self._lib.attn_flash_forward(ctypes.byref(args), err, len(err)) != 0:
-            raise FlashError(err.value.decode())
+        if self._lib.attn_forward(self._name, ctypes.byref(args), err, len(err)) != 0:
+            raise KernelError(err.value.decode())
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -118,7 +152,8 @@ class FlashLibrary:
                  softcap=0.0, deterministic=False, dq=None, dk=None, dv=None, workspace=None,
                  cu_seqlens_q_host=None, cu_seqlens_k_host=None, stream=None, dtype_code=None):
         """flash_attn_varlen_func's backward from the forward's out and lse. Returns
-        (dq, dk, dv); allocates the workspace (a uint8 tensor) unless given. Raises FlashError."""
+        (dq, dk, dv); allocates the workspace (a uint8 tensor) unless given. Raises
+        KernelError."""
         import torch
 
         if not dout.is_contiguous():
@@ -129,31 +164,34 @@ class FlashLibrary:
         args = AttnBwdArgs(
             fwd=_fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, softmax_scale, causal, window, softcap,
-                          cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code),
+                          cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code,
+                          self.compute_capability),
             dout=dout.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(), dv=dv.data_ptr(),
             deterministic=int(bool(deterministic)))
         if workspace is None:
-            size = self._lib.attn_flash_backward_workspace_bytes(ctypes.byref(args))
+            size = self._lib.attn_backward_workspace_bytes(self._name, ctypes.byref(args))
             workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
         args.workspace = workspace.data_ptr()
         args.workspace_bytes = workspace.numel()
         err = ctypes.create_string_buffer(512)
-        if self._lib.attn_flash_backward(ctypes.byref(args), err, len(err)) != 0:
-            raise FlashError(err.value.decode())
+        if self._lib.attn_backward(self._name, ctypes.byref(args), err, len(err)) != 0:
+            raise KernelError(err.value.decode())
         return dq, dk, dv
 
-    def backward_workspace_bytes(self, q, k, cu_seqlens_q, cu_seqlens_k, deterministic=False):
+    def backward_workspace_bytes(self, q, k, cu_seqlens_q, cu_seqlens_k, deterministic=False,
+                                 dtype_code=DTYPE_BFLOAT16):
         """Bytes of the device workspace backward() needs for these shapes."""
         args = AttnBwdArgs(fwd=AttnFwdArgs(
-            dtype=DTYPE_BFLOAT16, batch=cu_seqlens_q.numel() - 1, total_q=q.shape[0],
+            dtype=dtype_code, batch=cu_seqlens_q.numel() - 1, total_q=q.shape[0],
             total_k=k.shape[0], num_heads=q.shape[1], num_heads_k=k.shape[1],
-            head_dim=q.shape[2]), deterministic=int(bool(deterministic)))
-        return self._lib.attn_flash_backward_workspace_bytes(ctypes.byref(args))
+            head_dim=q.shape[2], compute_capability=self.compute_capability),
+            deterministic=int(bool(deterministic)))
+        return self._lib.attn_backward_workspace_bytes(self._name, ctypes.byref(args))
 
 
 def _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal, window, softcap, cu_seqlens_q_host, cu_seqlens_k_host,
-              stream, dtype_code):
+              stream, dtype_code, compute_capability):
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("cu_seqlens_q", cu_seqlens_q),
@@ -180,7 +218,7 @@ def _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         cu_seqlens_q_host=_host_ptr(cu_seqlens_q_host),
         cu_seqlens_k_host=_host_ptr(cu_seqlens_k_host),
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
-        lse=lse.data_ptr(), stream=stream)
+        lse=lse.data_ptr(), stream=stream, compute_capability=compute_capability)
 
 
 def _host_ptr(tensor):

@@ -1,0 +1,316 @@
+#include "kernels/fallback/fallback_attention.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/fallback/kernel_args.h"
+
+namespace attnserve::kernels::fallback {
+
+const char* PathName(Path path) {
+  switch (path) {
+    case Path::kSimt: return "fp32 SIMT";
+    case Path::kWmma: return "wmma (sm70)";
+    case Path::kMma1688: return "mma.sync m16n8k8 (sm75)";
+    case Path::kMma16816: return "mma.sync m16n8k16 (sm80)";
+  }
+  return "unknown";
+}
+
+namespace {
+
+using ForwardRun = KernelStatus (*)(const FwdArgs&, Path, const LaunchShape&, void*);
+using BackwardRun = KernelStatus (*)(const BwdArgs&, Path, const LaunchShape&, void*);
+
+struct BucketEntry {
+  int head_dim;
+  ForwardRun forward[3];    // by DType: fp16, bf16, fp32
+  BackwardRun backward[3];
+};
+
+template <int kHeadDim>
+constexpr BucketEntry MakeEntry() {
+  return {kHeadDim,
+          {&RunForward<DType::kFloat16, kHeadDim>, &RunForward<DType::kBFloat16, kHeadDim>,
+           &RunForward<DType::kFloat32, kHeadDim>},
+          {&RunBackward<DType::kFloat16, kHeadDim>, &RunBackward<DType::kBFloat16, kHeadDim>,
+           &RunBackward<DType::kFloat32, kHeadDim>}};
+}
+
+// The head-dim buckets this build holds (ATTN_FALLBACK_HEAD_DIMS), ascending; a head dim runs on
+// the smallest bucket that holds it, zero-padded.
+constexpr BucketEntry kBuckets[] = {
+#include "fallback_buckets.inc"
+};
+
+constexpr int kMaxGridYZ = 65535;
+constexpr int kMinComputeCapability = 70;
+
+KernelStatus Error(const std::string& message) {
+  return KernelStatus::Error("fallback: " + message);
+}
+
+KernelStatus CudaError(const char* what, cudaError_t err) {
+  return Error(std::string(what) + " failed: " + cudaGetErrorString(err));
+}
+
+const BucketEntry* FindBucket(int head_dim) {
+  for (const BucketEntry& entry : kBuckets) {
+    if (entry.head_dim >= head_dim) return &entry;
+  }
+  return nullptr;
+}
+
+int DTypeIndex(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return 0;
+    case DType::kBFloat16: return 1;
+    case DType::kFloat32: return 2;
+  }
+  return -1;
+}
+
+bool AlignedTo(const void* ptr, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+KernelStatus CheckHostOffsets(const int32_t* cu, int batch, int64_t total, int max_seqlen,
+                              const char* name) {
+  if (cu == nullptr) return KernelStatus::Ok();
+  if (cu[0] != 0) return Error(std::string(name) + "[0] must be 0");
+  for (int b = 0; b < batch; ++b) {
+    const int64_t len = int64_t{cu[b + 1]} - cu[b];
+    if (len < 0) return Error(std::string(name) + " decreases at index " + std::to_string(b + 1));
+    if (len > max_seqlen) {
+      return Error(std::string(name) + ": sequence " + std::to_string(b) + " has " +
+                   std::to_string(len) + " tokens, more than max_seqlen " +
+                   std::to_string(max_seqlen));
+    }
+  }
+  if (cu[batch] != total) return Error(std::string(name) + "[batch] does not match the total");
+  return KernelStatus::Ok();
+}
+
+KernelStatus Validate(const ForwardParams& p) {
+  const AttentionShape& s = p.shape;
+  if (DTypeIndex(s.dtype) < 0) return Error("unknown dtype");
+  const int max_head_dim = std::end(kBuckets)[-1].head_dim;
+  if (s.head_dim < 1 || s.head_dim > max_head_dim) {
+    return Error("head_dim " + std::to_string(s.head_dim) + " is not supported (1 to " +
+                 std::to_string(max_head_dim) + " in this build, see ATTN_FALLBACK_HEAD_DIMS)");
+  }
+  if (s.batch < 0 || s.batch > kMaxGridYZ) {
+    return Error("batch must be in [0, " + std::to_string(kMaxGridYZ) + "]");
+  }
+  if (s.num_heads < 1 || s.num_heads_k < 1 || s.num_heads > kMaxGridYZ ||
+      s.num_heads % s.num_heads_k != 0) {
+    return Error("num_heads must be a multiple of num_heads_k, both in [1, " +
+                 std::to_string(kMaxGridYZ) + "]");
+  }
+  if (s.total_q < 0 || s.total_k < 0) return Error("total_q and total_k must be >= 0");
+  if (s.max_seqlen_q < 0 || s.max_seqlen_k < 0 || s.max_seqlen_q > kMaxSeqLen ||
+      s.max_seqlen_k > kMaxSeqLen) {
+    return Error("max_seqlen_q/_k must be in [0, " + std::to_string(kMaxSeqLen) + "]");
+  }
+  if (s.batch > 0 && (s.cu_seqlens_q_device == nullptr || s.cu_seqlens_k_device == nullptr)) {
+    return Error("cu_seqlens_q_device and cu_seqlens_k_device are required");
+  }
+  KernelStatus status =
+      CheckHostOffsets(s.cu_seqlens_q, s.batch, s.total_q, s.max_seqlen_q, "cu_seqlens_q");
+  if (!status.ok) return status;
+  status = CheckHostOffsets(s.cu_seqlens_k, s.batch, s.total_k, s.max_seqlen_k, "cu_seqlens_k");
+  if (!status.ok) return status;
+  if (s.total_q > 0 && (p.q == nullptr || p.out == nullptr || p.lse == nullptr)) {
+    return Error("q, out and lse must be set");
+  }
+  if (s.total_k > 0 && (p.k == nullptr || p.v == nullptr)) return Error("k and v must be set");
+  const size_t elem = static_cast<size_t>(DTypeSize(s.dtype));
+  if (!AlignedTo(p.q, elem) || !AlignedTo(p.k, elem) || !AlignedTo(p.v, elem) ||
+      !AlignedTo(p.out, elem) || !AlignedTo(p.lse, 4)) {
+    return Error("q, k, v, out and lse must be aligned to their element size");
+  }
+  const AttentionOptions& o = p.options;
+  if (!(std::isfinite(o.softmax_scale) && o.softmax_scale > 0.0f)) {
+    return Error("softmax_scale must be resolved: finite and > 0");
+  }
+  if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) {
+    return Error("softcap must be finite and >= 0");
+  }
+  return KernelStatus::Ok();
+}
+
+struct DeviceInfo {
+  int compute_capability;  // of the code path to run
+  Path path;
+  int smem_limit;
+};
+
+// The code path: ctx.compute_capability (0 = the device's own), which may not be newer than
+// the device.
+KernelStatus SelectPath(DType dtype, const ExecutionContext& ctx, DeviceInfo* info) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return CudaError("cudaGetDevice", err);
+  int major = 0;
+  int minor = 0;
+  int smem_optin = 0;
+  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    device)) != cudaSuccess) {
+    return CudaError("cudaDeviceGetAttribute", err);
+  }
+  const int device_cc = major * 10 + minor;
+  const int cc = ctx.compute_capability == 0 ? device_cc : ctx.compute_capability;
+  if (cc < kMinComputeCapability) {
+    return Error("needs compute capability >= 7.0, " +
+                 (ctx.compute_capability == 0
+                      ? "device " + std::to_string(device) + " has " + std::to_string(major) +
+                            "." + std::to_string(minor)
+                      : "requested " + std::to_string(cc)));
+  }
+  if (cc > device_cc) {
+    return Error("the code path of compute capability " + std::to_string(cc) +
+                 " cannot run on device " + std::to_string(device) + " (compute capability " +
+                 std::to_string(device_cc) + ")");
+  }
+  Path path = Path::kSimt;
+  if (dtype == DType::kFloat16) {
+    path = cc >= 80 ? Path::kMma16816 : cc >= 75 ? Path::kMma1688 : Path::kWmma;
+  } else if (dtype == DType::kBFloat16) {
+    path = cc >= 80 ? Path::kMma16816 : Path::kSimt;
+  }
+  *info = {cc, path, smem_optin};
+  return KernelStatus::Ok();
+}
+
+// Windows as offsets from the diagonal; causal is a right window of 0.
+int WindowBound(int window) {
+  return window < 0 ? kUnboundedWindow : std::min(window, kUnboundedWindow);
+}
+
+FwdArgs MakeForwardArgs(const ForwardParams& p) {
+  const AttentionShape& s = p.shape;
+  const AttentionOptions& o = p.options;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const bool softcap = o.softcap > 0.0f;
+  FwdArgs args{};
+  args.q = p.q;
+  args.k = p.k;
+  args.v = p.v;
+  args.out = p.out;
+  args.lse = p.lse;
+  args.cu_seqlens_q = s.cu_seqlens_q_device;
+  args.cu_seqlens_k = s.cu_seqlens_k_device;
+  args.total_q = s.total_q;
+  args.total_k = s.total_k;
+  args.num_heads = s.num_heads;
+  args.head_group = s.num_heads / s.num_heads_k;
+  args.head_dim = s.head_dim;
+  args.q_row_stride = int64_t{s.num_heads} * s.head_dim;
+  args.kv_row_stride = int64_t{s.num_heads_k} * s.head_dim;
+  args.vector_io = (s.head_dim * DTypeSize(s.dtype)) % 16 == 0 && AlignedTo(p.q, 16) &&
+                   AlignedTo(p.k, 16) && AlignedTo(p.v, 16) && AlignedTo(p.out, 16);
+  args.window_left = WindowBound(o.window_left);
+  args.window_right = WindowBound(o.window_right);
+  if (o.causal && args.window_right > 0) args.window_right = 0;
+  args.softcap = softcap;
+  args.softcap_input_scale = softcap ? o.softmax_scale / o.softcap : 0.0f;
+  args.lse_scale = softcap ? o.softcap : o.softmax_scale;
+  args.exp2_scale = args.lse_scale * kLog2e;
+  return args;
+}
+
+ForwardParams AsForward(const BackwardParams& p) {
+  ForwardParams f;
+  f.shape = p.shape;
+  f.options = p.options;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.out = const_cast<void*>(p.out);
+  f.lse = const_cast<float*>(p.lse);
+  return f;
+}
+
+constexpr size_t kWorkspaceAlignment = 256;
+
+}  // namespace
+
+KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
+  KernelStatus status = Validate(params);
+  if (!status.ok) return status;
+  const AttentionShape& s = params.shape;
+  if (s.total_q == 0) return KernelStatus::Ok();
+  if (s.batch == 0) return Error("total_q > 0 needs batch > 0");
+  if (s.max_seqlen_q == 0) return Error("max_seqlen_q must be set when total_q > 0");
+  DeviceInfo info{};
+  status = SelectPath(s.dtype, ctx, &info);
+  if (!status.ok) return status;
+  const BucketEntry* bucket = FindBucket(s.head_dim);
+  const LaunchShape shape{s.batch, s.max_seqlen_q, s.max_seqlen_k, info.smem_limit};
+  return bucket->forward[DTypeIndex(s.dtype)](MakeForwardArgs(params), info.path, shape,
+                                              ctx.stream);
+}
+
+size_t BackwardWorkspaceBytes(const BackwardParams& params) {
+  const AttentionShape& s = params.shape;
+  if (s.total_q <= 0 || s.num_heads <= 0) return 0;
+  const size_t bytes = static_cast<size_t>(s.total_q) * static_cast<size_t>(s.num_heads) * 4;
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx) {
+  const ForwardParams forward = AsForward(params);
+  KernelStatus status = Validate(forward);
+  if (!status.ok) return status;
+  const AttentionShape& s = params.shape;
+  if (s.total_q > 0 && (params.dout == nullptr || params.dq == nullptr)) {
+    return Error("dout and dq must be set");
+  }
+  if (s.total_k > 0 && (params.dk == nullptr || params.dv == nullptr)) {
+    return Error("dk and dv must be set");
+  }
+  const size_t elem = static_cast<size_t>(DTypeSize(s.dtype));
+  if (!AlignedTo(params.dout, elem) || !AlignedTo(params.dq, elem) ||
+      !AlignedTo(params.dk, elem) || !AlignedTo(params.dv, elem)) {
+    return Error("dout, dq, dk and dv must be aligned to their element size");
+  }
+  if (s.total_q == 0 && s.total_k == 0) return KernelStatus::Ok();
+  if (s.batch == 0) return Error("total_q or total_k > 0 needs batch > 0");
+  if ((s.total_q > 0 && s.max_seqlen_q == 0) || (s.total_k > 0 && s.max_seqlen_k == 0)) {
+    return Error("max_seqlen_q/_k must be set when total_q/_k > 0");
+  }
+  const size_t workspace = BackwardWorkspaceBytes(params);
+  if (ctx.workspace_bytes < workspace || (workspace > 0 && ctx.workspace == nullptr)) {
+    return Error("backward needs a workspace of " + std::to_string(workspace) +
+                 " bytes (BackwardWorkspaceBytes), got " + std::to_string(ctx.workspace_bytes));
+  }
+  if (!AlignedTo(ctx.workspace, 16)) return Error("workspace must be 16-byte aligned");
+  DeviceInfo info{};
+  status = SelectPath(s.dtype, ctx, &info);
+  if (!status.ok) return status;
+
+  BwdArgs args{};
+  args.fwd = MakeForwardArgs(forward);
+  args.fwd.vector_io = args.fwd.vector_io && AlignedTo(params.dout, 16) &&
+                       AlignedTo(params.dq, 16) && AlignedTo(params.dk, 16) &&
+                       AlignedTo(params.dv, 16);
+  args.dout = params.dout;
+  args.dq = params.dq;
+  args.dk = params.dk;
+  args.dv = params.dv;
+  args.dsum = static_cast<float*>(ctx.workspace);
+  args.grad_scale = params.options.softmax_scale;
+  const BucketEntry* bucket = FindBucket(s.head_dim);
+  const LaunchShape shape{s.batch, s.max_seqlen_q, s.max_seqlen_k, info.smem_limit};
+  return bucket->backward[DTypeIndex(s.dtype)](args, info.path, shape, ctx.stream);
+}
+
+}  // namespace attnserve::kernels::fallback
