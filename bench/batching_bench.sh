@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# Dynamic batching on the GPU machine, in one go: the server built here (carried in
-# .gpu-bundle/, see scripts/make_gpu_bundle.sh) with batching on and then off, each loaded by
-# attnload with 64 concurrent clients sending small forwards (one 512-token sequence, 16 heads,
-# head_dim 128, bf16) over loopback. Prints one table row per configuration; JSON under $OUT.
+# Dynamic batching on the GPU machine, in one go: the server built here (carried in a bundle
+# folder, default .gpu-bundle/ from scripts/make_gpu_bundle.sh; ATTN_BUNDLE=<folder> picks
+# another) loaded by attnload with 64 concurrent clients sending small forwards (one 512-token
+# sequence, 16 heads, head_dim 128, bf16) over loopback, in several server configurations one
+# after the other: batching off and on, with 2 and 4 lanes per GPU, and a transport ceiling
+# (every request refused right after it is received and parsed, so nothing but gRPC moves), and
+# a forward/backward mix with batching on whose answers are checked.
+# Prints one block per configuration, with where the server's launch time went (the
+# attnserve_launch_phase_duration_seconds sums); JSON and logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attnserve-batching}"
+BUNDLE="${ATTN_BUNDLE:-.gpu-bundle}"
+DURATION="${DURATION:-10s}"
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.gpu-bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-bin=.gpu-bundle/bin
+export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+bin=$BUNDLE/bin
 
-run() {  # name, server flags...
-  local name=$1; shift
+metrics() {
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8100/metrics').read().decode())"
+}
+
+run() {  # name, attnload --check value, server flags...
+  local name=$1 check=$2; shift 2
   "$bin/attnserve" --devices=auto --grpc_port=8101 --http_port=8100 "$@" >"$OUT/server_$name.log" 2>&1 &
   local server=$!
   for _ in $(seq 1 150); do
@@ -19,16 +30,27 @@ run() {  # name, server flags...
       2>/dev/null && break
     sleep 0.2
   done
-  "$bin/attnload" --target=localhost:8101 --concurrency=64 --connections=8 --duration=10s \
+  "$bin/attnload" --target=localhost:8101 --concurrency=64 --connections=8 --duration="$DURATION" \
     --warmup=2s --shape=fixed:batch=1,seqlen=512 --heads=16 --head_dim=128 --dtype=bf16 \
-    --pool_size=64 --check=50 --progress=false --output_json="$OUT/$name.json" >"$OUT/$name.txt" 2>&1
+    --pool_size=64 --check="$check" --progress=false --output_json="$OUT/$name.json" \
+    ${LOAD_EXTRA:-} >"$OUT/$name.txt" 2>&1
   echo "== $name ($*)"
   cat "$OUT/$name.txt"
-  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8100/metrics').read().decode())" \
-    | grep -E '^attnserve_batch_requests_(sum|count)' || true
+  metrics >"$OUT/metrics_$name.txt"
+  grep -E '^attnserve_(batch_requests_(sum|count)|launch_phase_duration_seconds_(sum|count)|queue_duration_seconds_(sum|count)|rejections_total)' \
+    "$OUT/metrics_$name.txt" || true
   kill -TERM "$server"; wait "$server"
 }
 
 nproc; nvidia-smi -L
-run batching_on --batching=true --max_queue_delay_us=500
-run batching_off --batching=false
+run batching_off 50 --batching=false
+run batching_on 50 --batching=true --max_queue_delay_us=500
+run batching_off_4lanes 50 --batching=false --cuda_lanes=4
+run batching_on_4lanes 50 --batching=true --max_queue_delay_us=500 --cuda_lanes=4
+# Every 512-token request is over --max_total_tokens: it crosses gRPC and is parsed, then
+# refused; what this reaches is the transport's ceiling for the inbound 6 MB alone.
+run transport_ceiling 0 --max_total_tokens=256
+# Correctness of batched backward too (gathered lse, split dq/dk/dv): every 5th response of a
+# forward/backward mix checked against the local reference.
+LOAD_EXTRA="--rpc=mixed --duration=5s" run batching_on_mixed_check 5 --batching=true \
+  --max_queue_delay_us=500

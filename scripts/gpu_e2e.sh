@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# End-to-end on the GPU machine, in one go: start the server built here (carried in
-# .gpu-bundle/, see make_gpu_bundle.sh) with --devices=auto, check it with attnctl, run the
-# Python client's GPU tests against it, stop it with SIGTERM. Logs go to $OUT when set.
+# End-to-end on the GPU machine, in one go: start the servers built here (carried in
+# .gpu-bundle/, see make_gpu_bundle.sh) with --devices=auto, check one with attnctl, run the
+# Python client's GPU tests against them, stop them with SIGTERM. Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attnserve-gpu-e2e}"
@@ -20,14 +20,25 @@ then
 fi
 export PYTHONPATH="$PWD/client/python:${PYTHONPATH:-}"
 
-.gpu-bundle/bin/attnserve --devices=auto --grpc_port=8001 --http_port=8000 \
-  >"$OUT/server.log" 2>&1 &
-server=$!
-for _ in $(seq 1 150); do
-  python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz')" \
-    2>/dev/null && break
-  sleep 0.2
-done
+# The GPU as itself; the same GPU routed as a Turing (sm75) one; every request forced onto
+# cuBLAS. tests/gpu/test_routing_gpu.py checks each.
+servers=()
+start_server() {  # name grpc_port http_port flags...
+  local name=$1 grpc=$2 http=$3
+  shift 3
+  .gpu-bundle/bin/attnserve --devices=auto --grpc_port="$grpc" --http_port="$http" "$@" \
+    >"$OUT/server_$name.log" 2>&1 &
+  servers+=($!)
+  for _ in $(seq 1 150); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$http/readyz')" \
+      2>/dev/null && return 0
+    sleep 0.2
+  done
+  echo "server $name did not become ready"; cat "$OUT/server_$name.log"
+}
+start_server native 8001 8000 --max_head_dim=512
+start_server sm75 8011 8010 --emulate_compute_capability=7.5
+start_server cublas 8021 8020 --kernel=cublas --max_head_dim=512
 
 status=0
 ctl=.gpu-bundle/bin/attnctl
@@ -38,12 +49,15 @@ $ctl --target=localhost:8001 forward --check --batch=3 --seqlen_q=300 --seqlen_k
   --heads=8 --heads_k=2 --head_dim=64 --dtype=fp16 || status=1
 $ctl --target=localhost:8001 backward --check --batch=2 --seqlen_q=64 --seqlen_k=64 \
   --heads=4 --head_dim=64 --dtype=bf16 || status=1
-ATTNSERVE_GPU_TARGET=localhost:8001 python3 -m pytest -q -p no:cacheprovider tests/gpu \
+ATTNSERVE_GPU_TARGET=localhost:8001 ATTNSERVE_GPU_EMULATED_TARGET=localhost:8011 \
+  ATTNSERVE_GPU_CUBLAS_TARGET=localhost:8021 python3 -m pytest -q -p no:cacheprovider tests/gpu \
   2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())" \
   | grep -E '^attnserve_(requests_total|device_info|compute_duration_seconds_count|device_memory)' || true
 
-kill -TERM "$server"
-wait "$server"; echo "attnserve exit code: $?"
-cat "$OUT/server.log"
+for pid in "${servers[@]}"; do
+  kill -TERM "$pid"
+  wait "$pid"; echo "attnserve (pid $pid) exit code: $?"
+done
+tail -n 20 "$OUT"/server_*.log
 exit $status

@@ -12,6 +12,8 @@ APT_PACKAGES=(
   gnuplot-nox  # draws attnload --sweep's latency/throughput PNG
   prometheus  # prometheus and promtool for tests/deploy (rule checks, rule unit tests, e2e scrape)
   clang libclang-rt-14-dev  # sanitizer and libFuzzer builds (scripts/test_hardening.sh)
+  libssl-dev  # OpenSSL headers; and libssl.so/libcrypto.so, which civetweb opens for HTTPS
+  openssl  # the tests make throwaway TLS certificates with it
 )
 
 missing=()

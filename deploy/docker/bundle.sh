@@ -35,3 +35,9 @@ for binary in "$PREFIX"/bin/*; do
     cp -L "$path" "$PREFIX/lib/$name"
   done
 done
+# civetweb (HTTPS) opens OpenSSL at run time by its unversioned names; libssl.so resolves to the
+# server binary itself (server/transport/http/civetweb_openssl3_compat.cc), libcrypto.so must be
+# a file next to the bundled libcrypto.so.3.
+if [ -e "$PREFIX/lib/libcrypto.so.3" ]; then
+  ln -sf libcrypto.so.3 "$PREFIX/lib/libcrypto.so"
+fi

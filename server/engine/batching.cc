@@ -19,15 +19,20 @@ bool SameHeads(const TensorView& qa, const TensorView& ka, const TensorView& qb,
 
 int64_t RowBytes(const TensorView& t) { return t.shape[1] * t.shape[2] * kernels::DTypeSize(t.dtype); }
 
-// Appends every part's `member` tensor to `bytes` and returns a view of the concatenation;
-// its shape is the parts' shape with `rows` rows. Views are fixed up once `bytes` stops growing.
-template <typename Inputs>
-TensorView Concatenate(const std::vector<const Inputs*>& parts, TensorView Inputs::*member,
-                       int64_t rows, std::string& bytes, std::vector<size_t>& view_offsets) {
-  TensorView view = parts[0]->*member;
+int64_t RowBytes(const OwnedTensor& t) {
+  int64_t row_bytes = kernels::DTypeSize(t.dtype);
+  for (size_t d = 1; d < t.shape.size(); ++d) row_bytes *= t.shape[d];
+  return row_bytes;
+}
+
+// Appends the pieces to `bytes` and returns a view of the concatenation, shaped like `like`
+// with `rows` rows. Views are pointed into `bytes` once it stops growing (PointInto).
+TensorView Append(const std::vector<Piece>& pieces, const TensorView& like, int64_t rows,
+                  std::string& bytes, std::vector<size_t>& view_offsets) {
+  TensorView view = like;
   view.shape[0] = rows;
   view_offsets.push_back(bytes.size());
-  for (const Inputs* part : parts) bytes.append((part->*member).data, (part->*member).size_bytes);
+  for (const Piece& piece : pieces) bytes.append(piece.data, piece.size);
   view.size_bytes = bytes.size() - view_offsets.back();
   return view;
 }
@@ -39,27 +44,19 @@ void PointInto(std::string& bytes, const std::vector<size_t>& offsets,
 }
 
 OwnedTensor SliceRows(const OwnedTensor& t, int64_t first_row, int64_t rows) {
-  int64_t row_bytes = kernels::DTypeSize(t.dtype);
-  for (size_t d = 1; d < t.shape.size(); ++d) row_bytes *= t.shape[d];
   OwnedTensor slice;
   slice.dtype = t.dtype;
   slice.shape = t.shape;
   slice.shape[0] = rows;
-  slice.data = t.data.substr(first_row * row_bytes, rows * row_bytes);
+  slice.data = RowsOf(t.data.data(), RowBytes(t), first_row, rows);
   return slice;
 }
 
-// lse is [num_heads, total_q]: a request's columns of every head row.
 OwnedTensor SliceLseColumns(const OwnedTensor& lse, int64_t first, int64_t count) {
-  const int64_t heads = lse.shape[0], total = lse.shape[1];
   OwnedTensor slice;
   slice.dtype = DType::kFloat32;
-  slice.shape = {heads, count};
-  slice.data.resize(sizeof(float) * heads * count);
-  for (int64_t h = 0; h < heads; ++h) {
-    std::memcpy(slice.data.data() + sizeof(float) * h * count,
-                lse.data.data() + sizeof(float) * (h * total + first), sizeof(float) * count);
-  }
+  slice.shape = {lse.shape[0], count};
+  slice.data = LseColumnsOf(lse.data.data(), lse.shape[0], lse.shape[1], first, count);
   return slice;
 }
 
@@ -101,6 +98,45 @@ BatchLayout LayOutBatch(const std::vector<const Inputs*>& parts) {
 template BatchLayout LayOutBatch(const std::vector<const ForwardInputs*>&);
 template BatchLayout LayOutBatch(const std::vector<const BackwardInputs*>&);
 
+template <typename Inputs>
+std::vector<Piece> RowPieces(const std::vector<const Inputs*>& parts, TensorView Inputs::*member) {
+  std::vector<Piece> pieces;
+  for (const Inputs* part : parts) {
+    pieces.push_back({(part->*member).data, (part->*member).size_bytes});
+  }
+  return pieces;
+}
+template std::vector<Piece> RowPieces(const std::vector<const ForwardInputs*>&,
+                                      TensorView ForwardInputs::*);
+template std::vector<Piece> RowPieces(const std::vector<const BackwardInputs*>&,
+                                      TensorView BackwardInputs::*);
+
+std::vector<Piece> LsePieces(const std::vector<const BackwardInputs*>& parts) {
+  std::vector<Piece> pieces;
+  const int64_t heads = parts[0]->q.shape[1];
+  for (int64_t h = 0; h < heads; ++h) {
+    for (const BackwardInputs* part : parts) {
+      const int64_t rows = part->q.shape[0];
+      pieces.push_back({part->lse.data + sizeof(float) * h * rows, sizeof(float) * rows});
+    }
+  }
+  return pieces;
+}
+
+std::string RowsOf(const char* merged, int64_t row_bytes, int64_t first, int64_t rows) {
+  return std::string(merged + first * row_bytes, rows * row_bytes);
+}
+
+std::string LseColumnsOf(const char* merged, int64_t heads, int64_t total, int64_t first,
+                         int64_t count) {
+  std::string columns(sizeof(float) * heads * count, '\0');
+  for (int64_t h = 0; h < heads; ++h) {
+    std::memcpy(columns.data() + sizeof(float) * h * count,
+                merged + sizeof(float) * (h * total + first), sizeof(float) * count);
+  }
+  return columns;
+}
+
 MergedForward MergeForward(const std::vector<const ForwardInputs*>& parts) {
   MergedForward merged;
   merged.layout = LayOutBatch(parts);
@@ -108,9 +144,10 @@ MergedForward MergeForward(const std::vector<const ForwardInputs*>& parts) {
   ForwardInputs& in = merged.inputs;
   std::vector<size_t> offsets;
   merged.bytes.reserve(total_q * RowBytes(parts[0]->q) + 2 * total_k * RowBytes(parts[0]->k));
-  in.q = Concatenate(parts, &ForwardInputs::q, total_q, merged.bytes, offsets);
-  in.k = Concatenate(parts, &ForwardInputs::k, total_k, merged.bytes, offsets);
-  in.v = Concatenate(parts, &ForwardInputs::v, total_k, merged.bytes, offsets);
+  const ForwardInputs& first = *parts[0];
+  in.q = Append(RowPieces(parts, &ForwardInputs::q), first.q, total_q, merged.bytes, offsets);
+  in.k = Append(RowPieces(parts, &ForwardInputs::k), first.k, total_k, merged.bytes, offsets);
+  in.v = Append(RowPieces(parts, &ForwardInputs::v), first.v, total_k, merged.bytes, offsets);
   PointInto(merged.bytes, offsets, {&in.q, &in.k, &in.v});
   in.cu_seqlens_q = merged.layout.cu_seqlens_q;
   in.cu_seqlens_k = merged.layout.cu_seqlens_k;
@@ -127,20 +164,17 @@ MergedBackward MergeBackward(const std::vector<const BackwardInputs*>& parts) {
   std::vector<size_t> offsets;
   merged.bytes.reserve(3 * total_q * RowBytes(parts[0]->q) + 2 * total_k * RowBytes(parts[0]->k) +
                        sizeof(float) * heads * total_q);
-  in.dout = Concatenate(parts, &BackwardInputs::dout, total_q, merged.bytes, offsets);
-  in.q = Concatenate(parts, &BackwardInputs::q, total_q, merged.bytes, offsets);
-  in.out = Concatenate(parts, &BackwardInputs::out, total_q, merged.bytes, offsets);
-  in.k = Concatenate(parts, &BackwardInputs::k, total_k, merged.bytes, offsets);
-  in.v = Concatenate(parts, &BackwardInputs::v, total_k, merged.bytes, offsets);
-  // lse is [num_heads, total_q]: gather each head's row from every part.
-  offsets.push_back(merged.bytes.size());
-  for (int64_t h = 0; h < heads; ++h) {
-    for (const BackwardInputs* part : parts) {
-      const int64_t rows = part->q.shape[0];
-      merged.bytes.append(part->lse.data + sizeof(float) * h * rows, sizeof(float) * rows);
-    }
-  }
-  in.lse = {DType::kFloat32, {heads, total_q}, nullptr, sizeof(float) * heads * total_q};
+  const BackwardInputs& first = *parts[0];
+  auto append = [&](TensorView BackwardInputs::*member, int64_t rows) {
+    return Append(RowPieces(parts, member), first.*member, rows, merged.bytes, offsets);
+  };
+  in.dout = append(&BackwardInputs::dout, total_q);
+  in.q = append(&BackwardInputs::q, total_q);
+  in.out = append(&BackwardInputs::out, total_q);
+  in.k = append(&BackwardInputs::k, total_k);
+  in.v = append(&BackwardInputs::v, total_k);
+  in.lse = Append(LsePieces(parts), {DType::kFloat32, {heads, total_q}, nullptr, 0}, heads,
+                  merged.bytes, offsets);
   PointInto(merged.bytes, offsets, {&in.dout, &in.q, &in.out, &in.k, &in.v, &in.lse});
   in.cu_seqlens_q = merged.layout.cu_seqlens_q;
   in.cu_seqlens_k = merged.layout.cu_seqlens_k;

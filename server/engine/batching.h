@@ -31,6 +31,25 @@ struct BatchLayout {
 template <typename Inputs>
 BatchLayout LayOutBatch(const std::vector<const Inputs*>& parts);
 
+// A merged tensor as the byte ranges it concatenates, so a worker can gather the parts straight
+// into its own staging buffer instead of merging into a temporary first.
+struct Piece {
+  const char* data;
+  size_t size;
+};
+// Every part's `member` tensor, in batch order (row-major tensors concatenate by rows).
+template <typename Inputs>
+std::vector<Piece> RowPieces(const std::vector<const Inputs*>& parts, TensorView Inputs::*member);
+// The parts' lse ([num_heads, rows] each) as the merged [num_heads, total_q]: head by head.
+std::vector<Piece> LsePieces(const std::vector<const BackwardInputs*>& parts);
+
+// One part's share of a merged output in host memory: rows [first, first + rows) of a row-major
+// tensor with `row_bytes` per row, and columns [first, first + count) of an lse of
+// [heads, total] floats.
+std::string RowsOf(const char* merged, int64_t row_bytes, int64_t first, int64_t rows);
+std::string LseColumnsOf(const char* merged, int64_t heads, int64_t total, int64_t first,
+                         int64_t count);
+
 // The merged request, owning its concatenated tensor bytes.
 struct MergedForward {
   ForwardInputs inputs;  // views into `bytes`

@@ -1,5 +1,6 @@
 #include "server/engine/batching.h"
 
+#include <cstring>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -122,6 +123,25 @@ TEST(BatchingTest, CompatibilityNeedsSameShapeClassAndOptions) {
   fb = b.Forward();
   fb.k.shape[1] = 4;
   EXPECT_FALSE(Compatible(fa, fb));
+}
+
+
+TEST(BatchingTest, LsePiecesAndColumnsRoundTripEachPartsLse) {
+  // Two parts with 2 heads: lse [2, 3] and [2, 1], values tagging (part, head, row).
+  const std::vector<float> lse_a = {0, 1, 2, 10, 11, 12}, lse_b = {100, 110};
+  BackwardInputs a, b;
+  a.q.shape = {3, 2, 8};
+  b.q.shape = {1, 2, 8};
+  a.lse = {DType::kFloat32, {2, 3}, reinterpret_cast<const char*>(lse_a.data()), 24};
+  b.lse = {DType::kFloat32, {2, 1}, reinterpret_cast<const char*>(lse_b.data()), 8};
+  std::string merged;
+  for (const Piece& piece : LsePieces({&a, &b})) merged.append(piece.data, piece.size);
+  std::vector<float> merged_values(merged.size() / sizeof(float));
+  std::memcpy(merged_values.data(), merged.data(), merged.size());
+  EXPECT_EQ(merged_values, (std::vector<float>{0, 1, 2, 100, 10, 11, 12, 110}));
+  EXPECT_EQ(LseColumnsOf(merged.data(), 2, 4, 0, 3), std::string(a.lse.data, 24));
+  EXPECT_EQ(LseColumnsOf(merged.data(), 2, 4, 3, 1), std::string(b.lse.data, 8));
+  EXPECT_EQ(RowsOf("abcdefgh", 2, 1, 2), "cdef");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "server/engine/cpu_worker.h"
 
+#include <algorithm>
+
 #include "kernels/reference/reference_attention.h"
 
 namespace attnserve::engine {
@@ -9,17 +11,33 @@ const KernelFamily kReferenceFamily = {"reference", kernels::reference::Forward,
 
 CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& options,
                      metrics::ServerMetrics* metrics)
-    : QueueWorker(std::move(device), options.batching, metrics), context_{options.cpu_threads} {
-  StartLanes(1);  // the reference kernels already use every core
+    : QueueWorker(std::move(device), options, metrics),
+      context_{options.cpu_threads},
+      catalog_(KernelCatalog::Only(options.forced_kernel_family.empty()
+                                       ? kReferenceFamily.name
+                                       : options.forced_kernel_family)) {
+  // One lane by default: the reference kernels already use every core. More lanes (each with
+  // fewer threads) suit many small requests.
+  StartLanes(std::max(1, options.cpu_lanes));
+}
+
+absl::Status CpuWorker::CheckRoute(Direction direction, const TensorView& q) const {
+  const Route route =
+      ChooseRoute({/*compute_capability=*/0, direction, q.dtype, static_cast<int>(q.shape[2])},
+                  catalog_);
+  if (route.family.empty()) return absl::FailedPreconditionError(route.reason);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, int /*lane*/) {
+  if (absl::Status s = CheckRoute(Direction::kForward, inputs.q); !s.ok()) return s;
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, context_);
   if (result.ok()) result->execution.device = device().name;
   return result;
 }
 
 absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, int /*lane*/) {
+  if (absl::Status s = CheckRoute(Direction::kBackward, inputs.q); !s.ok()) return s;
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, context_);
   if (result.ok()) result->execution.device = device().name;
   return result;

@@ -1,9 +1,10 @@
-// Runs requests on the host CPU with the exact reference kernels, one request at a time (the
-// kernel itself uses every core), in arrival order.
+// Runs requests on the host CPU with the exact reference kernels, by default one request at a
+// time (the kernel itself uses every core).
 #pragma once
 
 #include "server/engine/kernel_runner.h"
 #include "server/engine/engine_options.h"
+#include "server/engine/kernel_routing.h"
 #include "server/engine/queue_worker.h"
 
 namespace attnserve::engine {
@@ -19,12 +20,20 @@ class CpuWorker : public QueueWorker {
   ~CpuWorker() override { Stop(); }
 
   std::vector<std::string> kernel_families() const override { return {kReferenceFamily.name}; }
+  KernelCatalog catalog() const override { return catalog_; }
+  std::vector<CoverageRow> coverage() const override {
+    return CoverageFor(/*compute_capability=*/0, catalog_);
+  }
 
  private:
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
+  // OK when the catalog's families run this request here; under --kernel=<a GPU family>,
+  // FAILED_PRECONDITION with the router's reason.
+  absl::Status CheckRoute(Direction direction, const TensorView& q) const;
 
   const kernels::ExecutionContext context_;
+  const KernelCatalog catalog_;
 };
 
 }  // namespace attnserve::engine

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace attnserve::engine {
 namespace {
@@ -60,17 +61,19 @@ absl::Status CudaLane::ReservePinned(size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaLane::Run(
-    const std::vector<HostBytes>& inputs, const std::vector<size_t>& output_sizes,
+absl::StatusOr<LaneRun> CudaLane::Run(
+    const std::vector<GatheredInput>& inputs, const std::vector<size_t>& output_sizes,
     size_t workspace_bytes,
-    const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
-    std::vector<std::string>* outputs, float* kernel_ms) {
+    const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch) {
   // One layout for pinned and device memory: [inputs | outputs | workspace (device only)].
-  std::vector<size_t> input_offsets, output_offsets;
+  std::vector<size_t> input_offsets, input_sizes, output_offsets;
   size_t end = 0;
-  for (const HostBytes& in : inputs) {
+  for (const GatheredInput& in : inputs) {
+    size_t size = 0;
+    for (const HostBytes& piece : in) size += piece.size;
     input_offsets.push_back(end);
-    end += AlignUp(in.size);
+    input_sizes.push_back(size);
+    end += AlignUp(size);
   }
   const size_t outputs_begin = end;
   for (size_t size : output_sizes) {
@@ -82,9 +85,6 @@ absl::Status CudaLane::Run(
   end += AlignUp(workspace_bytes);
 
   if (absl::Status s = ReservePinned(pinned_end); !s.ok()) return s;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].size > 0) std::memcpy(pinned_ + input_offsets[i], inputs[i].data, inputs[i].size);
-  }
   char* device = nullptr;
   ATTN_RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&device), end, stream_));
   DeviceBuffers buffers;
@@ -92,9 +92,25 @@ absl::Status CudaLane::Run(
   for (size_t offset : output_offsets) buffers.outputs.push_back(device + offset);
   buffers.workspace = workspace_bytes > 0 ? device + workspace_offset : nullptr;
 
-  auto copy_launch_copy = [&]() -> absl::Status {
-    ATTN_RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(device, pinned_, outputs_begin, cudaMemcpyHostToDevice, stream_));
+  LaneRun run;
+  absl::Time stage_end = absl::Now();
+  auto stage_launch_copy = [&]() -> absl::Status {
+    const absl::Time stage_start = absl::Now();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      char* at = pinned_ + input_offsets[i];
+      for (const HostBytes& piece : inputs[i]) {
+        if (piece.size > 0) std::memcpy(at, piece.data, piece.size);
+        at += piece.size;
+      }
+      // This input crosses PCIe while the next one is gathered.
+      if (input_sizes[i] > 0) {
+        ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device + input_offsets[i],
+                                                  pinned_ + input_offsets[i], input_sizes[i],
+                                                  cudaMemcpyHostToDevice, stream_));
+      }
+    }
+    stage_end = absl::Now();
+    run.stage_in_seconds = absl::ToDoubleSeconds(stage_end - stage_start);
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_start_, stream_));
     if (absl::Status s = launch(buffers, stream_); !s.ok()) return s;
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_end_, stream_));
@@ -103,18 +119,19 @@ absl::Status CudaLane::Run(
                                               stream_));
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   };
-  absl::Status status = copy_launch_copy();
+  absl::Status status = stage_launch_copy();
   // Back to the pool even after an error (after the stream's work, which may still run).
   cudaFreeAsync(device, stream_);
-  if (!status.ok()) return status;
-
-  outputs->clear();
-  for (size_t i = 0; i < output_sizes.size(); ++i) {
-    outputs->emplace_back(pinned_ + output_offsets[i], output_sizes[i]);
+  if (!status.ok()) {
+    // The next Run reuses the pinned buffer: nothing queued may still read or write it.
+    cudaStreamSynchronize(stream_);
+    cudaGetLastError();
+    return status;
   }
-  *kernel_ms = 0;
-  cudaEventElapsedTime(kernel_ms, kernel_start_, kernel_end_);
-  return absl::OkStatus();
+  run.device_seconds = absl::ToDoubleSeconds(absl::Now() - stage_end);
+  for (size_t offset : output_offsets) run.outputs.push_back(pinned_ + offset);
+  cudaEventElapsedTime(&run.kernel_ms, kernel_start_, kernel_end_);
+  return run;
 }
 
 }  // namespace attnserve::engine

@@ -1,7 +1,9 @@
 // One lane of a CUDA device worker: a stream, kernel-timing events and a pinned staging buffer.
-// Run() takes a request through the lane: every input into pinned memory and onto the device in
-// one copy, the kernel launch, every output back in one copy. Device memory comes from the
-// device's stream-ordered pool and goes back to it whatever happens.
+// Run() takes a request (or a batch of them) through the lane: each input gathered from its
+// pieces straight into pinned memory, its copy to the device issued at once so it overlaps the
+// staging of the next, the kernel launch, every output back in one copy, left in pinned memory
+// for the caller to split. Device memory comes from the device's stream-ordered pool and goes
+// back to it whatever happens.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,6 +26,17 @@ struct HostBytes {
   const void* data;
   size_t size;
 };
+// One device input: the concatenation of its pieces (one tensor, or a batch's parts' tensors).
+using GatheredInput = std::vector<HostBytes>;
+
+// What a Run leaves: its outputs in the lane's pinned memory (valid until the lane's next Run)
+// and where the time went.
+struct LaneRun {
+  std::vector<const char*> outputs;
+  float kernel_ms = 0;           // between the timing events around `launch`
+  double stage_in_seconds = 0;   // gathering inputs into pinned memory (copies overlap it)
+  double device_seconds = 0;     // then waiting for the transfers and kernels
+};
 
 // Device addresses of one run's segments, in the order they were given.
 struct DeviceBuffers {
@@ -40,12 +53,11 @@ class CudaLane {
   int ordinal() const { return ordinal_; }
 
   // Copies `inputs` to the device, calls `launch` (which enqueues kernels on `stream` between
-  // the timing events), copies back `output_sizes` bytes per output into `outputs`, and waits.
-  // `kernel_ms` receives the time between the events.
-  absl::Status Run(const std::vector<HostBytes>& inputs, const std::vector<size_t>& output_sizes,
-                   size_t workspace_bytes,
-                   const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
-                   std::vector<std::string>* outputs, float* kernel_ms);
+  // the timing events), copies back `output_sizes` bytes per output, and waits.
+  absl::StatusOr<LaneRun> Run(
+      const std::vector<GatheredInput>& inputs, const std::vector<size_t>& output_sizes,
+      size_t workspace_bytes,
+      const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch);
 
  private:
   CudaLane() = default;

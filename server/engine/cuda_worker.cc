@@ -3,7 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/flash/flash_attention.h"
+#include "kernels/kernel_families.h"
+#include "server/engine/batching.h"
 #include "server/engine/cpu_worker.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/kernel_runner.h"
@@ -11,24 +12,38 @@
 namespace attnserve::engine {
 namespace {
 
-// The families this binary holds: the flash kernels are built whenever CUDA is.
-constexpr KernelCatalog kCatalog{/*flash=*/true};
-
-// Two lanes keep the copy engines and the SMs busy at once: while one request's inputs cross
-// PCIe, the other's kernel runs.
-constexpr int kLanesPerDevice = 2;
-
 int ParseComputeCapability(const std::string& cc) {
   const size_t dot = cc.find('.');
   return std::stoi(cc.substr(0, dot)) * 10 + std::stoi(cc.substr(dot + 1));
 }
 
-HostBytes Bytes(const TensorView& t) { return {t.data, t.size_bytes}; }
 HostBytes Bytes(const std::vector<int32_t>& v) { return {v.data(), v.size() * sizeof(int32_t)}; }
 
-absl::Status FromKernel(const char* what, const kernels::KernelStatus& status) {
+GatheredInput Gathered(const std::vector<Piece>& pieces) {
+  GatheredInput gathered;
+  for (const Piece& piece : pieces) gathered.push_back({piece.data, piece.size});
+  return gathered;
+}
+
+int64_t RowBytes(const TensorView& t) {
+  return t.shape[1] * t.shape[2] * kernels::DTypeSize(t.dtype);
+}
+
+absl::Status FromKernel(const kernels::KernelFamilyEntry& family, const char* direction,
+                        const kernels::KernelStatus& status) {
   if (status.ok) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", status.message));
+  return absl::InternalError(absl::StrCat(family.name, " ", direction, ": ", status.message));
+}
+
+// The built family the router picked, or FAILED_PRECONDITION saying why none can run it
+// (only possible when --kernel forces one family).
+absl::StatusOr<const kernels::KernelFamilyEntry*> FamilyEntry(const Route& route) {
+  if (route.family.empty()) return absl::FailedPreconditionError(route.reason);
+  const kernels::KernelFamilyEntry* entry = kernels::FindKernelFamily(route.family);
+  if (entry == nullptr) {
+    return absl::InternalError(absl::StrCat("kernel family ", route.family, " is not built"));
+  }
+  return entry;
 }
 
 }  // namespace
@@ -55,7 +70,9 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
     return s;
   }
   std::vector<std::unique_ptr<CudaLane>> lanes;
-  for (int i = 0; i < kLanesPerDevice; ++i) {
+  // Several lanes keep the host's copies, the copy engines and the SMs busy at once: while one
+  // request is gathered into pinned memory, another's inputs cross PCIe and a third computes.
+  for (int i = 0; i < std::max(1, options.cuda_lanes); ++i) {
     absl::StatusOr<std::unique_ptr<CudaLane>> lane = CudaLane::Create(device.ordinal);
     if (!lane.ok()) return lane.status();
     lanes.push_back(*std::move(lane));
@@ -67,10 +84,13 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
 CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
                        metrics::ServerMetrics* metrics,
                        std::vector<std::unique_ptr<CudaLane>> lanes)
-    : QueueWorker(device, options.batching, metrics),
+    : QueueWorker(device, options, metrics),
       lanes_(std::move(lanes)),
       cpu_context_{options.cpu_threads},
       compute_capability_(ParseComputeCapability(device.compute_capability)),
+      catalog_(options.forced_kernel_family.empty()
+                   ? KernelCatalog::Built()
+                   : KernelCatalog::Only(options.forced_kernel_family)),
       metrics_(metrics) {
   StartLanes(static_cast<int>(lanes_.size()));
 }
@@ -80,29 +100,32 @@ CudaWorker::~CudaWorker() { Stop(); }
 std::vector<std::string> CudaWorker::kernel_families() const {
   // The families the routing table can pick on this device for some request.
   std::vector<std::string> families;
-  for (const std::string& family : KnownFamilies()) {
-    for (Direction direction : {Direction::kForward, Direction::kBackward}) {
-      const RouteQuery probe{compute_capability_, direction, DType::kBFloat16, 64};
-      if (Covers(family, probe, kCatalog) &&
-          std::find(families.begin(), families.end(), family) == families.end()) {
-        families.push_back(family);
-      }
+  for (const CoverageRow& row : CoverageFor(compute_capability_, catalog_)) {
+    if (std::find(families.begin(), families.end(), row.family) == families.end()) {
+      families.push_back(row.family);
     }
   }
   return families;
 }
 
+std::vector<CoverageRow> CudaWorker::coverage() const {
+  return CoverageFor(compute_capability_, catalog_);
+}
+
 void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal()); }
 
-std::string CudaWorker::FamilyFor(Direction direction, const TensorView& q) const {
+Route CudaWorker::RouteFor(Direction direction, const TensorView& q) const {
   return ChooseRoute({compute_capability_, direction, q.dtype, static_cast<int>(q.shape[2])},
-                     kCatalog)
-      .family;
+                     catalog_);
 }
 
 absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, int lane) {
-  if (FamilyFor(Direction::kForward, inputs.q) == "flash" && inputs.q.shape[0] > 0) {
-    return RunFlashForward(inputs, *lanes_[lane]);
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kForward, inputs.q));
+  if (!family.ok()) return family.status();
+  // Empty requests need no device: the reference answers them without copies.
+  if ((*family)->runs_on_device && inputs.q.shape[0] > 0) {
+    return std::move(RunOnDevice(**family, {&inputs}, *lanes_[lane])[0]);
   }
   // The reference family runs on the host: Execution reports device "cpu".
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, cpu_context_);
@@ -111,26 +134,76 @@ absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, i
 }
 
 absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int lane) {
-  if (FamilyFor(Direction::kBackward, inputs.q) == "flash" && inputs.q.shape[0] > 0 &&
-      inputs.k.shape[0] > 0) {
-    return RunFlashBackward(inputs, *lanes_[lane]);
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
+  if (!family.ok()) return family.status();
+  if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
+    return std::move(RunOnDevice(**family, {&inputs}, *lanes_[lane])[0]);
   }
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, cpu_context_);
   if (result.ok()) result->execution.device = "cpu";
   return result;
 }
 
-absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& in,
-                                                         CudaLane& lane) {
+kernels::ExecutionContext CudaWorker::DeviceContext(cudaStream_t stream, void* workspace,
+                                                    size_t workspace_bytes) const {
+  kernels::ExecutionContext ctx;
+  ctx.stream = stream;
+  ctx.workspace = workspace;
+  ctx.workspace_bytes = workspace_bytes;
+  // The device's capability as the router saw it: under --emulate_compute_capability the
+  // families run the emulated architecture's code path.
+  ctx.compute_capability = compute_capability_;
+  return ctx;
+}
+
+std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
+    const std::vector<const ForwardInputs*>& parts, int lane) {
+  // Parts of a batch share dtype and head_dim, so they share a route.
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kForward, parts[0]->q));
+  if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0) {
+    // Nonzero rows in one part mean nonzero rows in the merge.
+    return RunOnDevice(**family, parts, *lanes_[lane]);
+  }
+  return QueueWorker::ExecuteBatch(parts, lane);
+}
+
+std::vector<absl::StatusOr<BackwardResult>> CudaWorker::ExecuteBatch(
+    const std::vector<const BackwardInputs*>& parts, int lane) {
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kBackward, parts[0]->q));
+  if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0 &&
+      KeyTokens(*parts[0]) > 0) {
+    return RunOnDevice(**family, parts, *lanes_[lane]);
+  }
+  return QueueWorker::ExecuteBatch(parts, lane);
+}
+
+// The parts' tensors are gathered straight into the lane's pinned buffer (no merged copy on
+// the host), run as one varlen launch, and each part's rows are copied out of the pinned buffer
+// into its own answer: one host copy each way per byte.
+std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
+    const kernels::KernelFamilyEntry& family, const std::vector<const ForwardInputs*>& parts,
+    CudaLane& lane) {
+  const ForwardInputs& first = *parts[0];
+  const BatchLayout layout = LayOutBatch(parts);
+  const int64_t total_q = layout.q_row.back(), total_k = layout.k_row.back();
+  TensorView q = first.q, k = first.k;
+  q.shape[0] = total_q;
+  k.shape[0] = total_k;
   kernels::ForwardParams params;
-  params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
-  params.options = ResolveOptions(in.options, params.shape.head_dim);
-  const size_t lse_bytes = sizeof(float) * params.shape.num_heads * params.shape.total_q;
-  std::vector<std::string> outputs;
-  float kernel_ms = 0;
-  absl::Status status = lane.Run(
-      {Bytes(in.q), Bytes(in.k), Bytes(in.v), Bytes(in.cu_seqlens_q), Bytes(in.cu_seqlens_k)},
-      {in.q.size_bytes, lse_bytes}, /*workspace_bytes=*/0,
+  params.shape = ShapeOf(q, k, layout.cu_seqlens_q, layout.cu_seqlens_k);
+  params.options = ResolveOptions(first.options, params.shape.head_dim);
+  const int64_t heads = params.shape.num_heads;
+  const int64_t q_row_bytes = RowBytes(first.q);
+  const size_t lse_bytes = sizeof(float) * heads * total_q;
+  const size_t workspace_bytes = family.forward_workspace_bytes(params);
+  absl::StatusOr<LaneRun> run = lane.Run(
+      {Gathered(RowPieces(parts, &ForwardInputs::q)), Gathered(RowPieces(parts, &ForwardInputs::k)),
+       Gathered(RowPieces(parts, &ForwardInputs::v)), {Bytes(layout.cu_seqlens_q)},
+       {Bytes(layout.cu_seqlens_k)}},
+      {static_cast<size_t>(total_q * q_row_bytes), lse_bytes}, workspace_bytes,
       [&](const DeviceBuffers& d, cudaStream_t stream) {
         params.q = d.inputs[0];
         params.k = d.inputs[1];
@@ -139,36 +212,52 @@ absl::StatusOr<ForwardResult> CudaWorker::RunFlashForward(const ForwardInputs& i
         params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[4]);
         params.out = d.outputs[0];
         params.lse = reinterpret_cast<float*>(d.outputs[1]);
-        kernels::ExecutionContext ctx;
-        ctx.stream = stream;
-        return FromKernel("flash forward", kernels::flash::Forward(params, ctx));
-      },
-      &outputs, &kernel_ms);
-  if (!status.ok()) return status;
-  ForwardResult result;
-  result.out = {in.q.dtype, in.q.shape, std::move(outputs[0])};
-  result.lse = {DType::kFloat32, {params.shape.num_heads, params.shape.total_q},
-                std::move(outputs[1])};
-  result.execution.device = device().name;
-  result.execution.kernel = "flash";
-  result.execution.compute_us = static_cast<int64_t>(kernel_ms * 1000);
-  PublishMemoryUse();
-  return result;
+        return FromKernel(family, "forward",
+                          family.forward(params, DeviceContext(stream, d.workspace,
+                                                               workspace_bytes)));
+      });
+  if (!run.ok()) return std::vector<absl::StatusOr<ForwardResult>>(parts.size(), run.status());
+  const absl::Time split_start = absl::Now();
+  std::vector<absl::StatusOr<ForwardResult>> answers;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t first_row = layout.q_row[i], rows = layout.q_row[i + 1] - first_row;
+    ForwardResult result;
+    result.out = {first.q.dtype, parts[i]->q.shape,
+                  RowsOf(run->outputs[0], q_row_bytes, first_row, rows)};
+    result.lse = {DType::kFloat32, {heads, rows},
+                  LseColumnsOf(run->outputs[1], heads, total_q, first_row, rows)};
+    result.execution = Report(family, *run);
+    answers.push_back(std::move(result));
+  }
+  RecordPhases(*run, absl::Now() - split_start);
+  return answers;
 }
 
-absl::StatusOr<BackwardResult> CudaWorker::RunFlashBackward(const BackwardInputs& in,
-                                                           CudaLane& lane) {
+std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
+    const kernels::KernelFamilyEntry& family, const std::vector<const BackwardInputs*>& parts,
+    CudaLane& lane) {
+  const BackwardInputs& first = *parts[0];
+  const BatchLayout layout = LayOutBatch(parts);
+  const int64_t total_q = layout.q_row.back(), total_k = layout.k_row.back();
+  TensorView q = first.q, k = first.k;
+  q.shape[0] = total_q;
+  k.shape[0] = total_k;
   kernels::BackwardParams params;
-  params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
-  params.options = ResolveOptions(in.options, params.shape.head_dim);
-  params.deterministic = in.deterministic;
-  std::vector<std::string> outputs;
-  float kernel_ms = 0;
-  absl::Status status = lane.Run(
-      {Bytes(in.dout), Bytes(in.q), Bytes(in.k), Bytes(in.v), Bytes(in.out), Bytes(in.lse),
-       Bytes(in.cu_seqlens_q), Bytes(in.cu_seqlens_k)},
-      {in.q.size_bytes, in.k.size_bytes, in.v.size_bytes},
-      kernels::flash::BackwardWorkspaceBytes(params),
+  params.shape = ShapeOf(q, k, layout.cu_seqlens_q, layout.cu_seqlens_k);
+  params.options = ResolveOptions(first.options, params.shape.head_dim);
+  params.deterministic = first.deterministic;
+  const int64_t q_row_bytes = RowBytes(first.q), k_row_bytes = RowBytes(first.k);
+  const size_t workspace_bytes = family.backward_workspace_bytes(params);
+  absl::StatusOr<LaneRun> run = lane.Run(
+      {Gathered(RowPieces(parts, &BackwardInputs::dout)),
+       Gathered(RowPieces(parts, &BackwardInputs::q)),
+       Gathered(RowPieces(parts, &BackwardInputs::k)),
+       Gathered(RowPieces(parts, &BackwardInputs::v)),
+       Gathered(RowPieces(parts, &BackwardInputs::out)), Gathered(LsePieces(parts)),
+       {Bytes(layout.cu_seqlens_q)}, {Bytes(layout.cu_seqlens_k)}},
+      {static_cast<size_t>(total_q * q_row_bytes), static_cast<size_t>(total_k * k_row_bytes),
+       static_cast<size_t>(total_k * k_row_bytes)},
+      workspace_bytes,
       [&](const DeviceBuffers& d, cudaStream_t stream) {
         params.dout = d.inputs[0];
         params.q = d.inputs[1];
@@ -181,23 +270,45 @@ absl::StatusOr<BackwardResult> CudaWorker::RunFlashBackward(const BackwardInputs
         params.dq = d.outputs[0];
         params.dk = d.outputs[1];
         params.dv = d.outputs[2];
-        kernels::ExecutionContext ctx;
-        ctx.stream = stream;
-        ctx.workspace = d.workspace;
-        ctx.workspace_bytes = kernels::flash::BackwardWorkspaceBytes(params);
-        return FromKernel("flash backward", kernels::flash::Backward(params, ctx));
-      },
-      &outputs, &kernel_ms);
-  if (!status.ok()) return status;
-  BackwardResult result;
-  result.dq = {in.q.dtype, in.q.shape, std::move(outputs[0])};
-  result.dk = {in.k.dtype, in.k.shape, std::move(outputs[1])};
-  result.dv = {in.v.dtype, in.v.shape, std::move(outputs[2])};
-  result.execution.device = device().name;
-  result.execution.kernel = "flash";
-  result.execution.compute_us = static_cast<int64_t>(kernel_ms * 1000);
+        return FromKernel(family, "backward",
+                          family.backward(params, DeviceContext(stream, d.workspace,
+                                                                workspace_bytes)));
+      });
+  if (!run.ok()) return std::vector<absl::StatusOr<BackwardResult>>(parts.size(), run.status());
+  const absl::Time split_start = absl::Now();
+  std::vector<absl::StatusOr<BackwardResult>> answers;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t q_first = layout.q_row[i], q_rows = layout.q_row[i + 1] - q_first;
+    const int64_t k_first = layout.k_row[i], k_rows = layout.k_row[i + 1] - k_first;
+    BackwardResult result;
+    result.dq = {first.q.dtype, parts[i]->q.shape,
+                 RowsOf(run->outputs[0], q_row_bytes, q_first, q_rows)};
+    result.dk = {first.k.dtype, parts[i]->k.shape,
+                 RowsOf(run->outputs[1], k_row_bytes, k_first, k_rows)};
+    result.dv = {first.v.dtype, parts[i]->v.shape,
+                 RowsOf(run->outputs[2], k_row_bytes, k_first, k_rows)};
+    result.execution = Report(family, *run);
+    answers.push_back(std::move(result));
+  }
+  RecordPhases(*run, absl::Now() - split_start);
+  return answers;
+}
+
+ExecutionReport CudaWorker::Report(const kernels::KernelFamilyEntry& family,
+                                   const LaneRun& run) const {
+  ExecutionReport report;
+  report.device = device().name;
+  report.kernel = family.name;
+  report.compute_us = static_cast<int64_t>(run.kernel_ms * 1000);
+  return report;
+}
+
+void CudaWorker::RecordPhases(const LaneRun& run, absl::Duration stage_out) {
   PublishMemoryUse();
-  return result;
+  if (metrics_ == nullptr) return;
+  metrics_->RecordLaunchPhase(device().name, "stage_in", run.stage_in_seconds);
+  metrics_->RecordLaunchPhase(device().name, "device", run.device_seconds);
+  metrics_->RecordLaunchPhase(device().name, "stage_out", absl::ToDoubleSeconds(stage_out));
 }
 
 void CudaWorker::PublishMemoryUse() {

@@ -1,13 +1,14 @@
-// Runs requests on one CUDA device through two lanes (cuda_lane.h), so one request's
-// host<->device copies overlap another's kernels, on the best kernel family the device has
-// for each request. What no GPU family can do yet runs on the CPU reference kernels (and
-// Execution says so).
+// Runs requests on one CUDA device through several lanes (cuda_lane.h), so one request's
+// host<->device copies overlap another's kernels, on the best kernel family the device has for
+// each request; a batch's parts are gathered straight into pinned memory and split out of it.
+// What no GPU family can do yet runs on the CPU reference kernels (and Execution says so).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/kernel_families.h"
 #include "server/engine/cuda_lane.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/kernel_routing.h"
@@ -24,6 +25,8 @@ class CudaWorker : public QueueWorker {
   ~CudaWorker() override;
 
   std::vector<std::string> kernel_families() const override;
+  std::vector<CoverageRow> coverage() const override;
+  KernelCatalog catalog() const override { return catalog_; }
 
  private:
   CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
@@ -32,15 +35,30 @@ class CudaWorker : public QueueWorker {
   void OnLaneStart(int lane) override;
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
-  absl::StatusOr<ForwardResult> RunFlashForward(const ForwardInputs& inputs, CudaLane& lane);
-  absl::StatusOr<BackwardResult> RunFlashBackward(const BackwardInputs& inputs, CudaLane& lane);
-  // The routing table's family for a request of q's dtype and head_dim on this device.
-  std::string FamilyFor(Direction direction, const TensorView& q) const;
+  std::vector<absl::StatusOr<ForwardResult>> ExecuteBatch(
+      const std::vector<const ForwardInputs*>& parts, int lane) override;
+  std::vector<absl::StatusOr<BackwardResult>> ExecuteBatch(
+      const std::vector<const BackwardInputs*>& parts, int lane) override;
+  // Gathers the parts in, runs a GPU family on the lane's stream as one launch, splits the
+  // outputs into each part's answer.
+  std::vector<absl::StatusOr<ForwardResult>> RunOnDevice(
+      const kernels::KernelFamilyEntry& family, const std::vector<const ForwardInputs*>& parts,
+      CudaLane& lane);
+  std::vector<absl::StatusOr<BackwardResult>> RunOnDevice(
+      const kernels::KernelFamilyEntry& family, const std::vector<const BackwardInputs*>& parts,
+      CudaLane& lane);
+  ExecutionReport Report(const kernels::KernelFamilyEntry& family, const LaneRun& run) const;
+  void RecordPhases(const LaneRun& run, absl::Duration stage_out);
+  kernels::ExecutionContext DeviceContext(cudaStream_t stream, void* workspace,
+                                          size_t workspace_bytes) const;
+  // The routing table's choice for a request of q's dtype and head_dim on this device.
+  Route RouteFor(Direction direction, const TensorView& q) const;
   void PublishMemoryUse();
 
   std::vector<std::unique_ptr<CudaLane>> lanes_;
   const kernels::ExecutionContext cpu_context_;
-  const int compute_capability_;  // major * 10 + minor
+  const int compute_capability_;  // major * 10 + minor, as routed (possibly emulated)
+  const KernelCatalog catalog_;    // built families, or the one --kernel forces
   metrics::ServerMetrics* const metrics_;
 };
 

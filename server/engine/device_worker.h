@@ -3,13 +3,28 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "server/devices/device_registry.h"
 #include "server/engine/engine.h"
+#include "server/engine/kernel_routing.h"
 
 namespace attnserve::engine {
+
+// What the engine estimated for a job when it placed it (placement.h).
+struct JobCost {
+  int64_t device_bytes = 0;  // reserved from the device's memory budget while the job runs
+  double seconds = 0;        // estimated run time: queued work until the job is answered
+};
+
+// A worker's load as placement reads it.
+struct WorkerLoad {
+  size_t queue_depth = 0;      // jobs waiting (not running)
+  double queued_seconds = 0;   // estimated seconds of the jobs waiting and running
+  int64_t reserved_bytes = 0;  // memory held by running jobs
+};
 
 class DeviceWorker {
  public:
@@ -17,10 +32,17 @@ class DeviceWorker {
   virtual const devices::DeviceDescription& device() const = 0;
   // Kernel families this worker runs requests on, best first.
   virtual std::vector<std::string> kernel_families() const = 0;
-  // Jobs must already be validated.
-  virtual void Submit(ForwardJob job) = 0;
-  virtual void Submit(BackwardJob job) = 0;
-  virtual size_t QueueDepth() const = 0;
+  // What each of those families serves on this device, best first (ServerInfo lists it).
+  virtual std::vector<CoverageRow> coverage() const = 0;
+  // The families the routing table may pick from for this worker's device.
+  virtual KernelCatalog catalog() const = 0;
+  // Bytes of memory running jobs may hold at once; 0 = unbounded.
+  virtual int64_t memory_budget() const = 0;
+  // Jobs must already be validated and their cost must fit memory_budget().
+  virtual void Submit(ForwardJob job, JobCost cost) = 0;
+  virtual void Submit(BackwardJob job, JobCost cost) = 0;
+  virtual WorkerLoad Load() const = 0;
+  size_t QueueDepth() const { return Load().queue_depth; }
   // Runs every queued job to completion, then joins the worker's threads. Idempotent.
   virtual void Stop() = 0;
 };

@@ -11,15 +11,19 @@
 #include "absl/time/time.h"
 #include "server/devices/device_registry.h"
 #include "server/engine/attention_request.h"
+#include "server/engine/kernel_routing.h"
 #include "server/engine/limits.h"
+#include "server/engine/priority.h"
 
 namespace attnserve::engine {
 
-// What the caller says about a job beyond its inputs: when it stops being useful, and how to
-// learn that the caller has gone. Checked right before launch; a job past either is dropped.
+// What the caller says about a job beyond its inputs: when it stops being useful, how to learn
+// that the caller has gone (a queued job past either is dropped without running), and how
+// urgent it is.
 struct JobControl {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // empty: never cancelled
+  Priority priority = Priority::kNormal;
 };
 
 // The request's input views must stay valid until `done` has returned.
@@ -58,6 +62,13 @@ class Engine {
   virtual const Limits& limits() const = 0;
   virtual std::vector<devices::DeviceDescription> Devices() const = 0;
   virtual std::vector<std::string> KernelFamilies() const = 0;
+  // Per device (by name): the families it runs and what each serves, best first.
+  virtual std::vector<std::string> DeviceKernelFamilies(const std::string& /*device*/) const {
+    return KernelFamilies();
+  }
+  virtual std::vector<CoverageRow> DeviceCoverage(const std::string& /*device*/) const {
+    return {};
+  }
 };
 
 }  // namespace attnserve::engine

@@ -1,20 +1,44 @@
-// How the engine runs: limits, CPU threads, batching and queue bounds (set from server flags).
+// How the engine runs: limits, CPU threads, batching, queue bounds, memory budgets and priority
+// aging (set from server flags).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "absl/time/time.h"
 #include "server/engine/limits.h"
-#include "server/engine/queue_worker.h"
 
 namespace attnserve::engine {
 
+struct BatchingOptions {
+  bool enabled = false;  // see the --batching flag
+  // Most query (and, separately, key) tokens one launch may carry.
+  int64_t max_batch_tokens = 1 << 16;
+  // How long the oldest job may wait for compatible company (Triton's
+  // max_queue_delay_microseconds); 0 merges only what is already queued.
+  absl::Duration max_queue_delay = absl::ZeroDuration();
+};
+
 struct EngineOptions {
   Limits limits;
-  int cpu_threads = 0;  // reference kernel threads; 0 = all cores
+  int cpu_threads = 0;  // reference kernel threads per request; 0 = all cores
+  // Requests the CPU device runs at once (each with cpu_threads threads).
+  int cpu_lanes = 1;
+  // Requests a CUDA device runs at once, each on its own stream with its own pinned staging,
+  // so one request's host copies overlap another's transfers and kernels.
+  int cuda_lanes = 2;
   BatchingOptions batching;
   // Jobs a device may hold waiting; past it new jobs are refused with RESOURCE_EXHAUSTED
-  // (backpressure instead of unbounded memory and latency).
+  // (backpressure instead of unbounded memory and latency). Jobs waiting for memory count.
   int64_t max_queue_size = 1024;
+  // Bytes of each device's memory running requests may hold at once (0 = the device's total).
+  // A request that fits the budget but not what running requests leave waits in the queue.
+  int64_t device_memory_bytes = 0;
+  // Waiting this long lifts a job one priority level (priority.h).
+  absl::Duration priority_aging = absl::Milliseconds(500);
+  // --kernel: run every request on this one family (tests); requests it can't run fail with
+  // FAILED_PRECONDITION. Empty: the routing table chooses among every built family.
+  std::string forced_kernel_family;
 };
 
 }  // namespace attnserve::engine

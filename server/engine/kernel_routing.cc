@@ -1,59 +1,156 @@
 #include "server/engine/kernel_routing.h"
 
+#include <algorithm>
+#include <climits>
+
 #include "absl/strings/str_cat.h"
+#include "kernels/kernel_families.h"
 
 namespace attnserve::engine {
 namespace {
 
-// What kernels/flash covers (flash_attention.h): fp16/bf16 tensor-core kernels for sm80+,
-// head dims that are multiples of 8, up to 256 forward and 128 backward.
-constexpr int kFlashMinComputeCapability = 80;
-constexpr int kFlashHeadDimMultiple = 8;
-constexpr int kFlashMaxForwardHeadDim = 256;
-constexpr int kFlashMaxBackwardHeadDim = 128;
+using kernels::DType;
 
+constexpr int kAnyCc = INT_MAX;       // no upper compute-capability bound
+constexpr int kNoHeadDimBound = INT_MAX;
+
+enum DTypeMask : unsigned { kF16 = 1, kBF16 = 2, kF32 = 4, kAllDTypes = 7 };
+
+unsigned MaskOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return kF16;
+    case DType::kBFloat16:
+      return kBF16;
+    case DType::kFloat32:
+      return kF32;
+  }
+  return 0;
+}
+
+// A family serves `direction` on compute capabilities [min_cc, max_cc) for the dtypes in the
+// mask and head dims min..max that are multiples of `multiple`. Each row mirrors what the
+// family's header promises (kernels/<family>/*_attention.h).
 struct Row {
   const char* family;
-  bool (*covers)(const RouteQuery&, const KernelCatalog&);
+  int min_cc;
+  int max_cc;
+  Direction direction;
+  unsigned dtypes;
+  int min_head_dim;
+  int max_head_dim;
+  int multiple;
   const char* reason;
 };
 
-bool FlashCovers(const RouteQuery& q, const KernelCatalog& catalog) {
-  const int max_head_dim = q.direction == Direction::kForward ? kFlashMaxForwardHeadDim
-                                                              : kFlashMaxBackwardHeadDim;
-  return catalog.flash && q.compute_capability >= kFlashMinComputeCapability &&
-         q.dtype != kernels::DType::kFloat32 && q.head_dim % kFlashHeadDimMultiple == 0 &&
-         q.head_dim <= max_head_dim;
-}
-
-bool ReferenceCovers(const RouteQuery&, const KernelCatalog&) { return true; }
+constexpr Direction kFwd = Direction::kForward;
+constexpr Direction kBwd = Direction::kBackward;
 
 // Best first; the first row that covers a query runs it.
 constexpr Row kTable[] = {
-    {"flash", FlashCovers,
-     "sm80+ tensor cores, fp16/bf16, head_dim a multiple of 8 up to 256 (backward up to 128)"},
-    {"reference", ReferenceCovers, "exact CPU kernels: every dtype, head_dim and device"},
+    {"flash", 80, kAnyCc, kFwd, kF16 | kBF16, 8, 256, 8,
+     "FlashAttention-2-class kernels (sm80+ mma.sync m16n8k16): fp16/bf16, head_dim a multiple "
+     "of 8 up to 256"},
+    {"flash", 80, kAnyCc, kBwd, kF16 | kBF16, 8, 128, 8,
+     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 128"},
+    {"flash", 75, 80, kFwd, kF16, 8, 64, 8,
+     "flash on Turing (mma.sync m16n8k8, 64 KB shared memory): fp16, head_dim a multiple of 8 "
+     "up to 64"},
+    {"flash", 75, 80, kBwd, kF16, 8, 64, 8,
+     "flash backward on Turing: fp16, head_dim a multiple of 8 up to 64"},
+    {"fallback", 70, kAnyCc, kFwd, kAllDTypes, 1, 256, 1,
+     "memory-efficient tiled kernels for sm70+ (tensor cores for fp16, and bf16 on sm80+): "
+     "every dtype, head_dim 1..256"},
+    {"fallback", 70, kAnyCc, kBwd, kAllDTypes, 1, 256, 1,
+     "memory-efficient tiled backward for sm70+: every dtype, head_dim 1..256"},
+    {"cublas", 70, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
+     "cuBLAS GEMMs with softmax in query chunks (bounded workspace): any dtype and head_dim"},
+    {"cublas", 70, kAnyCc, kBwd, kAllDTypes, 1, kNoHeadDimBound, 1,
+     "cuBLAS backward in query chunks: any dtype and head_dim"},
+    {"reference", 0, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
+     "exact CPU kernels: every dtype, head_dim and device"},
+    {"reference", 0, kAnyCc, kBwd, kAllDTypes, 1, kNoHeadDimBound, 1,
+     "exact CPU kernels: every dtype, head_dim and device"},
 };
+
+bool AppliesTo(const Row& row, int compute_capability, const KernelCatalog& catalog) {
+  return catalog.Has(row.family) && compute_capability >= row.min_cc &&
+         compute_capability < row.max_cc;
+}
+
+bool RowCovers(const Row& row, const RouteQuery& q, const KernelCatalog& catalog) {
+  return AppliesTo(row, q.compute_capability, catalog) && row.direction == q.direction &&
+         (row.dtypes & MaskOf(q.dtype)) != 0 && q.head_dim >= row.min_head_dim &&
+         q.head_dim <= row.max_head_dim && q.head_dim % row.multiple == 0;
+}
 
 }  // namespace
 
+const char* DirectionName(Direction direction) {
+  return direction == Direction::kForward ? "forward" : "backward";
+}
+
+bool KernelCatalog::Has(std::string_view family) const {
+  return std::find(families.begin(), families.end(), family) != families.end();
+}
+
+KernelCatalog KernelCatalog::Built() {
+  KernelCatalog catalog;
+  for (const kernels::KernelFamilyEntry& entry : kernels::BuiltKernelFamilies()) {
+    catalog.families.push_back(entry.name);
+  }
+  return catalog;
+}
+
+KernelCatalog KernelCatalog::Only(std::string family) {
+  return KernelCatalog{{std::move(family)}};
+}
+
 Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog) {
   for (const Row& row : kTable) {
-    if (row.covers(query, catalog)) return {row.family, row.reason};
+    if (RowCovers(row, query, catalog)) return {row.family, row.reason};
   }
-  return {"reference", "no other family covers this request"};
+  std::string families;
+  for (const std::string& f : catalog.families) absl::StrAppend(&families, families.empty() ? "" : ", ", f);
+  return {"", absl::StrCat("no kernel family of [", families, "] runs a ",
+                           DirectionName(query.direction), " of ", kernels::DTypeName(query.dtype),
+                           " with head_dim ", query.head_dim, " on compute capability ",
+                           query.compute_capability / 10, ".", query.compute_capability % 10)};
 }
 
 bool Covers(const std::string& family, const RouteQuery& query, const KernelCatalog& catalog) {
   for (const Row& row : kTable) {
-    if (family == row.family) return row.covers(query, catalog);
+    if (family == row.family && RowCovers(row, query, catalog)) return true;
   }
   return false;
 }
 
+std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog& catalog) {
+  std::vector<CoverageRow> rows;
+  for (const Row& row : kTable) {
+    if (!AppliesTo(row, compute_capability, catalog)) continue;
+    CoverageRow out;
+    out.family = row.family;
+    out.direction = row.direction;
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+      if ((row.dtypes & MaskOf(dtype)) != 0) out.dtypes.push_back(dtype);
+    }
+    out.min_head_dim = row.min_head_dim;
+    out.max_head_dim = row.max_head_dim;
+    out.head_dim_multiple = row.multiple;
+    out.reason = row.reason;
+    rows.push_back(std::move(out));
+  }
+  return rows;
+}
+
 std::vector<std::string> KnownFamilies() {
   std::vector<std::string> families;
-  for (const Row& row : kTable) families.push_back(row.family);
+  for (const Row& row : kTable) {
+    if (std::find(families.begin(), families.end(), row.family) == families.end()) {
+      families.push_back(row.family);
+    }
+  }
   return families;
 }
 

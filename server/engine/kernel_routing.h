@@ -1,9 +1,11 @@
 // The one routing table: which kernel family runs a request of a given direction, dtype and
-// head_dim on a device of a given compute capability, and why. Workers ask it instead of
-// hard-coding what each family covers, so adding a family (fallback, Turing flash) is one row.
+// head_dim on a device of a given compute capability, and why. Workers, placement and
+// ServerInfo ask it instead of hard-coding what each family covers, so adding a family is one
+// row.
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/attention_params.h"
@@ -11,6 +13,8 @@
 namespace attnserve::engine {
 
 enum class Direction { kForward, kBackward };
+
+const char* DirectionName(Direction direction);  // "forward" / "backward"
 
 struct RouteQuery {
   int compute_capability = 0;  // major * 10 + minor; 0 for the CPU
@@ -20,21 +24,41 @@ struct RouteQuery {
 };
 
 struct Route {
-  std::string family;  // "flash" or "reference"
-  std::string reason;  // why, for logs and ServerInfo
+  std::string family;  // empty when no family in the catalog covers the query
+  std::string reason;  // why, for logs, errors and ServerInfo
 };
 
-// Families built into this binary; the router never picks one that is not.
+// The families the router may pick: those built into this binary, or only the one a
+// --kernel=<family> flag forces (tests).
 struct KernelCatalog {
-  bool flash = false;
+  std::vector<std::string> families;
+
+  bool Has(std::string_view family) const;
+  static KernelCatalog Built();  // kernels/kernel_families.h
+  static KernelCatalog Only(std::string family);
 };
 
-// The first row of the table that covers the query; "reference" (exact, on the CPU) covers
-// everything and is last.
+// One row of the table as it applies to a device: `family` serves `direction` for `dtypes` and
+// head dims min..max that are multiples of head_dim_multiple.
+struct CoverageRow {
+  std::string family;
+  Direction direction = Direction::kForward;
+  std::vector<kernels::DType> dtypes;
+  int min_head_dim = 1;
+  int max_head_dim = 0;  // INT_MAX: no bound of the family's own
+  int head_dim_multiple = 1;
+  std::string reason;
+};
+
+// The first row of the table that covers the query and whose family is in the catalog.
 Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog);
 
-// Whether `family` covers the query (for a forced --kernel choice, and for ServerInfo).
+// Whether `family` covers the query (for a forced --kernel choice).
 bool Covers(const std::string& family, const RouteQuery& query, const KernelCatalog& catalog);
+
+// The rows that apply on a device of this compute capability, best first (ServerInfo lists
+// them per device).
+std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog& catalog);
 
 // Every family the table knows, best first.
 std::vector<std::string> KnownFamilies();

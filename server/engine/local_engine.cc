@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/devices/capability_emulation.h"
 #include "server/engine/cpu_worker.h"
 #ifdef ATTN_WITH_CUDA
 #include "server/engine/cuda_worker.h"
@@ -84,25 +85,24 @@ absl::Status LocalEngine::Admit(Job job) {
     return Reject(absl::DeadlineExceededError("the request's deadline passed before it was queued"),
                   "deadline");
   }
+  const RequestProfile profile = ProfileOf(job.inputs);
   std::lock_guard<std::mutex> lock(admit_mu_);
   if (stopping_) return Reject(absl::UnavailableError("server is shutting down"), "shutting_down");
-  DeviceWorker& worker = LeastLoadedWorker();
+  const std::vector<DeviceState> states = DeviceStates();
   // A request that could not fit even on an idle device is refused now, with the numbers,
   // instead of failing later with an out-of-memory error.
-  const int64_t needed = DeviceBytes(job.inputs);
-  const int64_t capacity = worker.device().memory_total_bytes;
-  if (capacity > 0 && needed > capacity) {
-    return Reject(absl::ResourceExhaustedError(absl::StrCat(
-                      "the request needs about ", needed, " bytes of device memory; ",
-                      worker.device().name, " has ", capacity, " in all")),
-                  "memory");
+  if (absl::Status s = CheckPlaceable(profile, states); !s.ok()) {
+    return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "memory" : "no_kernel");
   }
-  if (static_cast<int64_t>(worker.QueueDepth()) >= max_queue_size_) {
+  const std::optional<Placement> placement = Place(profile, states, max_queue_size_);
+  if (!placement) {
     return Reject(absl::ResourceExhaustedError(absl::StrCat(
                       "every device queue is full (", max_queue_size_,
-                      " requests waiting on ", worker.device().name, "); retry later")),
+                      " requests waiting on each device that can run it); retry later")),
                   "queue_full");
   }
+  DeviceWorker& worker = *workers_[placement->device];
+  if (metrics_ != nullptr) metrics_->RecordPlacement(worker.device().name, placement->family);
   AddInflight(1);
   // The in-flight count drops only after the answer has been handed to the transport.
   job.done = [this, done = std::move(job.done)](auto result) {
@@ -116,14 +116,29 @@ absl::Status LocalEngine::Admit(Job job) {
     done(std::move(result));
     AddInflight(-1);
   };
-  worker.Submit(std::move(job));
+  worker.Submit(std::move(job), JobCost{placement->device_bytes, placement->seconds});
   return absl::OkStatus();
 }
 
-DeviceWorker& LocalEngine::LeastLoadedWorker() {
-  return **std::min_element(workers_.begin(), workers_.end(), [](const auto& a, const auto& b) {
-    return a->QueueDepth() < b->QueueDepth();
-  });
+std::vector<DeviceState> LocalEngine::DeviceStates() const {
+  std::vector<DeviceState> states;
+  for (const auto& worker : workers_) {
+    const devices::DeviceDescription& device = worker->device();
+    const WorkerLoad load = worker->Load();
+    DeviceState state;
+    state.name = device.name;
+    state.compute_capability =
+        device.kind == devices::DeviceKind::kCpu
+            ? 0
+            : std::max(0, devices::ParseComputeCapability(device.compute_capability));
+    state.catalog = worker->catalog();
+    state.memory_budget = worker->memory_budget();
+    state.reserved_bytes = load.reserved_bytes;
+    state.queued_seconds = load.queued_seconds;
+    state.queue_depth = load.queue_depth;
+    states.push_back(std::move(state));
+  }
+  return states;
 }
 
 void LocalEngine::AddInflight(int64_t delta) {
@@ -153,6 +168,20 @@ std::vector<devices::DeviceDescription> LocalEngine::Devices() const {
   std::vector<devices::DeviceDescription> out;
   for (const auto& worker : workers_) out.push_back(worker->device());
   return out;
+}
+
+std::vector<std::string> LocalEngine::DeviceKernelFamilies(const std::string& device) const {
+  for (const auto& worker : workers_) {
+    if (worker->device().name == device) return worker->kernel_families();
+  }
+  return {};
+}
+
+std::vector<CoverageRow> LocalEngine::DeviceCoverage(const std::string& device) const {
+  for (const auto& worker : workers_) {
+    if (worker->device().name == device) return worker->coverage();
+  }
+  return {};
 }
 
 std::vector<std::string> LocalEngine::KernelFamilies() const {

@@ -1,5 +1,5 @@
-// The engine of one server process: validates each job, places it on the least-loaded device
-// worker, and counts what is in flight.
+// The engine of one server process: validates each job, places it on the device where it would
+// finish first (placement.h: routed family, queued work, memory), and counts what is in flight.
 #pragma once
 
 #include <atomic>
@@ -11,10 +11,10 @@
 #include "server/engine/device_worker.h"
 #include "server/engine/engine.h"
 #include "server/engine/engine_options.h"
+#include "server/engine/placement.h"
 #include "server/metrics/server_metrics.h"
 
 namespace attnserve::engine {
-
 
 class LocalEngine : public Engine {
  public:
@@ -32,6 +32,8 @@ class LocalEngine : public Engine {
   const Limits& limits() const override { return limits_; }
   std::vector<devices::DeviceDescription> Devices() const override;
   std::vector<std::string> KernelFamilies() const override;
+  std::vector<std::string> DeviceKernelFamilies(const std::string& device) const override;
+  std::vector<CoverageRow> DeviceCoverage(const std::string& device) const override;
 
  private:
   LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, const EngineOptions& options,
@@ -40,7 +42,7 @@ class LocalEngine : public Engine {
   template <typename Job>
   absl::Status Admit(Job job);
   absl::Status Reject(absl::Status status, const char* reason);
-  DeviceWorker& LeastLoadedWorker();
+  std::vector<DeviceState> DeviceStates() const;
   void AddInflight(int64_t delta);
 
   const std::vector<std::unique_ptr<DeviceWorker>> workers_;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -170,6 +172,51 @@ TEST(LocalEngineTest, ReportsDevicesAndFamilies) {
   ASSERT_EQ(engine->Devices().size(), 1u);
   EXPECT_EQ(engine->Devices()[0].name, "cpu");
   EXPECT_EQ(engine->KernelFamilies(), std::vector<std::string>{"reference"});
+}
+
+
+// Two host "devices" with their own memory budgets, for placement through the engine.
+std::unique_ptr<LocalEngine> MakeTwoDeviceEngine(int64_t small_budget) {
+  devices::DeviceDescription small, large;
+  small.name = "cpu-small";
+  small.memory_total_bytes = small_budget;
+  large.name = "cpu-large";
+  auto engine = LocalEngine::Create({small, large}, EngineOptions{}, nullptr);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return *std::move(engine);
+}
+
+TEST(LocalEngineTest, ARequestGoesToTheDeviceThatCanHoldIt) {
+  auto engine = MakeTwoDeviceEngine(/*small_budget=*/100);
+  SingleKeyProblem problem(4, 2.0f);  // more than 100 bytes of tensors
+  std::promise<absl::StatusOr<ForwardResult>> answer;
+  ASSERT_TRUE(engine->Enqueue(ForwardJob{problem.Inputs(), [&](auto r) {
+                                           answer.set_value(std::move(r));
+                                         }})
+                  .ok());
+  absl::StatusOr<ForwardResult> result = answer.get_future().get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->execution.device, "cpu-large");
+}
+
+TEST(LocalEngineTest, ConcurrentLoadIsSpreadOverEqualDevices) {
+  auto engine = MakeTwoDeviceEngine(/*small_budget=*/0);
+  std::vector<SingleKeyProblem> problems;
+  for (int i = 0; i < 64; ++i) problems.emplace_back(64, i);
+  std::mutex mu;
+  std::map<std::string, int> by_device;
+  for (auto& problem : problems) {
+    ASSERT_TRUE(engine->Enqueue(ForwardJob{problem.Inputs(), [&](auto r) {
+                                             ASSERT_TRUE(r.ok());
+                                             std::lock_guard<std::mutex> lock(mu);
+                                             by_device[r->execution.device]++;
+                                           }})
+                    .ok());
+  }
+  engine->Stop();
+  EXPECT_EQ(by_device["cpu-small"] + by_device["cpu-large"], 64);
+  EXPECT_GT(by_device["cpu-small"], 0);
+  EXPECT_GT(by_device["cpu-large"], 0);
 }
 
 }  // namespace

@@ -1,11 +1,17 @@
 #include "server/engine/queue_worker.h"
 
+#include <algorithm>
+#include <functional>
+
 #include "absl/strings/str_cat.h"
 #include "server/engine/batching.h"
 #include "server/engine/request_cost.h"
 
 namespace attnserve::engine {
 namespace {
+
+// A lane waiting for memory also wakes this often to notice callers that left.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 template <typename Job>
 const auto& InputsOf(const std::variant<ForwardJob, BackwardJob>& job) {
@@ -25,40 +31,70 @@ int64_t QueryTokensOf(const std::variant<ForwardJob, BackwardJob>& job) {
 int64_t KeyTokensOf(const std::variant<ForwardJob, BackwardJob>& job) {
   return std::visit([](const auto& j) { return KeyTokens(j.inputs); }, job);
 }
+const JobControl& ControlOf(const std::variant<ForwardJob, BackwardJob>& job) {
+  return std::visit([](const auto& j) -> const JobControl& { return j.control; }, job);
+}
 
-// The merge and split of each job kind.
-template <typename Job>
-struct BatchOps;
-template <>
-struct BatchOps<ForwardJob> {
-  using Inputs = ForwardInputs;
-  using Result = ForwardResult;
-  static MergedForward Merge(const std::vector<const Inputs*>& parts) { return MergeForward(parts); }
-  static std::vector<Result> Split(const Result& merged, const BatchLayout& layout) {
-    return SplitForward(merged, layout);
+// Why a job must not run any more, or OK.
+absl::Status DeadStatus(const JobControl& control, absl::Time enqueued, absl::Time now,
+                        const std::string& device) {
+  // Deadline first: a transport may also report an expired call as cancelled.
+  if (now >= control.deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline passed after ", absl::FormatDuration(now - enqueued),
+                     " in the queue of ", device, "; the request did not run"));
   }
-};
-template <>
-struct BatchOps<BackwardJob> {
-  using Inputs = BackwardInputs;
-  using Result = BackwardResult;
-  static MergedBackward Merge(const std::vector<const Inputs*>& parts) {
-    return MergeBackward(parts);
+  if (control.cancelled && control.cancelled()) {
+    return absl::CancelledError("the caller cancelled the request before it ran");
   }
-  static std::vector<Result> Split(const Result& merged, const BatchLayout& layout) {
-    return SplitBackward(merged, layout);
+  return absl::OkStatus();
+}
+
+int64_t MemoryBudget(const devices::DeviceDescription& device, const EngineOptions& options) {
+  if (options.device_memory_bytes <= 0) return device.memory_total_bytes;
+  if (device.memory_total_bytes <= 0) return options.device_memory_bytes;
+  return std::min(options.device_memory_bytes, device.memory_total_bytes);
+}
+
+template <typename Inputs, typename Merged, typename Result>
+std::vector<absl::StatusOr<Result>> MergeRunSplit(
+    const std::vector<const Inputs*>& parts, Merged (*merge)(const std::vector<const Inputs*>&),
+    std::vector<Result> (*split)(const Result&, const BatchLayout&),
+    const std::function<absl::StatusOr<Result>(const Inputs&)>& execute) {
+  std::vector<absl::StatusOr<Result>> answers;
+  if (parts.size() == 1) {
+    answers.push_back(execute(*parts[0]));
+    return answers;
   }
-};
+  Merged merged = merge(parts);
+  absl::StatusOr<Result> result = execute(merged.inputs);
+  if (!result.ok()) {
+    answers.assign(parts.size(), result.status());
+    return answers;
+  }
+  for (Result& share : split(*result, merged.layout)) answers.push_back(std::move(share));
+  return answers;
+}
 
 }  // namespace
 
-QueueWorker::QueueWorker(devices::DeviceDescription device, BatchingOptions batching,
+QueueWorker::QueueWorker(devices::DeviceDescription device, const EngineOptions& options,
                          metrics::ServerMetrics* metrics)
-    : device_(std::move(device)), batching_(batching), metrics_(metrics) {}
+    : device_(std::move(device)),
+      batching_(options.batching),
+      memory_budget_(MemoryBudget(device_, options)),
+      priority_aging_(options.priority_aging > absl::ZeroDuration() ? options.priority_aging
+                                                                     : absl::Milliseconds(1)),
+      metrics_(metrics) {}
 
 QueueWorker::~QueueWorker() { Stop(); }
 
 void QueueWorker::StartLanes(int lanes) {
+  lane_count_ = std::max(1, lanes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_lanes_ = lane_count_;
+  }
   for (int lane = 0; lane < lanes; ++lane) {
     lanes_.emplace_back([this, lane] {
       OnLaneStart(lane);
@@ -67,23 +103,26 @@ void QueueWorker::StartLanes(int lanes) {
   }
 }
 
-void QueueWorker::Submit(ForwardJob job) { Push({std::move(job), absl::Now()}); }
-void QueueWorker::Submit(BackwardJob job) { Push({std::move(job), absl::Now()}); }
+void QueueWorker::Submit(ForwardJob job, JobCost cost) {
+  Push({std::move(job), cost, absl::Now()});
+}
+void QueueWorker::Submit(BackwardJob job, JobCost cost) {
+  Push({std::move(job), cost, absl::Now()});
+}
 
 void QueueWorker::Push(Queued queued) {
-  size_t depth;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    queued_seconds_ += queued.cost.seconds;
     queue_.push_back(std::move(queued));
-    depth = queue_.size();
   }
-  PublishQueueDepth(depth);
+  PublishLoad();
   cv_.notify_all();
 }
 
-size_t QueueWorker::QueueDepth() const {
+WorkerLoad QueueWorker::Load() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return queue_.size();
+  return {queue_.size(), queued_seconds_, reserved_bytes_};
 }
 
 void QueueWorker::Stop() {
@@ -102,48 +141,110 @@ void QueueWorker::Loop(int lane) {
     std::vector<Queued> batch = NextBatch();
     if (batch.empty()) return;  // stopped with nothing left: accepted jobs are all answered
     DropDeadJobs(batch);
-    if (batch.empty()) continue;
+    if (batch.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++idle_lanes_;
+      continue;
+    }
     if (std::holds_alternative<ForwardJob>(batch[0].job)) {
       RunBatch<ForwardJob>(batch, "Forward", lane);
     } else {
       RunBatch<BackwardJob>(batch, "Backward", lane);
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++idle_lanes_;
   }
 }
 
 std::vector<QueueWorker::Queued> QueueWorker::NextBatch() {
   std::vector<Queued> batch;
-  size_t depth;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return batch;
-    // The oldest job always goes next, so incompatible jobs are never starved by batching.
-    batch.push_back(std::move(queue_.front()));
-    queue_.pop_front();
-    if (batching_.enabled) {
-      int64_t q_tokens = QueryTokensOf(batch[0].job), k_tokens = KeyTokensOf(batch[0].job);
-      const absl::Time wait_until = batch[0].enqueued + batching_.max_queue_delay;
-      for (;;) {
-        TakeCompatible(batch, q_tokens, k_tokens);
-        if (stopping_ || absl::Now() >= wait_until) break;
-        cv_.wait_until(lock, absl::ToChronoTime(wait_until));
-      }
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    const absl::Time now = absl::Now();
+    std::vector<Queued> dropped = ReapLocked(now);
+    if (!dropped.empty()) {
+      lock.unlock();
+      AnswerDropped(dropped, now);
+      lock.lock();
+      continue;
     }
-    depth = queue_.size();
+    if (queue_.empty()) {
+      if (stopping_) return batch;  // empty: the lane ends
+      cv_.wait(lock);
+      continue;
+    }
+    auto next = PickNextLocked(now);
+    if (!FitsLocked(next->cost.device_bytes)) {
+      // It fits the budget (admission checked) but not beside the running jobs: it waits, and
+      // so does everything behind it, so a large job is never starved by smaller ones.
+      if (!next->waited_for_memory) {
+        next->waited_for_memory = true;
+        if (metrics_ != nullptr) metrics_->RecordMemoryWait(device_.name);
+      }
+      const absl::Time wake = std::min(EarliestDeadlineLocked(), now + kCancelPoll);
+      cv_.wait_until(lock, absl::ToChronoTime(wake));
+      continue;
+    }
+    reserved_bytes_ += next->cost.device_bytes;
+    ++running_jobs_;
+    batch.push_back(std::move(*next));
+    queue_.erase(next);
+    break;
   }
-  PublishQueueDepth(depth);
+  if (batching_.enabled) {
+    int64_t q_tokens = QueryTokensOf(batch[0].job), k_tokens = KeyTokensOf(batch[0].job);
+    const absl::Time wait_until = batch[0].enqueued + batching_.max_queue_delay;
+    for (;;) {
+      TakeCompatibleLocked(batch, q_tokens, k_tokens);
+      if (stopping_ || absl::Now() >= wait_until) break;
+      cv_.wait_until(lock, absl::ToChronoTime(wait_until));
+    }
+  }
+  --idle_lanes_;
+  lock.unlock();
+  PublishLoad();
   return batch;
 }
 
-void QueueWorker::TakeCompatible(std::vector<Queued>& batch, int64_t& q_tokens,
-                                 int64_t& k_tokens) {
-  for (auto it = queue_.begin(); it != queue_.end();) {
+std::deque<QueueWorker::Queued>::iterator QueueWorker::PickNextLocked(absl::Time now) {
+  auto best = queue_.begin();
+  int best_level = EffectiveLevel(ControlOf(best->job).priority, now - best->enqueued,
+                                  priority_aging_);
+  // The queue is in arrival order, so the first job of the best level is the oldest of it.
+  for (auto it = std::next(queue_.begin()); it != queue_.end() && best_level > 0; ++it) {
+    const int level =
+        EffectiveLevel(ControlOf(it->job).priority, now - it->enqueued, priority_aging_);
+    if (level < best_level) {
+      best = it;
+      best_level = level;
+    }
+  }
+  return best;
+}
+
+bool QueueWorker::FitsLocked(int64_t bytes) const {
+  // With nothing running a job always starts: admission made sure it fits the budget alone.
+  return memory_budget_ <= 0 || reserved_bytes_ == 0 || reserved_bytes_ + bytes <= memory_budget_;
+}
+
+void QueueWorker::TakeCompatibleLocked(std::vector<Queued>& batch, int64_t& q_tokens,
+                                       int64_t& k_tokens) {
+  // Each idle lane (this one included) takes an equal share of the compatible backlog, so a
+  // backlog is spread over the lanes (one staging while another computes) instead of being
+  // serialized through one; a lane that frees up while the others are busy takes it all.
+  size_t compatible = 0;
+  for (const Queued& queued : queue_) compatible += SameKindAndCompatible(batch[0].job, queued.job);
+  const size_t lanes = static_cast<size_t>(std::max(1, idle_lanes_));
+  const size_t share = (batch.size() + compatible + lanes - 1) / lanes;
+  for (auto it = queue_.begin(); it != queue_.end() && batch.size() < share;) {
     const int64_t q = QueryTokensOf(it->job), k = KeyTokensOf(it->job);
     if (SameKindAndCompatible(batch[0].job, it->job) &&
-        q_tokens + q <= batching_.max_batch_tokens && k_tokens + k <= batching_.max_batch_tokens) {
+        q_tokens + q <= batching_.max_batch_tokens && k_tokens + k <= batching_.max_batch_tokens &&
+        FitsLocked(it->cost.device_bytes)) {
       q_tokens += q;
       k_tokens += k;
+      reserved_bytes_ += it->cost.device_bytes;
+      ++running_jobs_;
       batch.push_back(std::move(*it));
       it = queue_.erase(it);
     } else {
@@ -152,65 +253,110 @@ void QueueWorker::TakeCompatible(std::vector<Queued>& batch, int64_t& q_tokens,
   }
 }
 
-void QueueWorker::DropDeadJobs(std::vector<Queued>& batch) {
-  const absl::Time now = absl::Now();
-  std::vector<Queued> alive;
-  for (Queued& queued : batch) {
-    std::visit(
-        [&](auto& job) {
-          absl::Status dropped;
-          // Deadline first: a transport may also report an expired call as cancelled.
-          if (now >= job.control.deadline) {
-            dropped = absl::DeadlineExceededError(absl::StrCat(
-                "deadline passed after ", absl::FormatDuration(now - queued.enqueued),
-                " in the queue of ", device_.name, "; the request did not run"));
-          } else if (job.control.cancelled && job.control.cancelled()) {
-            dropped = absl::CancelledError("the caller cancelled the request before it ran");
-          }
-          if (dropped.ok()) {
-            alive.push_back(std::move(queued));
-          } else {
-            job.done(dropped);
-          }
-        },
-        queued.job);
+std::vector<QueueWorker::Queued> QueueWorker::ReapLocked(absl::Time now) {
+  std::vector<Queued> dropped;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (DeadStatus(ControlOf(it->job), it->enqueued, now, device_.name).ok()) {
+      ++it;
+      continue;
+    }
+    FinishLocked(*it, /*reserved=*/false);
+    dropped.push_back(std::move(*it));
+    it = queue_.erase(it);
   }
-  batch = std::move(alive);
+  return dropped;
 }
 
-// Runs the batch as one request (merging when there are several), then answers each job with
-// its own share of the result, stamped with how long it waited.
+void QueueWorker::DropDeadJobs(std::vector<Queued>& batch) {
+  const absl::Time now = absl::Now();
+  std::vector<Queued> alive, dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Queued& queued : batch) {
+      if (DeadStatus(ControlOf(queued.job), queued.enqueued, now, device_.name).ok()) {
+        alive.push_back(std::move(queued));
+      } else {
+        FinishLocked(queued, /*reserved=*/true);
+        dropped.push_back(std::move(queued));
+      }
+    }
+  }
+  batch = std::move(alive);
+  if (!dropped.empty()) {
+    cv_.notify_all();  // their memory is free again
+    AnswerDropped(dropped, now);
+  }
+}
+
+void QueueWorker::AnswerDropped(std::vector<Queued>& dropped, absl::Time now) {
+  PublishLoad();
+  for (Queued& queued : dropped) {
+    std::visit(
+        [&](auto& job) { job.done(DeadStatus(job.control, queued.enqueued, now, device_.name)); },
+        queued.job);
+  }
+}
+
+absl::Time QueueWorker::EarliestDeadlineLocked() const {
+  absl::Time earliest = absl::InfiniteFuture();
+  for (const Queued& queued : queue_) earliest = std::min(earliest, ControlOf(queued.job).deadline);
+  return earliest;
+}
+
+void QueueWorker::FinishLocked(const Queued& queued, bool reserved) {
+  if (reserved) {
+    reserved_bytes_ -= queued.cost.device_bytes;
+    --running_jobs_;
+  }
+  queued_seconds_ -= queued.cost.seconds;
+  // Estimates are doubles added and taken away in different orders: snap to zero when idle.
+  if (queue_.empty() && running_jobs_ == 0) queued_seconds_ = 0;
+}
+
+std::vector<absl::StatusOr<ForwardResult>> QueueWorker::ExecuteBatch(
+    const std::vector<const ForwardInputs*>& parts, int lane) {
+  return MergeRunSplit<ForwardInputs, MergedForward, ForwardResult>(
+      parts, MergeForward, SplitForward,
+      [this, lane](const ForwardInputs& in) { return Execute(in, lane); });
+}
+
+std::vector<absl::StatusOr<BackwardResult>> QueueWorker::ExecuteBatch(
+    const std::vector<const BackwardInputs*>& parts, int lane) {
+  return MergeRunSplit<BackwardInputs, MergedBackward, BackwardResult>(
+      parts, MergeBackward, SplitBackward,
+      [this, lane](const BackwardInputs& in) { return Execute(in, lane); });
+}
+
+// Runs the batch as one launch, releases its memory, then answers each job with its own share
+// of the result, stamped with how long it waited.
 template <typename Job>
 void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane) {
-  using Ops = BatchOps<Job>;
-  std::vector<const typename Ops::Inputs*> parts;
+  std::vector<const decltype(Job::inputs)*> parts;
   for (const Queued& queued : batch) parts.push_back(&std::get<Job>(queued.job).inputs);
 
   const absl::Time start = absl::Now();
-  std::vector<absl::StatusOr<typename Ops::Result>> answers;
-  if (parts.size() == 1) {
-    answers.push_back(Execute(*parts[0], lane));
-  } else {
-    auto merged = Ops::Merge(parts);
-    absl::StatusOr<typename Ops::Result> result = Execute(merged.inputs, lane);
-    if (result.ok()) {
-      for (auto& share : Ops::Split(*result, merged.layout)) answers.push_back(std::move(share));
-    } else {
-      answers.assign(parts.size(), result.status());
-    }
-  }
+  auto answers = ExecuteBatch(parts, lane);
   if (metrics_ != nullptr) metrics_->RecordBatch(static_cast<int>(batch.size()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Queued& queued : batch) FinishLocked(queued, /*reserved=*/true);
+  }
+  cv_.notify_all();  // a job waiting for memory may fit now
+  PublishLoad();
 
   for (size_t i = 0; i < batch.size(); ++i) {
     Job& job = std::get<Job>(batch[i].job);
-    absl::StatusOr<typename Ops::Result>& answer = answers[i];
+    auto& answer = answers[i];
+    const double queue_seconds = absl::ToDoubleSeconds(start - batch[i].enqueued);
+    if (metrics_ != nullptr) {
+      metrics_->RecordPriorityQueueDuration(PriorityName(job.control.priority), queue_seconds);
+    }
     if (answer.ok()) {
       ExecutionReport& report = answer->execution;
       report.queue_us = absl::ToInt64Microseconds(start - batch[i].enqueued);
       report.batched_requests = static_cast<int32_t>(batch.size());
       if (metrics_ != nullptr) {
-        metrics_->RecordExecution(rpc, report.kernel, report.device,
-                                  absl::ToDoubleSeconds(start - batch[i].enqueued),
+        metrics_->RecordExecution(rpc, report.kernel, report.device, queue_seconds,
                                   report.compute_us * 1e-6,
                                   static_cast<double>(QueryTokens(job.inputs)),
                                   AttentionFlops(job.inputs));
@@ -220,8 +366,12 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
   }
 }
 
-void QueueWorker::PublishQueueDepth(size_t depth) {
-  if (metrics_ != nullptr) metrics_->SetQueueDepth(device_.name, static_cast<double>(depth));
+void QueueWorker::PublishLoad() {
+  if (metrics_ == nullptr) return;
+  const WorkerLoad load = Load();
+  metrics_->SetQueueDepth(device_.name, static_cast<double>(load.queue_depth));
+  metrics_->SetDeviceLoad(device_.name, load.queued_seconds,
+                          static_cast<double>(load.reserved_bytes));
 }
 
 }  // namespace attnserve::engine

@@ -1,8 +1,11 @@
 // The part every device worker shares: a queue of validated jobs drained by one or more lanes
 // (threads; a GPU worker gives each its own stream, so one lane's copies overlap another's
-// kernels) that form batches of compatible jobs (up to a token budget, waiting up to a maximum queue delay
-// for company), drops jobs whose deadline passed or whose caller left, and answers each job
-// exactly once. Subclasses say how one (merged) request executes on their device.
+// kernels). A lane takes the job of the best priority (priority.h: aged, then oldest first),
+// waits while the device's memory budget cannot hold it next to the running jobs, and with
+// batching on adds compatible jobs (up to a token budget and an equal share of the backlog per
+// idle lane, waiting up to a maximum queue delay for company). Jobs whose deadline passed or whose
+// caller left are dropped, and every job is answered exactly once. Subclasses say how a request
+// (or a batch of them) executes on their device.
 #pragma once
 
 #include <condition_variable>
@@ -14,32 +17,25 @@
 
 #include "absl/time/time.h"
 #include "server/engine/device_worker.h"
+#include "server/engine/engine_options.h"
 #include "server/metrics/server_metrics.h"
 
 namespace attnserve::engine {
-
-struct BatchingOptions {
-  bool enabled = false;  // see the --batching flag
-  // Most query (and, separately, key) tokens one launch may carry.
-  int64_t max_batch_tokens = 1 << 16;
-  // How long the oldest job may wait for compatible company (Triton's
-  // max_queue_delay_microseconds); 0 merges only what is already queued.
-  absl::Duration max_queue_delay = absl::ZeroDuration();
-};
 
 class QueueWorker : public DeviceWorker {
  public:
   ~QueueWorker() override;
 
   const devices::DeviceDescription& device() const override { return device_; }
-  void Submit(ForwardJob job) override;
-  void Submit(BackwardJob job) override;
-  size_t QueueDepth() const override;
+  int64_t memory_budget() const override { return memory_budget_; }
+  void Submit(ForwardJob job, JobCost cost) override;
+  void Submit(BackwardJob job, JobCost cost) override;
+  WorkerLoad Load() const override;
   void Stop() override;
 
  protected:
   // `metrics` may be null; it must outlive the worker otherwise.
-  QueueWorker(devices::DeviceDescription device, BatchingOptions batching,
+  QueueWorker(devices::DeviceDescription device, const EngineOptions& options,
               metrics::ServerMetrics* metrics);
 
   // Subclass constructors call this last, so no lane sees a half-built object.
@@ -47,38 +43,66 @@ class QueueWorker : public DeviceWorker {
 
   // Called on each lane's thread once, before its first job (e.g. to bind a CUDA device).
   virtual void OnLaneStart(int /*lane*/) {}
-  // One request, possibly the merge of several, on lane `lane` (lanes run concurrently).
-  // Results carry kernel, device and compute time.
+  // One request on lane `lane` (lanes run concurrently). Results carry kernel, device and
+  // compute time.
   virtual absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) = 0;
   virtual absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) = 0;
+  // One or more compatible requests as one launch, each answered with its own share. The
+  // default runs a single part through Execute, and merges several into one request for
+  // Execute and splits its result; a worker that can stage parts straight into its device
+  // buffers overrides it.
+  virtual std::vector<absl::StatusOr<ForwardResult>> ExecuteBatch(
+      const std::vector<const ForwardInputs*>& parts, int lane);
+  virtual std::vector<absl::StatusOr<BackwardResult>> ExecuteBatch(
+      const std::vector<const BackwardInputs*>& parts, int lane);
 
  private:
   using AnyJob = std::variant<ForwardJob, BackwardJob>;
   struct Queued {
     AnyJob job;
+    JobCost cost;
     absl::Time enqueued;
+    bool waited_for_memory = false;
   };
 
   void Push(Queued queued);
   void Loop(int lane);
-  // Blocks for the next batch (jobs of one kind, mutually compatible); empty once stopped.
+  // Blocks for the next batch (jobs of one kind, mutually compatible, their memory reserved);
+  // empty once stopped with nothing left.
   std::vector<Queued> NextBatch();
-  // Takes queued jobs compatible with `batch[0]` while the token budget allows.
-  void TakeCompatible(std::vector<Queued>& batch, int64_t& q_tokens, int64_t& k_tokens);
-  // Answers and removes jobs whose deadline passed or whose caller cancelled.
+  // The queued job that launches next: best effective priority, then oldest.
+  std::deque<Queued>::iterator PickNextLocked(absl::Time now);
+  bool FitsLocked(int64_t bytes) const;
+  // Moves compatible queued jobs into `batch` while the token budget, the memory budget and
+  // this lane's share of the backlog allow, reserving their memory.
+  void TakeCompatibleLocked(std::vector<Queued>& batch, int64_t& q_tokens, int64_t& k_tokens);
+  // Takes jobs whose deadline passed or whose caller cancelled out of the queue (out of the
+  // batch for DropDeadJobs), to be answered outside the lock.
+  std::vector<Queued> ReapLocked(absl::Time now);
   void DropDeadJobs(std::vector<Queued>& batch);
+  void AnswerDropped(std::vector<Queued>& dropped, absl::Time now);
+  absl::Time EarliestDeadlineLocked() const;
+  // Forgets an answered job's estimate and releases its reservation.
+  void FinishLocked(const Queued& queued, bool reserved);
   template <typename Job>
   void RunBatch(std::vector<Queued>& batch, const char* rpc, int lane);
-  void PublishQueueDepth(size_t depth);
+  void PublishLoad();
 
   const devices::DeviceDescription device_;
   const BatchingOptions batching_;
+  const int64_t memory_budget_;
+  const absl::Duration priority_aging_;
   metrics::ServerMetrics* const metrics_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Queued> queue_;
+  double queued_seconds_ = 0;  // estimates of queued and running jobs
+  int64_t reserved_bytes_ = 0;
+  int64_t running_jobs_ = 0;
   bool stopping_ = false;
+  int lane_count_ = 1;  // set before the lanes start
+  int idle_lanes_ = 0;  // lanes not running a batch
   std::vector<std::thread> lanes_;
 };
 

@@ -22,6 +22,13 @@ ABSL_FLAG(int32_t, grpc_port, 8001, "gRPC port (0 picks a free one).");
 ABSL_FLAG(int32_t, http_port, 8000, "HTTP port for /healthz, /readyz, /metrics, /v1/info.");
 ABSL_FLAG(std::string, devices, "auto",
           "auto (all GPUs, else the CPU), cpu, or CUDA ordinals like 0,1.");
+ABSL_FLAG(std::string, emulate_compute_capability, "",
+          "Make every GPU route (and run kernel code paths) as this older compute capability, "
+          "e.g. 7.5 to serve as a Turing GPU would; for tests. Empty: the GPUs' own.");
+ABSL_FLAG(std::string, kernel, "",
+          "Force one kernel family for every request (flash, fallback, cublas, reference); "
+          "requests it cannot run fail with FAILED_PRECONDITION. For tests. Empty: route by "
+          "device and request.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "Largest gRPC message accepted or sent, in bytes (at most 2147483647).");
 ABSL_FLAG(int64_t, max_total_tokens, int64_t{1} << 20,
@@ -39,7 +46,18 @@ ABSL_FLAG(int64_t, max_batch_tokens, 65536,
 ABSL_FLAG(int64_t, max_queue_delay_us, 0,
           "How long the oldest queued request may wait for batch company, in microseconds.");
 ABSL_FLAG(int64_t, max_queue_size, 1024,
-          "Requests a device may hold waiting; more are refused with RESOURCE_EXHAUSTED.");
+          "Requests a device may hold waiting (those waiting for memory included); more are "
+          "refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, device_memory_bytes, 0,
+          "Bytes of each device's memory running requests may hold at once (0 = the device's "
+          "total). A request that fits but not beside the running ones waits in the queue.");
+ABSL_FLAG(int64_t, priority_aging_ms, 500,
+          "Waiting this long lifts a queued request one priority level (x-attnserve-priority: "
+          "high, normal, low), so low priority never starves.");
+ABSL_FLAG(int32_t, cpu_lanes, 1,
+          "Requests the CPU device runs at once, each with --cpu_threads threads.");
+ABSL_FLAG(int32_t, cuda_lanes, 2,
+          "Requests each GPU runs at once, each on its own stream and pinned staging buffer.");
 ABSL_FLAG(int32_t, grpc_max_connection_age_seconds, 0,
           "Close client connections gracefully after this many seconds so clients re-resolve "
           "and spread over new replicas (0 = never).");
@@ -68,6 +86,21 @@ ABSL_FLAG(int32_t, http_max_request_bytes, 8192,
           "Largest HTTP request head (request line and headers) accepted.");
 ABSL_FLAG(int32_t, drain_timeout_seconds, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM server certificate (then any intermediates): serve TLS on both ports. Needs "
+          "--tls_key_file.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file (unencrypted).");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates: require client certificates signed by one of them (mTLS) on "
+          "both ports.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "File of accepted bearer tokens, one per line ('#' comments and blank lines "
+          "skipped): every AttentionService call and /v1/info must send 'authorization: Bearer "
+          "<token>'. Re-read when it changes (checked every second) and on SIGHUP; a file that "
+          "cannot be read or parsed keeps the tokens in force.");
+ABSL_FLAG(bool, auth_open_health_and_metrics, true,
+          "With --auth_tokens_file: leave grpc.health.v1, /healthz, /readyz and /metrics open "
+          "to callers without a token (false: they need one too).");
 
 namespace {
 
@@ -84,6 +117,15 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   config.http_port = absl::GetFlag(FLAGS_http_port);
   config.devices = absl::GetFlag(FLAGS_devices);
+  config.emulate_compute_capability = absl::GetFlag(FLAGS_emulate_compute_capability);
+  config.engine.forced_kernel_family = absl::GetFlag(FLAGS_kernel);
+  if (const std::string& forced = config.engine.forced_kernel_family;
+      !forced.empty() && !attnserve::engine::KernelCatalog::Built().Has(forced)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kernel=", forced, ": not a kernel family of this build (built: ",
+                     absl::StrJoin(attnserve::engine::KernelCatalog::Built().families, ", "),
+                     ")"));
+  }
   config.http_threads = absl::GetFlag(FLAGS_http_threads);
   config.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_seconds));
   config.max_connection_age =
@@ -108,12 +150,28 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.engine.batching.max_queue_delay =
       absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   config.engine.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
+  config.engine.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
+  config.engine.priority_aging = absl::Milliseconds(absl::GetFlag(FLAGS_priority_aging_ms));
+  config.engine.cpu_lanes = absl::GetFlag(FLAGS_cpu_lanes);
+  config.engine.cuda_lanes = absl::GetFlag(FLAGS_cuda_lanes);
   attnserve::engine::Limits& limits = config.engine.limits;
   limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   limits.max_total_tokens = absl::GetFlag(FLAGS_max_total_tokens);
   limits.max_head_dim = absl::GetFlag(FLAGS_max_head_dim);
   limits.max_num_heads = absl::GetFlag(FLAGS_max_num_heads);
   limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+  config.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  config.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  config.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  config.auth_open_health_and_metrics = absl::GetFlag(FLAGS_auth_open_health_and_metrics);
+  if (config.tls.cert_file.empty() != config.tls.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file go together");
+  }
+  if (!config.tls.client_ca_file.empty() && config.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca_file needs TLS: set --tls_cert_file and --tls_key_file too");
+  }
 
   struct Range {
     const char* flag;
@@ -147,6 +205,10 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
       {"max_batch_tokens", config.engine.batching.max_batch_tokens, 1, 2147483647},
       {"max_queue_delay_us", absl::GetFlag(FLAGS_max_queue_delay_us), 0, 60'000'000},
       {"max_queue_size", config.engine.max_queue_size, 1, 1'000'000},
+      {"device_memory_bytes", config.engine.device_memory_bytes, 0, int64_t{1} << 50},
+      {"priority_aging_ms", absl::GetFlag(FLAGS_priority_aging_ms), 1, 3'600'000},
+      {"cpu_lanes", config.engine.cpu_lanes, 1, 256},
+      {"cuda_lanes", config.engine.cuda_lanes, 1, 16},
   };
   for (const Range& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
@@ -171,11 +233,13 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // Block the shutdown signals before any thread starts, so only sigwait below sees them.
+  // Block the shutdown signals (and SIGHUP, which reloads the tokens file) before any thread
+  // starts, so only sigwait below sees them.
   sigset_t shutdown_signals;
   sigemptyset(&shutdown_signals);
   sigaddset(&shutdown_signals, SIGTERM);
   sigaddset(&shutdown_signals, SIGINT);
+  sigaddset(&shutdown_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<attnserve::ServerApp>> app =
@@ -192,8 +256,12 @@ int main(int argc, char** argv) {
                ATTNSERVE_VERSION, config->host.c_str(), (*app)->grpc_port(), config->host.c_str(),
                (*app)->http_port(), absl::StrJoin(device_names, ", ").c_str());
 
+  std::fprintf(stderr, "attnserve: %s\n", (*app)->SecuritySummary().c_str());
+
   int signal_number = 0;
-  sigwait(&shutdown_signals, &signal_number);
+  while (sigwait(&shutdown_signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    (*app)->ReloadTokens();
+  }
   std::fprintf(stderr, "attnserve: %s received, draining %lld in-flight requests\n",
                strsignal(signal_number), static_cast<long long>((*app)->engine().InflightCount()));
   (*app)->Shutdown();

@@ -2,11 +2,13 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "server/devices/capability_emulation.h"
 
 namespace attnserve {
 namespace {
@@ -18,6 +20,17 @@ constexpr absl::Duration kTransportShutdownTimeout = absl::Seconds(1);
 
 int Milliseconds(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
 
+std::shared_ptr<grpc::ServerCredentials> GrpcCredentials(
+    const std::optional<transport::TlsMaterial>& tls) {
+  if (!tls.has_value()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(
+      tls->mutual() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                    : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_root_certs = tls->client_ca_pem;
+  options.pem_key_cert_pairs.push_back({tls->private_key_pem, tls->cert_chain_pem});
+  return grpc::SslServerCredentials(options);
+}
+
 }  // namespace
 
 ServerApp::ServerApp(const ServerConfig& config) : config_(config) {}
@@ -27,21 +40,50 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   std::unique_ptr<ServerApp> app(new ServerApp(config));
   app->metrics_ = std::make_unique<metrics::ServerMetrics>(ATTNSERVE_VERSION);
 
+  // Credentials first: a bad TLS or tokens file fails before any device is touched.
+  std::optional<transport::TlsMaterial> tls;
+  if (!config.tls.cert_file.empty()) {
+    absl::StatusOr<transport::TlsMaterial> material = transport::LoadTlsMaterial(config.tls);
+    if (!material.ok()) return material.status();
+    tls = *std::move(material);
+  }
+  if (!config.auth_tokens_file.empty()) {
+    app->tokens_ = std::make_unique<transport::TokenStore>();
+    absl::StatusOr<std::unique_ptr<transport::TokenFileReloader>> reloader =
+        transport::TokenFileReloader::Start(config.auth_tokens_file, app->tokens_.get());
+    if (!reloader.ok()) return reloader.status();
+    app->token_reloader_ = *std::move(reloader);
+  }
+  app->authenticator_ =
+      std::make_unique<transport::Authenticator>(app->tokens_.get(), app->metrics_.get());
+  const transport::Authenticator* compute_auth =
+      app->tokens_ != nullptr ? app->authenticator_.get() : nullptr;
+  const transport::Authenticator* health_auth =
+      config.auth_open_health_and_metrics ? nullptr : compute_auth;
+
   absl::StatusOr<std::vector<devices::DeviceDescription>> devices =
       devices::ResolveDevices(config.devices, list_gpus);
   if (!devices.ok()) return devices.status();
+  if (absl::Status s = devices::EmulateComputeCapability(config.emulate_compute_capability,
+                                                         &*devices);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::unique_ptr<engine::LocalEngine>> engine =
       engine::LocalEngine::Create(*devices, config.engine, app->metrics_.get());
   if (!engine.ok()) return engine.status();
   app->engine_ = *std::move(engine);
   app->service_ = std::make_unique<transport::AttentionServiceImpl>(
-      app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, config.call_limits);
+      app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, config.call_limits,
+      compute_auth);
+  app->health_ = std::make_unique<transport::HealthService>(health_auth);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  // grpc.health.v1 is app->health_, not gRPC's built-in service (which cannot check tokens).
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string grpc_address = absl::StrCat(config.host, ":", config.grpc_port);
-  builder.AddListeningPort(grpc_address, grpc::InsecureServerCredentials(), &app->grpc_port_);
+  builder.AddListeningPort(grpc_address, GrpcCredentials(tls), &app->grpc_port_);
   const int max_message = static_cast<int>(config.engine.limits.max_message_bytes);
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
@@ -64,6 +106,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   // Two strikes, then GOAWAY (gRPC's default, stated so it cannot drift to 0 = unlimited).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.RegisterService(app->service_.get());
+  builder.RegisterService(app->health_.get());
   app->grpc_server_ = builder.BuildAndStart();
   if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("gRPC server could not listen on ", grpc_address));
@@ -77,6 +120,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   http_options.call_limits = config.call_limits;
   http_options.request_timeout_ms = config.http_request_timeout_ms;
   http_options.max_request_bytes = config.http_max_request_bytes;
+  http_options.tls = tls;
+  http_options.auth = compute_auth;
+  http_options.open_health_and_metrics = config.auth_open_health_and_metrics;
   ServerApp* raw = app.get();
   absl::StatusOr<std::unique_ptr<transport::HttpServer>> http = transport::HttpServer::Start(
       http_options, app->engine_.get(), app->metrics_.get(), [raw] { return raw->ready_.load(); });
@@ -85,12 +131,35 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   }
   app->http_ = *std::move(http);
 
-  app->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  app->health_->SetServing(true);
   app->ready_ = true;
   return app;
 }
 
 ServerApp::~ServerApp() { Shutdown(); }
+
+void ServerApp::ReloadTokens() {
+  if (token_reloader_ != nullptr) (void)token_reloader_->Reload();
+}
+
+std::string ServerApp::SecuritySummary() const {
+  std::string tls = "TLS off";
+  if (!config_.tls.cert_file.empty()) {
+    tls = absl::StrCat("TLS on (", config_.tls.cert_file, ")");
+    if (!config_.tls.client_ca_file.empty()) {
+      absl::StrAppend(&tls, ", client certificates required (", config_.tls.client_ca_file, ")");
+    }
+  }
+  if (tokens_ == nullptr) return absl::StrCat(tls, "; no authentication");
+  std::string summary = absl::StrCat(
+      tls, "; bearer tokens required (", tokens_->size(), " from ", config_.auth_tokens_file,
+      "), ", config_.auth_open_health_and_metrics ? "health and metrics open to all"
+                                                  : "health and metrics need one too");
+  if (config_.tls.cert_file.empty()) {
+    absl::StrAppend(&summary, "; WARNING: tokens cross the network in plain text without TLS");
+  }
+  return summary;
+}
 
 void ServerApp::Shutdown() {
   if (shut_down_.exchange(true)) return;
@@ -98,7 +167,7 @@ void ServerApp::Shutdown() {
   // Start() may have failed part way: stop only what was started.
   if (grpc_server_ != nullptr) {
     // Health checks answer NOT_SERVING from now on; load balancers stop sending work.
-    grpc_server_->GetHealthCheckService()->Shutdown();
+    health_->Shutdown();
     // The engine refuses new work with UNAVAILABLE (a clean, retryable answer) while the
     // accepted work finishes. Only then does gRPC shut down: it resets calls that arrive after
     // that point with CANCELLED, so callers get a moment to see the refusals first.

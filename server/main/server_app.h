@@ -11,8 +11,13 @@
 #include "server/devices/device_registry.h"
 #include "server/engine/local_engine.h"
 #include "server/metrics/server_metrics.h"
+#include "server/transport/auth/authenticator.h"
+#include "server/transport/auth/token_file_reloader.h"
+#include "server/transport/auth/token_store.h"
 #include "server/transport/grpc/attention_service.h"
+#include "server/transport/grpc/health_service.h"
 #include "server/transport/http/http_server.h"
+#include "server/transport/tls/tls_material.h"
 
 namespace grpc {
 class Server;
@@ -26,6 +31,7 @@ struct ServerConfig {
   int http_port = 8000;
   int http_threads = 4;
   std::string devices = "auto";
+  std::string emulate_compute_capability;  // "7.5": GPUs route as that architecture (tests)
   engine::EngineOptions engine;
   absl::Duration drain_timeout = absl::Seconds(30);
   // Connections older than this are closed gracefully (GOAWAY) so clients re-resolve and
@@ -44,6 +50,14 @@ struct ServerConfig {
   bool keepalive_permit_without_calls = false;
   int http_request_timeout_ms = 5000;
   int http_max_request_bytes = 8192;
+  // TLS on both ports when tls.cert_file is set; mTLS when tls.client_ca_file is too.
+  transport::TlsFiles tls;
+  // Bearer tokens (one per line) every AttentionService call and /v1/info must carry; empty:
+  // no authentication. Reloaded when the file changes and on ReloadTokens().
+  std::string auth_tokens_file;
+  // With tokens: whether grpc.health.v1, /healthz, /readyz and /metrics stay open to callers
+  // without one (probes and scrapers usually have none).
+  bool auth_open_health_and_metrics = true;
 };
 
 class ServerApp {
@@ -56,6 +70,12 @@ class ServerApp {
   // drain_timeout), then everything stops. Idempotent.
   void Shutdown();
 
+  // Re-reads the tokens file now (SIGHUP); a failure keeps the tokens in force. No-op without
+  // a tokens file.
+  void ReloadTokens();
+  // One line on TLS and authentication, for the startup log (names files, never secrets).
+  std::string SecuritySummary() const;
+
   int grpc_port() const { return grpc_port_; }
   int http_port() const { return http_->port(); }
   const engine::Engine& engine() const { return *engine_; }
@@ -65,8 +85,12 @@ class ServerApp {
 
   const ServerConfig config_;
   std::unique_ptr<metrics::ServerMetrics> metrics_;
+  std::unique_ptr<transport::TokenStore> tokens_;
+  std::unique_ptr<transport::TokenFileReloader> token_reloader_;
+  std::unique_ptr<transport::Authenticator> authenticator_;
   std::unique_ptr<engine::LocalEngine> engine_;
   std::unique_ptr<transport::AttentionServiceImpl> service_;
+  std::unique_ptr<transport::HealthService> health_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<transport::HttpServer> http_;
   int grpc_port_ = 0;

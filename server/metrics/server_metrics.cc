@@ -86,7 +86,40 @@ ServerMetrics::ServerMetrics(const std::string& version)
       rejections_total_(prometheus::BuildCounter()
                             .Name("attnserve_rejections_total")
                             .Help("Requests refused or dropped before running, by reason.")
-                            .Register(*registry_)) {
+                            .Register(*registry_)),
+      auth_failures_total_(prometheus::BuildCounter()
+                               .Name("attnserve_auth_failures_total")
+                               .Help("Calls and HTTP requests refused for missing, malformed "
+                                     "or invalid credentials, by reason.")
+                               .Register(*registry_)),
+      placements_total_(prometheus::BuildCounter()
+                            .Name("attnserve_placements_total")
+                            .Help("Requests placed on a device, by the kernel family routed "
+                                  "there.")
+                            .Register(*registry_)),
+      queued_work_(prometheus::BuildGauge()
+                       .Name("attnserve_device_queued_work_seconds")
+                       .Help("Estimated seconds of work queued and running on a device (what "
+                             "placement compares).")
+                       .Register(*registry_)),
+      memory_reserved_(prometheus::BuildGauge()
+                           .Name("attnserve_device_memory_reserved_bytes")
+                           .Help("Device memory reserved by running requests (estimated).")
+                           .Register(*registry_)),
+      memory_waits_total_(prometheus::BuildCounter()
+                              .Name("attnserve_memory_waits_total")
+                              .Help("Requests that waited in the queue for device memory.")
+                              .Register(*registry_)),
+      priority_queue_duration_(prometheus::BuildHistogram()
+                                   .Name("attnserve_priority_queue_duration_seconds")
+                                   .Help("Time a request waited in its device queue, by "
+                                         "priority level.")
+                                   .Register(*registry_)),
+      launch_phase_duration_(prometheus::BuildHistogram()
+                                 .Name("attnserve_launch_phase_duration_seconds")
+                                 .Help("Time of each phase of a GPU launch: stage_in, device, "
+                                       "stage_out.")
+                                 .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("attnserve_build_info")
       .Help("Build of this server (value is always 1).")
@@ -121,8 +154,36 @@ void ServerMetrics::RecordRejection(const std::string& reason) {
   rejections_total_.Add({{"reason", reason}}).Increment();
 }
 
+void ServerMetrics::RecordAuthFailure(const std::string& reason) {
+  auth_failures_total_.Add({{"reason", reason}}).Increment();
+}
+
 void ServerMetrics::SetQueueDepth(const std::string& device, double depth) {
   queue_depth_.Add({{"device", device}}).Set(depth);
+}
+
+void ServerMetrics::RecordPlacement(const std::string& device, const std::string& kernel) {
+  placements_total_.Add({{"device", device}, {"kernel", kernel}}).Increment();
+}
+
+void ServerMetrics::SetDeviceLoad(const std::string& device, double queued_seconds,
+                                  double reserved_bytes) {
+  queued_work_.Add({{"device", device}}).Set(queued_seconds);
+  memory_reserved_.Add({{"device", device}}).Set(reserved_bytes);
+}
+
+void ServerMetrics::RecordMemoryWait(const std::string& device) {
+  memory_waits_total_.Add({{"device", device}}).Increment();
+}
+
+void ServerMetrics::RecordPriorityQueueDuration(const std::string& priority, double seconds) {
+  priority_queue_duration_.Add({{"priority", priority}}, LatencyBuckets()).Observe(seconds);
+}
+
+void ServerMetrics::RecordLaunchPhase(const std::string& device, const std::string& phase,
+                                      double seconds) {
+  launch_phase_duration_.Add({{"device", device}, {"phase", phase}}, LatencyBuckets())
+      .Observe(seconds);
 }
 
 void ServerMetrics::SetDeviceInfo(const std::string& device, const std::string& name,

@@ -32,6 +32,19 @@ class ServerMetrics {
   void RecordRejection(const std::string& reason);
   void SetQueueDepth(const std::string& device, double depth);
 
+  // Scheduler side: where requests were placed, what each device holds, who waited and why.
+  void RecordPlacement(const std::string& device, const std::string& kernel);
+  void SetDeviceLoad(const std::string& device, double queued_seconds, double reserved_bytes);
+  void RecordMemoryWait(const std::string& device);
+  void RecordPriorityQueueDuration(const std::string& priority, double seconds);
+  // Where a GPU launch's time goes: "stage_in" (host tensors into pinned memory), "device"
+  // (transfers and kernels, waited for), "stage_out" (results out of pinned memory).
+  void RecordLaunchPhase(const std::string& device, const std::string& phase, double seconds);
+
+  // Authentication side: one call per refused call or HTTP request (reason: missing,
+  // malformed or invalid credentials).
+  void RecordAuthFailure(const std::string& reason);
+
   // Device registry side.
   void SetDeviceInfo(const std::string& device, const std::string& name,
                      const std::string& compute_capability);
@@ -60,6 +73,13 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& device_memory_used_;
   prometheus::Family<prometheus::Gauge>& device_memory_total_;
   prometheus::Family<prometheus::Counter>& rejections_total_;
+  prometheus::Family<prometheus::Counter>& auth_failures_total_;
+  prometheus::Family<prometheus::Counter>& placements_total_;
+  prometheus::Family<prometheus::Gauge>& queued_work_;
+  prometheus::Family<prometheus::Gauge>& memory_reserved_;
+  prometheus::Family<prometheus::Counter>& memory_waits_total_;
+  prometheus::Family<prometheus::Histogram>& priority_queue_duration_;
+  prometheus::Family<prometheus::Histogram>& launch_phase_duration_;
 };
 
 }  // namespace attnserve::metrics

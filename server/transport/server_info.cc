@@ -1,6 +1,36 @@
 #include "server/transport/server_info.h"
 
+#include <climits>
+
 namespace attnserve::transport {
+namespace {
+
+v1::DType ProtoDType(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case kernels::DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+    case kernels::DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+void AddRoutes(const std::vector<engine::CoverageRow>& rows, v1::DeviceInfo* device) {
+  for (const engine::CoverageRow& row : rows) {
+    v1::KernelRoute* route = device->add_routes();
+    route->set_family(row.family);
+    route->set_direction(engine::DirectionName(row.direction));
+    for (kernels::DType dtype : row.dtypes) route->add_dtypes(ProtoDType(dtype));
+    route->set_min_head_dim(row.min_head_dim);
+    route->set_max_head_dim(row.max_head_dim == INT_MAX ? 0 : row.max_head_dim);
+    route->set_head_dim_multiple(row.head_dim_multiple);
+    route->set_reason(row.reason);
+  }
+}
+
+}  // namespace
 
 v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& version,
                                const CallLimits& call_limits) {
@@ -14,7 +44,11 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
     out->set_compute_capability(device.compute_capability);
     out->set_memory_total_bytes(device.memory_total_bytes);
     out->set_memory_free_bytes(device.memory_free_bytes);
-    for (const std::string& family : families) out->add_kernel_families(family);
+    out->set_native_compute_capability(device.native_compute_capability);
+    for (const std::string& family : engine.DeviceKernelFamilies(device.name)) {
+      out->add_kernel_families(family);
+    }
+    AddRoutes(engine.DeviceCoverage(device.name), out);
   }
   for (const std::string& family : families) info.add_kernel_families(family);
   const engine::Limits& limits = engine.limits();

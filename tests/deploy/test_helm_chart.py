@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from deploy_assets import CHART, DOCKERFILE, adapter_metric_names
+from security_pki import SecureServerProcess, https_context, make_pki
 from server_process import ServerProcess
 
 RELEASE, NAMESPACE = "gpu", "ml"
@@ -249,12 +250,65 @@ def test_restrictive_security_context_matches_the_image_user():
     assert "CUDA_CACHE_PATH=/tmp/" in DOCKERFILE.read_text()
 
 
+SECURE = {"security": {"tls": {"secretName": "attnserve-tls"},
+                       "auth": {"tokensSecretName": "attnserve-tokens"}},
+          "metrics": {"serviceMonitor": {"enabled": True,
+                                         "tlsConfig": {"serverName": "attnserve"}}}}
+MUTUAL = {"security": {"tls": {"secretName": "attnserve-tls",
+                               "clientCaSecretName": "attnserve-client-ca"}}}
+
+
+def test_tls_and_token_secrets_are_mounted_and_passed_as_flags():
+    objects = manifests(SECURE)
+    c = container(objects)
+    flags = flag_values(c["args"])
+    assert flags["tls_cert_file"] == "/etc/attnserve/tls/tls.crt"
+    assert flags["tls_key_file"] == "/etc/attnserve/tls/tls.key"
+    assert flags["auth_tokens_file"] == "/etc/attnserve/auth/tokens"
+    assert "tls_client_ca_file" not in flags
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"][
+        "volumes"]}
+    for directory, secret in (("tls", "attnserve-tls"), ("auth", "attnserve-tokens")):
+        mount = mounts[f"/etc/attnserve/{directory}"]
+        assert mount["readOnly"] and "subPath" not in mount  # subPath would freeze the file
+        assert volumes[mount["name"]]["secret"]["secretName"] == secret
+    # The kubelet's gRPC probes cannot speak TLS: HTTPS GETs instead.
+    http_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
+    assert c["readinessProbe"]["httpGet"] == {"port": http_port, "path": "/readyz",
+                                              "scheme": "HTTPS"}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "grpc" not in c["startupProbe"]
+    endpoint = one(objects, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == {"serverName": "attnserve"}
+    annotations = manifests({"security": SECURE["security"]})
+    pod = one(annotations, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert pod["prometheus.io/scheme"] == "https"
+
+
+def test_mtls_mounts_the_client_ca_and_probes_by_tcp():
+    c = container(manifests(MUTUAL))
+    assert flag_values(c["args"])["tls_client_ca_file"] == "/etc/attnserve/client-ca/ca.crt"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert set(c[probe]) & {"grpc", "httpGet", "exec", "tcpSocket"} == {"tcpSocket"}, probe
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values", [SECURE, MUTUAL], ids=["tls_tokens", "mtls"])
+def test_secure_manifests_validate_against_kubernetes_schemas(values, kube_version):
+    for obj in manifests(values):
+        if not obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+
+
 @pytest.mark.parametrize("bad", [
     {"replicas": 3},                                        # a typo of replicaCount
     {"server": {"grpcPort": "8001x"}},
     {"server": {"devices": "gpu0"}},
     {"gpu": {"selector": {"computeCapabilities": ["8"]}}},  # needs major.minor
     {"autoscaling": {"metric": {"name": "cpu"}}},           # not an adapter metric
+    {"security": {"tls": {"clientCaSecretName": "ca"}}},     # mTLS without TLS
+    {"security": {"auth": {"tokensSecretName": "Bad_Name"}}},
 ])
 def test_schema_rejects_bad_values(bad):
     with pytest.raises(helm.HelmError):
@@ -270,4 +324,26 @@ def test_chart_args_are_accepted_by_the_server(attnserve_binary):
     assert flags.pop("devices") == "auto"
     assert {"drain_timeout_seconds", "max_message_bytes", "max_total_tokens"} <= set(flags)
     server = ServerProcess(attnserve_binary, flags).start()
+    assert server.stop() == 0, server.log()
+
+
+def test_secure_chart_args_are_accepted_by_the_server(attnserve_binary, tmp_path):
+    """The TLS, mTLS and token arguments start the real server, with the Secrets' mount paths
+    pointed at throwaway files."""
+    pki = make_pki(tmp_path)
+    (tmp_path / "tokens").write_text("chart-test-token\n")
+    local = {"/etc/attnserve/tls/tls.crt": pki.server_cert,
+             "/etc/attnserve/tls/tls.key": pki.server_key,
+             "/etc/attnserve/client-ca/ca.crt": pki.ca,
+             "/etc/attnserve/auth/tokens": str(tmp_path / "tokens")}
+    values = {"security": {"tls": MUTUAL["security"]["tls"],
+                           "auth": SECURE["security"]["auth"]}}
+    flags = flag_values(container(manifests(values))["args"])
+    for name in ("host", "grpc_port", "http_port", "devices"):
+        flags.pop(name)
+    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_tokens_file"):
+        flags[name] = local[flags[name]]
+    server = SecureServerProcess(flags, https_context(pki.ca, pki.client_cert, pki.client_key),
+                                 "chart-test-token").start()
+    assert server.request("/v1/info")[0] == 200
     assert server.stop() == 0, server.log()

@@ -45,7 +45,13 @@ bool PortAcceptsConnections(int port) {
 }  // namespace
 
 std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& extra_flags) {
+  return Start(extra_flags, ClientOptions());
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& extra_flags,
+                                                    const ClientOptions& client_options) {
   std::unique_ptr<ServerProcess> server(new ServerProcess());
+  server->client_options_ = client_options;
   server->grpc_port_ = FreePort();
   server->http_port_ = FreePort();
   std::vector<std::string> args = {"--host=127.0.0.1",
@@ -113,7 +119,7 @@ ServerProcess::~ServerProcess() {
 }
 
 std::unique_ptr<Client> ServerProcess::NewClient() const {
-  ClientOptions options;
+  ClientOptions options = client_options_;
   options.timeout = std::chrono::seconds(60);
   return *Client::Create(target(), options);
 }

@@ -16,6 +16,10 @@ class ServerProcess {
   // Starts the binary with --host=127.0.0.1, free ports, --devices=cpu and `extra_flags`, and
   // waits until it answers GetServerInfo. Fails the current test on error.
   static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& extra_flags = {});
+  // The same for servers with TLS or tokens: `client_options` is how NewClient (and the
+  // readiness check) connects.
+  static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& extra_flags,
+                                              const ClientOptions& client_options);
   // Runs the binary with `flags` and no defaults and waits for it to exit by itself; returns
   // its exit code (or -1) and puts what it printed in `output`.
   static int RunToExit(const std::vector<std::string>& flags, std::string* output);
@@ -37,6 +41,7 @@ class ServerProcess {
   // Forks the binary with `args` (argv[0] excluded), output to a fresh log file.
   void Spawn(const std::vector<std::string>& args);
 
+  ClientOptions client_options_;
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   int http_port_ = 0;

@@ -2,11 +2,17 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace attnserve {
 namespace {
@@ -16,7 +22,51 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& what, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the ", what, " ", path, ": ", std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const TlsOptions& tls) {
+  if (!tls.enabled) return grpc::InsecureChannelCredentials();
+  if (tls.certificate_chain_file.empty() != tls.private_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate needs its private key and the other way round");
+  }
+  grpc::SslCredentialsOptions options;
+  const std::pair<const char*, const std::string*> files[] = {
+      {"TLS CA file", &tls.root_certificates_file},
+      {"TLS certificate file", &tls.certificate_chain_file},
+      {"TLS key file", &tls.private_key_file}};
+  std::string* contents[] = {&options.pem_root_certs, &options.pem_cert_chain,
+                             &options.pem_private_key};
+  for (int i = 0; i < 3; ++i) {
+    if (files[i].second->empty()) continue;
+    absl::StatusOr<std::string> pem = ReadFile(files[i].first, *files[i].second);
+    if (!pem.ok()) return pem.status();
+    *contents[i] = *std::move(pem);
+  }
+  return grpc::SslCredentials(options);
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile("token file", path);
+  if (!text.ok()) return text.status();
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty() && line.front() != '#') return std::string(line);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " holds no token"));
+}
 
 // Everything one asynchronous call needs until gRPC reports its end: gRPC reads the request
 // and writes the response through pointers, and the context must outlive the call.
@@ -60,8 +110,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
   }
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  if (options.tls.enabled && !options.tls.server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls.server_name);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(target, *credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
@@ -90,6 +146,11 @@ void Client::AsyncCallFinished() {
 
 void Client::PrepareContext(grpc::ClientContext& context) const {
   if (options_.timeout) context.set_deadline(std::chrono::system_clock::now() + *options_.timeout);
+  // Plain metadata rather than gRPC call credentials, which gRPC refuses on plaintext channels
+  // (a server behind a TLS-terminating proxy still wants the token).
+  if (!options_.bearer_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options_.bearer_token);
+  }
 }
 
 absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& request) {

@@ -3,18 +3,21 @@
 //   attnctl forward  [--check] ...     a forward on random packed sequences
 //   attnctl backward [--check] ...     a backward on random packed sequences
 // --check compares the answer with the local exact reference and fails (exit 1) beyond the
-// dtype's tolerance.
+// dtype's tolerance. TLS and bearer tokens: tools/security_flags.h.
 #include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/client.h"
 #include "attnserve/tensor_codec.h"
 #include "google/protobuf/util/json_util.h"
 #include "tools/attention_problem.h"
+#include "tools/security_flags.h"
 
 ABSL_FLAG(std::string, target, "localhost:8001", "Server address (gRPC target).");
 ABSL_FLAG(int32_t, timeout_ms, 0, "Per-call deadline in milliseconds (0 = none).");
@@ -146,6 +149,13 @@ int RunBackward(Client& client, const tools::Problem& problem, bool check) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("attnctl info | forward [--check] | backward [--check] [flags]");
+  // --help lists this file's flags and the shared TLS and token flags.
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "attnctl.cc") || absl::StrContains(file, "security_flags.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr, "usage: attnctl info | forward [--check] | backward [--check]\n");
@@ -155,6 +165,10 @@ int main(int argc, char** argv) {
   attnserve::ClientOptions options;
   if (absl::GetFlag(FLAGS_timeout_ms) > 0) {
     options.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  }
+  if (absl::Status s = attnserve::tools::ApplySecurityFlags(options); !s.ok()) {
+    std::fprintf(stderr, "attnctl: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target), options);
   if (!client.ok()) {

@@ -15,6 +15,7 @@
 #include "tools/load_config.h"
 #include "tools/load_report.h"
 #include "tools/load_runner.h"
+#include "tools/security_flags.h"
 #include "tools/sweep_plot.h"
 
 ABSL_FLAG(std::string, target, "localhost:8001", "attnserve gRPC address.");
@@ -83,6 +84,7 @@ constexpr char kUsage[] =
     "--shape=fixed:batch=4,seqlen=512\n"
     "  attnload --rate=200 --arrival=poisson --requests=5000 --rpc=mixed --check=100\n"
     "  attnload --sweep=1,2,4,8,16 --sweep_prefix=results/h100 --seqlens_file=lengths.txt\n"
+    "  attnload --target=HOST:8001 --tls_ca_file=ca.pem --token_file=token --duration=30s\n"
     "\n"
     "Requests are built before the load starts (--pool_size of them) and reused, so building\n"
     "tensors never limits the load. Throughput counts every measured completion (req/s) and\n"
@@ -101,6 +103,10 @@ absl::Status Assign(absl::StatusOr<T> parsed, T& field) {
 absl::StatusOr<LoadConfig> ConfigFromFlags() {
   LoadConfig c;
   c.target = absl::GetFlag(FLAGS_target);
+  ClientOptions security;
+  if (absl::Status s = tools::ApplySecurityFlags(security); !s.ok()) return s;
+  c.tls = security.tls;
+  c.bearer_token = security.bearer_token;
   c.connections = absl::GetFlag(FLAGS_connections);
   c.concurrency = absl::GetFlag(FLAGS_concurrency);
   c.rate = absl::GetFlag(FLAGS_rate);
@@ -227,7 +233,8 @@ int main(int argc, char** argv) {
   // the program (attnload.cc), which this is not.
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "attnload_main.cc");
+    return absl::StrContains(file, "attnload_main.cc") ||
+           absl::StrContains(file, "security_flags.cc");
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   absl::SetFlagsUsageConfig(usage_config);

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "attnserve/client.h"
 #include "attnserve/v1/attention.pb.h"
 
 namespace attnserve::load {
@@ -57,6 +58,8 @@ absl::string_view ArrivalName(Arrival arrival);
 
 struct LoadConfig {
   std::string target = "localhost:8001";
+  TlsOptions tls;
+  std::string bearer_token;  // never printed
   int connections = 1;
   // Closed loop: this many calls always in flight. Ignored when rate > 0 (open loop).
   int concurrency = 1;

@@ -273,6 +273,8 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::unique_ptr<LoadRunner> runner(new LoadRunner(config));
   ClientOptions options;
+  options.tls = config.tls;
+  options.bearer_token = config.bearer_token;
   options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
       absl::ToChronoNanoseconds(config.timeout));
   for (int i = 0; i < config.connections; ++i) {

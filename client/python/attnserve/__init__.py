@@ -14,11 +14,12 @@ from .client import (BackwardResult, Client, Execution, ForwardResult, attention
                      backward_request, forward_request)
 from .connections import client_for, default_client, set_default_client
 from .errors import AttentionError, UnsupportedOptionError
+from .security import Security
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionError", "BackwardResult", "Client", "Execution", "ForwardResult",
+    "AttentionError", "BackwardResult", "Client", "Execution", "ForwardResult", "Security",
     "UnsupportedOptionError", "attention_options", "attention_pb2", "attention_pb2_grpc",
     "backward_request", "client_for", "default_client", "flash_attn_varlen_func",
     "forward_request", "reference", "set_default_client",

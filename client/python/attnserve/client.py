@@ -9,6 +9,7 @@ import numpy as np
 from ._proto.attnserve.v1 import attention_pb2 as pb2
 from ._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
 from .errors import AttentionError
+from .security import Security
 from .tensors import from_tensor, to_tensor
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -119,16 +120,36 @@ class Client:
     deadline); each call can override it. Calls failing with UNAVAILABLE are retried up to
     `retries` times (at most 4) with exponential backoff. Failed calls raise AttentionError.
     Arrays in results are read-only views of the response bytes (copy them to modify in place).
+
+    Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True
+    alone uses the system's roots), tls_cert_file + tls_key_file (a client certificate, for
+    mTLS), server_name (the name the server's certificate carries, when not the target's host),
+    token (sent as "authorization: Bearer <token>" on every call), or a whole `security`;
+    `credentials` (grpc.ChannelCredentials) replaces the TLS settings.
     """
 
     def __init__(self, target: str = "localhost:8001", timeout: Optional[float] = None, *,
                  retries: int = MAX_RETRIES, load_balancing: str = "round_robin",
+                 tls: bool = False, tls_ca_file: Optional[str] = None,
+                 tls_cert_file: Optional[str] = None, tls_key_file: Optional[str] = None,
+                 server_name: Optional[str] = None, token: Optional[str] = None,
+                 security: Optional[Security] = None,
                  credentials: Optional[grpc.ChannelCredentials] = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  options: Sequence[Tuple[str, object]] = ()):
         if not 0 <= retries <= MAX_RETRIES:
             raise ValueError(f"retries must be in [0, {MAX_RETRIES}], got {retries}")
+        if security is not None and (tls or tls_ca_file or tls_cert_file or tls_key_file
+                                     or server_name or token):
+            raise ValueError("pass either security or its parts (tls*, server_name, token)")
+        if security is None:
+            security = Security(tls=tls, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
+                                tls_key_file=tls_key_file, server_name=server_name, token=token)
         self.target = target
+        self.security = security
+        self._metadata = security.call_metadata()
+        if credentials is None:
+            credentials = security.channel_credentials()
         # gRPC's 4 MiB default receive limit is far below one realistic attention request, and
         # a call whose request outgrows the retry buffer (256 KiB by default) is never retried.
         channel_options = [
@@ -136,6 +157,7 @@ class Client:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
             ("grpc.service_config", service_config(retries, load_balancing)),
+            *security.channel_options(),
             *options,
         ]
         if credentials is None:
@@ -147,7 +169,8 @@ class Client:
 
     def _call(self, method, request, timeout):
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
+            return method(request, timeout=self.timeout if timeout is None else timeout,
+                          metadata=self._metadata)
         except grpc.RpcError as error:
             raise AttentionError(error.code(), error.details()) from error
 

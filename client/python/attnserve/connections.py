@@ -2,14 +2,18 @@
 
 FlashAttention's signature has no place for a server, so flash_attn_varlen_func finds it here:
 its `client=` keyword, else the default set with set_default_client, else $ATTNSERVE_TARGET.
-Clients made here are cached per target and never closed, so every call to a target shares one
-channel (and its connections) for the life of the process.
+Clients made here take TLS and token settings from the environment (attnserve.security:
+$ATTNSERVE_TLS_CA_FILE, $ATTNSERVE_TOKEN, ...). They are cached per target and settings and never
+closed, so every call to a target with the same credentials shares one channel (and its
+connections) for the life of the process, and changed credentials (a rotated token) get a new
+one.
 """
 import os
 import threading
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
 
 from .client import Client
+from .security import Security, security_from_env
 
 TARGET_ENV = "ATTNSERVE_TARGET"
 # Seconds; a deadline for every call of the clients made here, unless $ATTNSERVE_TIMEOUT says
@@ -18,7 +22,7 @@ TIMEOUT_ENV = "ATTNSERVE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
 
 _lock = threading.Lock()
-_clients: Dict[str, Client] = {}
+_clients: Dict[Tuple[str, Security], Client] = {}
 _default: Optional[Client] = None
 
 
@@ -32,11 +36,14 @@ def _timeout_from_env() -> Optional[float]:
 
 
 def client_for(target: str) -> Client:
-    """The cached Client for `target`, made on first use."""
+    """The cached Client for `target` with the environment's security settings, made on first
+    use."""
+    security = security_from_env()
     with _lock:
-        client = _clients.get(target)
+        client = _clients.get((target, security))
         if client is None:
-            client = _clients[target] = Client(target, timeout=_timeout_from_env())
+            client = _clients[(target, security)] = Client(
+                target, timeout=_timeout_from_env(), security=security)
         return client
 
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/transport/grpc/call_auth.h"
 #include "server/transport/grpc/proto_codec.h"
 #include "server/transport/server_info.h"
 
@@ -17,8 +18,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 AttentionServiceImpl::AttentionServiceImpl(engine::Engine* engine,
                                            metrics::ServerMetrics* metrics, std::string version,
-                                           CallLimits limits)
-    : engine_(engine), metrics_(metrics), version_(std::move(version)), limits_(limits) {}
+                                           CallLimits limits, const Authenticator* auth)
+    : engine_(engine),
+      metrics_(metrics),
+      version_(std::move(version)),
+      limits_(limits),
+      auth_(auth) {}
 
 bool AttentionServiceImpl::AcquireSlot() {
   const int64_t before = active_calls_.fetch_add(1, std::memory_order_relaxed);
@@ -48,6 +53,11 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
                                                       Encode encode) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  // Before anything else, so unauthenticated callers cost nothing but this check.
+  if (absl::Status refusal = AuthenticateCall(auth_, *context); !refusal.ok()) {
+    Finish(reactor, rpc, start, refusal);
+    return reactor;
+  }
   metrics_->AddReceivedBytes(static_cast<double>(TensorBytes(*request)));
   if (!AcquireSlot()) {
     Finish(reactor, rpc, start,
@@ -76,6 +86,18 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   }
   job.control.deadline = deadline;
   job.control.cancelled = [context] { return context->IsCancelled(); };
+  // Optional x-attnserve-priority metadata (engine/priority.h); a value it does not know is
+  // the caller's mistake, named in the answer.
+  if (auto it = context->client_metadata().find(engine::kPriorityMetadataKey);
+      it != context->client_metadata().end()) {
+    absl::StatusOr<engine::Priority> priority =
+        engine::ParsePriority(absl::string_view(it->second.data(), it->second.size()));
+    if (!priority.ok()) {
+      finish(priority.status());
+      return reactor;
+    }
+    job.control.priority = *priority;
+  }
   job.done = [this, response, encode, finish](auto result) {
     if (result.ok()) {
       metrics_->AddSentBytes(static_cast<double>(encode(*std::move(result), response)));
@@ -107,6 +129,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
     v1::ServerInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  if (absl::Status refusal = AuthenticateCall(auth_, *context); !refusal.ok()) {
+    Finish(reactor, "GetServerInfo", start, refusal);
+    return reactor;
+  }
   *response = BuildServerInfo(*engine_, version_, limits_);
   Finish(reactor, "GetServerInfo", start, absl::OkStatus());
   return reactor;

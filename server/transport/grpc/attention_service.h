@@ -11,6 +11,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "server/engine/engine.h"
 #include "server/metrics/server_metrics.h"
+#include "server/transport/auth/authenticator.h"
 #include "server/transport/call_limits.h"
 
 namespace attnserve::transport {
@@ -22,9 +23,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
-  // `engine` and `metrics` must outlive the service.
+  // `engine`, `metrics` and `auth` must outlive the service. Every RPC needs credentials that
+  // `auth` accepts; null: none needed.
   AttentionServiceImpl(engine::Engine* engine, metrics::ServerMetrics* metrics,
-                       std::string version, CallLimits limits = {});
+                       std::string version, CallLimits limits = {},
+                       const Authenticator* auth = nullptr);
 
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
                                     const v1::ForwardRequest* request,
@@ -51,6 +54,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   metrics::ServerMetrics* const metrics_;
   const std::string version_;
   const CallLimits limits_;
+  const Authenticator* const auth_;
   std::atomic<int64_t> active_calls_{0};
 };
 

@@ -1,17 +1,21 @@
 // The HTTP port (civetweb): /healthz (process alive), /readyz (accepting work), /metrics
 // (Prometheus text exposition) and /v1/info (ServerInfo as JSON). Read-only; compute RPCs are
-// on gRPC.
+// on gRPC. HTTPS (and mTLS) with `tls`; with an enabled Authenticator, /v1/info needs the bearer
+// token like GetServerInfo, and the other pages too unless open_health_and_metrics.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/engine/engine.h"
 #include "server/metrics/server_metrics.h"
+#include "server/transport/auth/authenticator.h"
 #include "server/transport/call_limits.h"
+#include "server/transport/tls/tls_material.h"
 
 class CivetServer;
 class CivetHandler;
@@ -30,6 +34,10 @@ struct HttpServerOptions {
   // Largest request head (request line + headers) accepted; larger ones are refused. The
   // endpoints take no body, so this bounds what one connection can make the server buffer.
   int max_request_bytes = 8192;
+  std::optional<TlsMaterial> tls;  // absent: plain HTTP
+  // Null or disabled: every page is open.
+  const Authenticator* auth = nullptr;
+  bool open_health_and_metrics = true;
 };
 
 class HttpServer {
@@ -49,6 +57,9 @@ class HttpServer {
   HttpServer() = default;
 
   std::vector<std::unique_ptr<CivetHandler>> handlers_;
+  // Read by civetweb's init_ssl callback while the server starts.
+  std::unique_ptr<TlsMaterial> tls_;
+  bool tls_library_initialized_ = false;
   std::unique_ptr<CivetServer> server_;
 };
 

@@ -16,6 +16,18 @@
 
 namespace attnserve {
 
+// TLS towards a server started with --tls_cert_file (and, for mTLS, --tls_client_ca_file).
+struct TlsOptions {
+  bool enabled = false;
+  // PEM CA certificates the server's certificate must chain to; empty: the system's roots.
+  std::string root_certificates_file;
+  // PEM client certificate (chain) and its private key, for servers that require one (mTLS).
+  std::string certificate_chain_file;
+  std::string private_key_file;
+  // The name the server's certificate must carry, when it is not the target's host name.
+  std::string server_name;
+};
+
 struct ClientOptions {
   // Largest message sent or received; attention tensors are large.
   int max_message_bytes = 1 << 30;
@@ -25,7 +37,15 @@ struct ClientOptions {
   // Clients with different connection ids never share one (load tests spread calls over
   // several connections this way).
   int connection_id = 0;
+  TlsOptions tls;
+  // Sent as "authorization: Bearer <token>" on every call when not empty (servers started with
+  // --auth_tokens_file refuse calls without an accepted one: UNAUTHENTICATED).
+  std::string bearer_token;
 };
+
+// The token in a token file: its first line that is neither blank nor a '#' comment (the
+// server's tokens-file format, so one file can serve both).
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 class Client {
  public:
@@ -34,7 +54,8 @@ class Client {
   using ForwardCallback = std::function<void(absl::StatusOr<v1::ForwardResponse>)>;
   using BackwardCallback = std::function<void(absl::StatusOr<v1::BackwardResponse>)>;
 
-  // `target` is a gRPC target such as "localhost:8001" or "dns:///attnserve:8001".
+  // `target` is a gRPC target such as "localhost:8001" or "dns:///attnserve:8001". Fails when
+  // a TLS file cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
                                                         const ClientOptions& options = {});
   ~Client();

@@ -62,6 +62,20 @@ app.kubernetes.io/component: server
 - --max_batch={{ int64 .Values.server.maxBatch }}
 - --cpu_threads={{ int64 .Values.server.cpuThreads }}
 - --http_threads={{ int64 .Values.server.httpThreads }}
+{{- with .Values.security.tls }}
+{{- if .secretName }}
+- --tls_cert_file=/etc/attnserve/tls/tls.crt
+- --tls_key_file=/etc/attnserve/tls/tls.key
+{{- end }}
+{{- if .clientCaSecretName }}
+- --tls_client_ca_file=/etc/attnserve/client-ca/ca.crt
+{{- end }}
+{{- end }}
+{{- with .Values.security.auth }}
+{{- if .tokensSecretName }}
+- --auth_tokens_file=/etc/attnserve/auth/{{ .tokensSecretKey }}
+{{- end }}
+{{- end }}
 {{- range .Values.server.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -98,4 +112,41 @@ and minimum-major expressions.
 requiredDuringSchedulingIgnoredDuringExecution:
   nodeSelectorTerms:
     {{- toYaml $terms | nindent 4 }}
+{{- end }}
+
+{{/*
+One probe's handler: gRPC health without TLS (the kubelet's gRPC probes cannot speak it), an
+HTTPS GET of `path` with TLS (the kubelet does not verify the certificate), a TCP connect with
+mTLS (the kubelet has no client certificate).
+*/}}
+{{- define "attnserve.probeHandler" -}}
+{{- $values := .root.Values }}
+{{- if $values.security.tls.clientCaSecretName }}
+tcpSocket:
+  port: {{ int64 $values.server.grpcPort }}
+{{- else if $values.security.tls.secretName }}
+httpGet:
+  port: {{ int64 $values.server.httpPort }}
+  path: {{ .path }}
+  scheme: HTTPS
+{{- else }}
+grpc:
+  port: {{ int64 $values.server.grpcPort }}
+  service: {{ .service | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The Secrets mounted under /etc/attnserve/<dir>, as a YAML list of {name, secret, dir}. */}}
+{{- define "attnserve.secretVolumes" -}}
+{{- $volumes := list }}
+{{- with .Values.security.tls.secretName }}
+{{- $volumes = append $volumes (dict "name" "tls" "secret" . "dir" "tls") }}
+{{- end }}
+{{- with .Values.security.tls.clientCaSecretName }}
+{{- $volumes = append $volumes (dict "name" "client-ca" "secret" . "dir" "client-ca") }}
+{{- end }}
+{{- with .Values.security.auth.tokensSecretName }}
+{{- $volumes = append $volumes (dict "name" "auth-tokens" "secret" . "dir" "auth") }}
+{{- end }}
+{{- toYaml $volumes }}
 {{- end }}

@@ -123,20 +123,42 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("name", "model", "compute_capability", "memory_total_bytes", "memory_free_bytes", "kernel_families")
+    __slots__ = ("name", "model", "compute_capability", "memory_total_bytes", "memory_free_bytes", "kernel_families", "native_compute_capability", "routes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     KERNEL_FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     compute_capability: str
     memory_total_bytes: int
     memory_free_bytes: int
     kernel_families: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ...) -> None: ...
+    native_compute_capability: str
+    routes: _containers.RepeatedCompositeFieldContainer[KernelRoute]
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ..., native_compute_capability: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[KernelRoute, _Mapping]]] = ...) -> None: ...
+
+class KernelRoute(_message.Message):
+    __slots__ = ("family", "direction", "dtypes", "min_head_dim", "max_head_dim", "head_dim_multiple", "reason")
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    DTYPES_FIELD_NUMBER: _ClassVar[int]
+    MIN_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    MAX_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_MULTIPLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    family: str
+    direction: str
+    dtypes: _containers.RepeatedScalarFieldContainer[DType]
+    min_head_dim: int
+    max_head_dim: int
+    head_dim_multiple: int
+    reason: str
+    def __init__(self, family: _Optional[str] = ..., direction: _Optional[str] = ..., dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., min_head_dim: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., head_dim_multiple: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch", "max_concurrent_requests", "max_deadline_seconds")

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Two GPUs against one, on a host with (at least) two: the server built here (carried in a
+# bundle folder, default .gpu-bundle/ from scripts/make_gpu_bundle.sh; ATTN_BUNDLE=<folder> picks
+# another) serves the same closed-loop attnload mix first with --devices=0, then with
+# --devices=auto (every GPU; placement spreads requests by estimated finish time), one after the
+# other in this run. Mixes (forward and backward, bf16, head_dim 128, one sequence per request):
+#   long       16 heads, 8k-16k tokens (the scheduler issue's "compute-bound mix")
+#   very_long  8 heads, 32k-48k tokens (4x the FLOPs per byte; fits the 1 GiB message limit)
+# Why two: attention's FLOPs per byte moved grow only with sequence length (about S/2 FLOP per
+# byte forward), so at 12k tokens one H100 running flash (~300 TFLOP/s) would need ~50 GB/s of
+# tensors to stay busy; loopback gRPC moves a few GB/s. Compare the long mix with the
+# very_long one to see where the transport stops being the limit. KERNEL=fallback (or another
+# family) forces a slower family on every GPU, which makes any mix more compute-bound.
+# Prints a table (req/s, TFLOP/s, p50/p99, two-GPU speed-up per mix); JSON and logs under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/attnserve-multi-gpu}"
+BUNDLE="${ATTN_BUNDLE:-.gpu-bundle}"
+DURATION="${DURATION:-30s}"  # long requests: few per second, so measure long enough
+CONCURRENCY="${CONCURRENCY:-16}"
+KERNEL="${KERNEL:-}"
+MIN_GPUS="${MIN_GPUS:-2}"  # MIN_GPUS=1: a dry run of the script itself on a one-GPU host
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+bin=$BUNDLE/bin
+
+gpus=$(nvidia-smi -L | wc -l)
+nproc; nvidia-smi -L
+if [ "$gpus" -lt "$MIN_GPUS" ]; then
+  echo "multi_gpu_bench: this host has $gpus GPU(s); it needs $MIN_GPUS" >&2
+  exit 1
+fi
+
+declare -A MIX_FLAGS=(
+  [long]="--heads=16 --shape=uniform:batch=1,seqlen=8192-16384"
+  [very_long]="--heads=8 --shape=uniform:batch=1,seqlen=32768-49152"
+)
+
+run() {  # mix, devices
+  local mix=$1 devices=$2 name="$1_devices_${2//,/_}"
+  local server_flags=(--devices="$devices" --grpc_port=8111 --http_port=8110)
+  [ -n "$KERNEL" ] && server_flags+=(--kernel="$KERNEL")
+  "$bin/attnserve" "${server_flags[@]}" >"$OUT/server_$name.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 1 150); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8110/readyz')" \
+      2>/dev/null && break
+    sleep 0.2
+  done
+  # shellcheck disable=SC2086
+  "$bin/attnload" --target=localhost:8111 --concurrency="$CONCURRENCY" --connections=8 \
+    --duration="$DURATION" --warmup=3s ${MIX_FLAGS[$mix]} --head_dim=128 --dtype=bf16 \
+    --rpc=mixed --backward_fraction=0.5 --pool_size=8 --check=0 --progress=false \
+    --output_json="$OUT/$name.json" >"$OUT/$name.txt" 2>&1
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8110/metrics').read().decode())" \
+    >"$OUT/metrics_$name.txt"
+  kill -TERM "$server"; wait "$server"
+  echo "== $name"
+  cat "$OUT/$name.txt"
+  grep -E '^attnserve_(placements_total|compute_duration_seconds_sum)' "$OUT/metrics_$name.txt" || true
+}
+
+for mix in long very_long; do
+  run "$mix" 0
+  run "$mix" auto
+done
+
+python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+runs = {}
+for mix in ("long", "very_long"):
+    for devices in ("0", "auto"):
+        path = out / f"{mix}_devices_{devices}.json"
+        if path.exists():
+            runs[(mix, devices)] = json.loads(path.read_text())["runs"][0]
+print("\n| mix | devices | req/s | TFLOP/s | p50 ms | p99 ms | errors |")
+print("|---|---|---|---|---|---|---|")
+for (mix, devices), run in runs.items():
+    latency = run["latency_ms"]
+    print(f"| {mix} | {devices} | {run['throughput_rps']:.2f} | {run['tflops']:.1f} | "
+          f"{latency['p50']:.1f} | {latency['p99']:.1f} | {run['errors']} |")
+speedup = {}
+for mix in ("long", "very_long"):
+    if (mix, "0") in runs and (mix, "auto") in runs:
+        speedup[mix] = runs[(mix, "auto")]["throughput_rps"] / runs[(mix, "0")]["throughput_rps"]
+        print(f"{mix}: two GPUs / one GPU throughput = {speedup[mix]:.2f}x (target >= 1.8x)")
+(out / "multi_gpu_summary.json").write_text(json.dumps(
+    {"speedup": speedup, "runs": {f"{m}/{d}": r for (m, d), r in runs.items()}}, indent=2))
+EOF

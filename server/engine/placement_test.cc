@@ -1,0 +1,177 @@
+#include "server/engine/placement.h"
+
+#include "gtest/gtest.h"
+
+namespace attnserve::engine {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+const KernelCatalog kGpuFamilies{{"flash", "fallback", "cublas", "reference"}};
+
+DeviceState Gpu(const std::string& name, int compute_capability, int64_t memory) {
+  DeviceState device;
+  device.name = name;
+  device.compute_capability = compute_capability;
+  device.catalog = kGpuFamilies;
+  device.memory_budget = memory;
+  return device;
+}
+
+DeviceState HostCpu() {
+  DeviceState device;
+  device.name = "cpu";
+  device.catalog = KernelCatalog{{"reference"}};
+  device.memory_budget = 64 * kGiB;
+  return device;
+}
+
+// One bf16 sequence of `tokens` tokens, 16 heads of 128: the training hosts' usual request.
+RequestProfile Bf16Forward(double tokens) {
+  RequestProfile request;
+  request.direction = Direction::kForward;
+  request.dtype = DType::kBFloat16;
+  request.head_dim = 128;
+  request.flops = 4.0 * tokens * tokens * 128 * 16;
+  request.device_bytes = static_cast<int64_t>(tokens * 16 * 128 * 2 * 4);
+  return request;
+}
+
+// A Turing, a Hopper and the host CPU: the mixed host of the fallback issue.
+std::vector<DeviceState> MixedHost() {
+  return {Gpu("cuda:0", 75, 16 * kGiB), Gpu("cuda:1", 90, 80 * kGiB), HostCpu()};
+}
+
+TEST(PlacementTest, TheDeviceWithTheFastestFamilyWins) {
+  const RequestProfile request = Bf16Forward(8192);
+  std::optional<Placement> placement = Place(request, MixedHost(), 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 1u);
+  EXPECT_EQ(placement->family, "flash");
+  EXPECT_TRUE(placement->fits_now);
+  EXPECT_DOUBLE_EQ(placement->seconds, EstimatedSeconds(request, "flash", 90));
+  // Without the Hopper, the Turing's GPU family still beats the host CPU by far.
+  std::vector<DeviceState> no_hopper = {MixedHost()[0], MixedHost()[2]};
+  placement = Place(request, no_hopper, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 0u);
+  EXPECT_NE(placement->family, "reference");
+}
+
+TEST(PlacementTest, FamilyRatesFollowTheTable) {
+  EXPECT_GT(FamilyRate("flash", 90), FamilyRate("fallback", 90));
+  EXPECT_GT(FamilyRate("fallback", 90), FamilyRate("reference", 90));
+  EXPECT_GT(FamilyRate("flash", 90), FamilyRate("flash", 75));
+  EXPECT_DOUBLE_EQ(FamilyRate("reference", 90), FamilyRate("reference", 0));
+  EXPECT_DOUBLE_EQ(FamilyRate("a family from the future", 90), FamilyRate("reference", 0));
+}
+
+TEST(PlacementTest, ABusyFastDeviceLosesToAnIdleSlowerOne) {
+  const RequestProfile request = Bf16Forward(4096);
+  std::vector<DeviceState> devices = MixedHost();
+  const double on_turing = Place(request, {devices[0]}, 100)->seconds;
+  // The Hopper has more queued work than the whole request takes on the Turing.
+  devices[1].queued_seconds = 2 * on_turing;
+  devices[1].queue_depth = 40;
+  std::optional<Placement> placement = Place(request, devices, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 0u);
+  // With a little queued work the Hopper still finishes first.
+  devices[1].queued_seconds = on_turing / 10;
+  placement = Place(request, devices, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 1u);
+}
+
+TEST(PlacementTest, NoRoomNowSendsTheRequestToAnotherDevice) {
+  const RequestProfile request = Bf16Forward(16384);
+  std::vector<DeviceState> devices = {Gpu("cuda:0", 90, 80 * kGiB), Gpu("cuda:1", 90, 80 * kGiB)};
+  // An idle queue, but running work holds all but half of what the request needs.
+  devices[0].reserved_bytes = 80 * kGiB - request.device_bytes / 2;
+  devices[1].queued_seconds = 0.5;
+  std::optional<Placement> placement = Place(request, devices, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 1u);
+  EXPECT_TRUE(placement->fits_now);
+  EXPECT_EQ(placement->device_bytes, request.device_bytes);
+}
+
+TEST(PlacementTest, WithoutRoomAnywhereItWaitsOnTheDeviceThatFinishesFirst) {
+  const RequestProfile request = Bf16Forward(16384);
+  std::vector<DeviceState> devices = {Gpu("cuda:0", 90, 80 * kGiB), Gpu("cuda:1", 90, 80 * kGiB)};
+  devices[0].reserved_bytes = devices[1].reserved_bytes = 80 * kGiB - request.device_bytes / 2;
+  devices[0].queued_seconds = 3;
+  devices[1].queued_seconds = 1;
+  std::optional<Placement> placement = Place(request, devices, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 1u);
+  EXPECT_FALSE(placement->fits_now);
+}
+
+TEST(PlacementTest, NearTiesGoToTheShorterQueue) {
+  const RequestProfile request = Bf16Forward(512);
+  std::vector<DeviceState> devices = {Gpu("cuda:0", 90, 80 * kGiB), Gpu("cuda:1", 90, 80 * kGiB)};
+  devices[0].queue_depth = 3;
+  devices[1].queue_depth = 1;
+  devices[1].queued_seconds = 1e-9;  // a rounding difference, not a real one
+  std::optional<Placement> placement = Place(request, devices, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 1u);
+}
+
+TEST(PlacementTest, FullQueuesAreSkippedAndAllFullIsNoPlacement) {
+  const RequestProfile request = Bf16Forward(512);
+  std::vector<DeviceState> devices = {Gpu("cuda:0", 90, 80 * kGiB), Gpu("cuda:1", 90, 80 * kGiB)};
+  devices[0].queue_depth = 8;
+  devices[1].queue_depth = 7;
+  devices[1].queued_seconds = 100;
+  std::optional<Placement> placement = Place(request, devices, 8);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 1u);
+  devices[1].queue_depth = 8;
+  EXPECT_FALSE(Place(request, devices, 8));
+}
+
+TEST(PlacementTest, ARequestNoDeviceCanEverHoldIsRefusedWithTheNumbers) {
+  RequestProfile request = Bf16Forward(1 << 20);
+  request.device_bytes = 100 * kGiB;
+  std::vector<DeviceState> devices = {Gpu("cuda:0", 75, 16 * kGiB), Gpu("cuda:1", 90, 80 * kGiB)};
+  absl::Status status = CheckPlaceable(request, devices);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("107374182400 bytes"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("cuda:1, has 85899345920 in all"), absl::string_view::npos)
+      << status;
+  EXPECT_FALSE(Place(request, devices, 100));
+  request.device_bytes = 20 * kGiB;  // only the Hopper can hold it
+  EXPECT_TRUE(CheckPlaceable(request, devices).ok());
+  ASSERT_TRUE(Place(request, devices, 100));
+  EXPECT_EQ(Place(request, devices, 100)->device, 1u);
+}
+
+TEST(PlacementTest, ReferenceOnAGpuRunsOnTheHostAndHoldsNoDeviceMemory) {
+  RequestProfile request = Bf16Forward(1024);
+  request.dtype = DType::kFloat32;
+  DeviceState gpu = Gpu("cuda:0", 90, 1024);  // far too small for the request's tensors
+  gpu.catalog = KernelCatalog{{"flash", "reference"}};  // flash has no fp32
+  ASSERT_TRUE(CheckPlaceable(request, {gpu}).ok());
+  std::optional<Placement> placement = Place(request, {gpu}, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->family, "reference");
+  EXPECT_EQ(placement->device_bytes, 0);
+  EXPECT_DOUBLE_EQ(placement->seconds, request.flops / FamilyRate("reference", 0));
+  // On the host CPU device the same tensors are that device's memory.
+  DeviceState cpu = HostCpu();
+  cpu.memory_budget = 1024;
+  EXPECT_EQ(CheckPlaceable(request, {cpu}).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(PlacementTest, NoFamilyForTheRequestIsAFailedPrecondition) {
+  RequestProfile request = Bf16Forward(1024);
+  request.dtype = DType::kFloat32;
+  DeviceState gpu = Gpu("cuda:0", 90, 80 * kGiB);
+  gpu.catalog = KernelCatalog::Only("flash");
+  EXPECT_EQ(CheckPlaceable(request, {gpu}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(Place(request, {gpu}, 100));
+}
+
+}  // namespace
+}  // namespace attnserve::engine

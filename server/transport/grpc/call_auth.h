@@ -1,0 +1,14 @@
+// The Authenticator applied to a gRPC call: its "authorization" metadata in, a status out.
+#pragma once
+
+#include <grpcpp/server_context.h>
+
+#include "absl/status/status.h"
+#include "server/transport/auth/authenticator.h"
+
+namespace attnserve::transport {
+
+// OK when `auth` is null (open) or accepts the call's credentials; else UNAUTHENTICATED.
+absl::Status AuthenticateCall(const Authenticator* auth, const grpc::ServerContextBase& context);
+
+}  // namespace attnserve::transport

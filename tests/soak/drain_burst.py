@@ -1,0 +1,64 @@
+"""Work in flight at the SIGTERM. The steady soak load leaves the CPU server idle at most
+instants (the clients spend their time on the reference), so just before the SIGTERM the soak
+sends a burst of larger calls and waits until the server reports work in flight. Every
+burst call must end OK with a correct answer, or UNAVAILABLE if the server refused it before
+accepting it."""
+import time
+
+import grpc
+import numpy as np
+
+import worker
+import workload
+
+CALLS = 6
+# 384 tokens, 8 query heads over 2 kv heads, head_dim 64, fp32: tens of ms each on the CPU
+# backend, so several are queued or running at once.
+SHAPE = (np.array([0, 384], np.int32), np.array([0, 384], np.int32), 8, 2, 64)
+IN_FLIGHT_TIMEOUT_S = 10.0
+KIND = "drain_burst"
+
+
+class DrainBurst:
+    def __init__(self, target, rng):
+        self.channel = grpc.insecure_channel(target, options=worker.CHANNEL_OPTIONS)
+        self.problems = [workload.valid_problem(rng, "Forward", SHAPE, "fp32")
+                         for _ in range(CALLS)]
+        self.futures = []
+
+    def send(self, lifetime):
+        """Starts the calls and returns once the server has at least one in flight."""
+        method = worker.stub_method(self.channel, "Forward")
+        self.futures = [method.future(p.request, timeout=worker.CALL_TIMEOUT_S)
+                        for p in self.problems]
+        # When each ended, which says which phase answered it (settle runs much later).
+        self.ended = [None] * len(self.futures)
+        for index, future in enumerate(self.futures):
+            future.add_done_callback(
+                lambda _, index=index: self.ended.__setitem__(index, time.monotonic()))
+        deadline = time.monotonic() + IN_FLIGHT_TIMEOUT_S
+        while time.monotonic() < deadline and lifetime.metrics()["inflight"] < 1:
+            time.sleep(0.005)
+
+    def settle(self, counts, shared, fail):
+        """Counts how each call ended into the soak's counts (see invariants.py)."""
+        for index, (problem, future) in enumerate(zip(self.problems, self.futures)):
+            counts[worker.key("issued", KIND)] += 1
+            code, response = worker.resolve(future, worker.CALL_TIMEOUT_S)
+            if code is None:
+                counts[worker.key("hung", KIND)] += 1
+                fail(f"{KIND}: unresolved after its deadline")
+                continue
+            phase = shared.phase(self.ended[index] or time.monotonic())
+            counts[worker.key("outcome", phase, "Forward", KIND, code.name)] += 1
+            if code == grpc.StatusCode.OK:
+                why = problem.check(response)
+                if why is None:
+                    counts[worker.key("verified", "Forward", "fp32")] += 1
+                else:
+                    counts[worker.key("wrong", KIND)] += 1
+                    fail(f"{KIND} wrong answer: {why}")
+            elif code != grpc.StatusCode.UNAVAILABLE:
+                counts[worker.key("unexpected", KIND, code.name)] += 1
+                fail(f"{KIND} ended {code.name}: {response.details() if response else ''}")
+        self.channel.close()

@@ -1,0 +1,184 @@
+"""What must hold after a soak, computed from the clients' counts and the servers' own.
+
+Client counts are keys of one Counter (see worker.py):
+  issued|KIND, outcome|PHASE|RPC|KIND|CODE, hung|KIND, wrong|KIND, unexpected|KIND|CODE,
+  gap_refused|KIND|CODE|CAUSE (worker.gap_cause), verified|RPC|DTYPE, failures
+PHASE says which server answered: L1 (before its SIGTERM), L1drain (after it) or L2. Victims
+(clients killed with SIGKILL) add outcome|PHASE|RPC|victim|OK and |KILLED for the call they
+died in.
+
+The server-side invariant, per lifetime and RPC. The server counts a call OK once it has handed
+the answer to gRPC; a client counts OK once it has received it. Every OK a client received was
+counted by the server, and the server may have answered OK calls whose client stopped listening
+first (it cancelled, its deadline passed, its channel closed, it was killed). So
+    client_OK <= server_OK <= client_OK + abandoned,
+abandoned being the fault-injected calls (cancel, deadline, close, victim) that ended
+CANCELLED, DEADLINE_EXCEEDED or KILLED at the client. A plain valid call is never abandoned: if
+one ends CANCELLED during the restart after the server had answered it OK (an accepted call
+dropped), the server's count exceeds the bound.
+Refusals the handler makes (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) are never abandoned in the
+soak, so their counts must be equal, except for what the dying first server counted after its
+last /metrics scrape, which only calls that ended after its SIGTERM can be.
+"""
+import collections
+import statistics
+
+PHASES = {"L1": ("L1", "L1drain"), "L2": ("L2",)}
+RPCS = ("Forward", "Backward")
+ABANDONED = {"CANCELLED", "DEADLINE_EXCEEDED", "KILLED"}
+ABANDONING_KINDS = {"cancel", "deadline", "close", "victim"}
+# Kinds whose calls never reach the handler: gRPC refuses them while reading the message.
+TRANSPORT_ONLY = {"malformed:oversize_message", "garbage_bytes"}
+HANDLER_CODES = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")
+FAULT_KINDS = ("cancel", "deadline", "close", "victim", "garbage_bytes")
+
+
+def outcomes(counts):
+    """[(phase, rpc, kind, code, n)] from outcome|... keys."""
+    rows = []
+    for name, n in counts.items():
+        parts = name.split("|")
+        if parts[0] == "outcome":
+            rows.append((*parts[1:], n))
+    return rows
+
+
+def _sum(rows, phases, rpc=None, kinds=None, codes=None, skip_kinds=()):
+    return sum(n for phase, r, kind, code, n in rows
+               if phase in phases and (rpc is None or r == rpc)
+               and (kinds is None or kind in kinds) and kind not in skip_kinds
+               and (codes is None or code in codes))
+
+
+def _grouped(counts, prefix):
+    """Sum of counts whose key starts with prefix|, by the rest of the key."""
+    grouped = collections.Counter()
+    for name, n in counts.items():
+        if name.startswith(prefix + "|"):
+            grouped[name[len(prefix) + 1:]] += n
+    return grouped
+
+
+def rss_growth(lifetime, window_s):
+    """(median RSS just after warmup, median RSS just before the load ended), in KiB, or None.
+    Medians over a window, both under the same load: single samples swing by ~10 MiB with the
+    request buffers in flight, which would hide a slow leak or fake one."""
+    samples, series = lifetime["samples"], lifetime["series"]
+    if "warmup" not in samples or "load_end" not in samples:
+        return None
+    start, end = samples["warmup"]["t"], samples["load_end"]["t"]
+    window = min(window_s, (end - start) / 3)
+    first = [s["rss_kib"] for s in series if start <= s["t"] <= start + window]
+    last = [s["rss_kib"] for s in series if end - window <= s["t"] <= end]
+    return int(statistics.median(first)), int(statistics.median(last))
+
+
+class Checks:
+    def __init__(self):
+        self.results = []
+
+    def add(self, name, ok, detail=""):
+        self.results.append({"check": name, "ok": bool(ok), "detail": detail})
+
+    @property
+    def passed(self):
+        return all(result["ok"] for result in self.results)
+
+
+def check(counts, lifetimes, reports_expected, reports_received, limits):
+    checks = Checks()
+    rows = outcomes(counts)
+    codes = {lt["name"]: lt["exit_code"] for lt in lifetimes}
+    checks.add("server exits 0 after each SIGTERM", all(c == 0 for c in codes.values()),
+               str(codes))
+    checks.add("server never died on its own", not counts["server_died"],
+               f"{counts['server_died']} unexpected exits")
+    checks.add("every client process reported", reports_received == reports_expected,
+               f"{reports_received}/{reports_expected}")
+
+    issued, resolved = _grouped(counts, "issued"), collections.Counter()
+    for _, _, kind, _, n in rows:
+        resolved[kind] += n
+    hung = sum(_grouped(counts, "hung").values())
+    checks.add("every call resolved exactly once", issued == resolved and not hung,
+               f"issued {sum(issued.values())}, resolved {sum(resolved.values())}, hung {hung}"
+               + ("" if issued == resolved else f"; per kind issued {dict(issued)} "
+                  f"resolved {dict(resolved)}"))
+    verified = sum(_grouped(counts, "verified").values())
+    wrong = sum(_grouped(counts, "wrong").values())
+    checks.add("every OK answer matches the reference (malformed never OK)",
+               verified > 0 and not wrong, f"{verified} verified, {wrong} wrong")
+    unexpected = _grouped(counts, "unexpected")
+    checks.add("every call ended with a code its kind allows", not unexpected,
+               str(dict(unexpected)) if unexpected else "")
+
+    for lifetime in lifetimes:
+        name, final = lifetime["name"], lifetime["final_metrics"]
+        if final is None:
+            checks.add(f"{name}: final /metrics scrape", False, "none succeeded")
+            continue
+        checks.add(f"{name}: final /metrics scrape shows nothing in flight",
+                   final["inflight"] == 0, f"inflight {final['inflight']}")
+        server = final["requests"]
+        phases = PHASES[name]
+        drain = tuple(p for p in phases if p.endswith("drain"))
+        for rpc in RPCS:
+            client_ok = _sum(rows, phases, rpc, codes={"OK"})
+            abandoned = _sum(rows, phases, rpc, kinds=ABANDONING_KINDS, codes=ABANDONED)
+            server_ok = server.get(f"{rpc}|OK", 0)
+            checks.add(f"{name} {rpc}: client OK <= server OK <= client OK + abandoned",
+                       client_ok <= server_ok <= client_ok + abandoned,
+                       f"{client_ok} <= {server_ok} <= {client_ok} + {abandoned}")
+            for code in HANDLER_CODES + ("UNAVAILABLE",):
+                client = _sum(rows, phases, rpc, codes={code}, skip_kinds=TRANSPORT_ONLY)
+                late = _sum(rows, drain, rpc, codes={code}, skip_kinds=TRANSPORT_ONLY)
+                got = server.get(f"{rpc}|{code}", 0)
+                if code == "UNAVAILABLE":
+                    # Clients also see UNAVAILABLE while no server listens at all.
+                    ok, rule = got <= late, f"server {got} <= client after SIGTERM {late}"
+                else:
+                    ok = got <= client and client - got <= late
+                    rule = f"server {got}, client {client} (of which after SIGTERM {late})"
+                checks.add(f"{name} {rpc}: server and client agree on {code}", ok, rule)
+
+        if drain:
+            # The SIGTERM must find accepted work, and the drain answer it. The server's count
+            # (from its log) is not compared with the answers that arrived after the signal: it
+            # drops a call only after handing its answer to gRPC, so it can still include a
+            # call whose answer the client already has (seen once in 81540 calls). Per call,
+            # the burst sent just before the signal must end OK (or UNAVAILABLE if refused
+            # before it was accepted: "every call ended with a code its kind allows").
+            in_flight = lifetime["inflight_at_sigterm"]
+            burst_ok = _sum(rows, drain, kinds={"drain_burst"}, codes={"OK"})
+            timed_out = "drain timeout" in (lifetime.get("log_tail") or "")
+            checks.add(f"{name}: the SIGTERM found accepted work in flight and the drain "
+                       "answered it", (in_flight or 0) >= 1 and burst_ok >= 1 and not timed_out,
+                       f"{in_flight} in flight at the SIGTERM (server log), {burst_ok} burst "
+                       f"calls answered OK after it, drain timeout: {timed_out}")
+        growth = rss_growth(lifetime, limits["rss_window_s"])
+        if growth is None:
+            checks.add(f"{name}: RSS and fds sampled", False, str(lifetime["samples"]))
+            continue
+        before, after = growth
+        checks.add(f"{name}: median RSS growth under load <= {limits['rss_growth_kib']} KiB",
+                   after - before <= limits["rss_growth_kib"],
+                   f"{before} -> {after} KiB ({after - before:+d})")
+        warm, end = lifetime["samples"]["warmup"], lifetime["samples"]["load_end"]
+        fd_growth = end["fds"] - warm["fds"]
+        checks.add(f"{name}: fd growth under load <= {limits['fd_growth']}",
+                   fd_growth <= limits["fd_growth"],
+                   f"{warm['fds']} -> {end['fds']} ({fd_growth:+d})")
+
+    # The faults really happened and really bit, so a green soak means something.
+    for kind in FAULT_KINDS:
+        checks.add(f"fault injected: {kind}", issued[kind] > 0, f"{issued[kind]} calls")
+    malformed = sum(n for kind, n in issued.items() if kind.startswith("malformed:"))
+    checks.add("fault injected: malformed", malformed > 0, f"{malformed} calls")
+    for kind, code in (("cancel", "CANCELLED"), ("deadline", "DEADLINE_EXCEEDED"),
+                       ("victim", "KILLED")):
+        hit = _sum(rows, ("L1", "L1drain", "L2"), kinds={kind}, codes={code})
+        checks.add(f"fault took effect: {kind} ended {code}", hit > 0, f"{hit} calls")
+    refused = sum(_grouped(counts, "gap_refused").values())
+    checks.add("SIGTERM + restart: clients were refused during the gap and retried",
+               len(lifetimes) == 2 and refused > 0, f"{refused} refused attempts")
+    return checks

@@ -1,0 +1,116 @@
+"""The soak's checks catch what they are meant to: each seeded defect fails its check, and a
+clean record passes. Synthetic records, no server: fast."""
+import pathlib
+import sys
+from collections import Counter
+
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent),
+                str(pathlib.Path(__file__).resolve().parents[1] / "python")]
+
+import invariants  # noqa: E402
+from lifetime import parse_metrics  # noqa: E402
+
+LIMITS = {"rss_growth_kib": 16 << 10, "rss_window_s": 30, "fd_growth": 8}
+
+
+def _counts():
+    counts = Counter({
+        "outcome|L1|Forward|valid|OK": 90, "outcome|L1|Forward|cancel|CANCELLED": 5,
+        "outcome|L1|Forward|cancel|OK": 5, "outcome|L1drain|Forward|valid|UNAVAILABLE": 3,
+        "outcome|L1drain|Forward|valid|OK": 2,
+        "outcome|L1|Backward|malformed:bad_dtype|INVALID_ARGUMENT": 7,
+        "outcome|L1drain|Backward|malformed:bad_dtype|INVALID_ARGUMENT": 1,
+        "outcome|L2|Forward|deadline|DEADLINE_EXCEEDED": 4, "outcome|L2|Forward|valid|OK": 50,
+        "outcome|L2|Forward|victim|KILLED": 1, "outcome|L2|Forward|victim|OK": 9,
+        "outcome|L2|Backward|garbage_bytes|UNIMPLEMENTED": 2,
+        "outcome|L2|Backward|malformed:oversize_message|RESOURCE_EXHAUSTED": 3,
+        "outcome|L1drain|Forward|drain_burst|OK": 2, "issued|drain_burst": 2,
+        "verified|Forward|fp16": 158, "gap_refused|valid|UNAVAILABLE": 3,
+    })
+    for kind, n in (("valid", 145), ("cancel", 10), ("malformed:bad_dtype", 8),
+                    ("deadline", 4), ("victim", 10), ("garbage_bytes", 2),
+                    ("malformed:oversize_message", 3), ("close", 0)):
+        counts[f"issued|{kind}"] = n
+    return counts
+
+
+def _lifetimes():
+    def lifetime(name, requests):
+        # RSS swinging by 10 MiB around a flat level, sampled every 2 s from t = 10 to 100.
+        series = [{"t": t, "rss_kib": 30000 + 10000 * (t % 4 == 0), "fds": 12}
+                  for t in range(10, 101, 2)]
+        return {"name": name, "exit_code": 0, "series": series, "inflight_at_sigterm": 2,
+                "samples": {"warmup": series[0], "load_end": series[-1]},
+                "final_metrics": {"requests": requests, "rejections": {}, "inflight": 0}}
+    # L1: 99 OK received + up to 5 cancelled; the last INVALID_ARGUMENT came after the scrape.
+    return [lifetime("L1", {"Forward|OK": 101, "Forward|UNAVAILABLE": 3,
+                            "Backward|INVALID_ARGUMENT": 7}),
+            lifetime("L2", {"Forward|OK": 60, "Forward|DEADLINE_EXCEEDED": 2})]
+
+
+def _failed(counts, lifetimes):
+    checks = invariants.check(counts, lifetimes, 3, 3, LIMITS)
+    return {r["check"] for r in checks.results if not r["ok"]}
+
+
+def test_clean_record_passes_but_for_the_missing_fault():
+    # Nothing was closed under a call in this record: exactly that check fails.
+    assert _failed(_counts(), _lifetimes()) == {"fault injected: close"}
+
+
+def _with(counts=None, lifetimes=None):
+    base_counts = _counts()
+    base_counts["issued|close"] = 1
+    base_counts["outcome|L2|Forward|close|CANCELLED"] = 1
+    lifetimes = lifetimes or _lifetimes()
+    lifetimes[1]["final_metrics"]["requests"]["Forward|OK"] = 61  # the closed call finished
+    base_counts.update(counts or {})
+    return _failed(base_counts, lifetimes)
+
+
+def test_seeded_defects_fail_their_checks():
+    assert _with() == set()
+    # Clients received more OKs than the server sent.
+    assert _with({"outcome|L2|Forward|valid|OK": 5, "issued|valid": 5}) == {
+        "L2 Forward: client OK <= server OK <= client OK + abandoned"}
+    assert "every call resolved exactly once" in _with({"issued|valid": 1})
+    assert "every call resolved exactly once" in _with({"hung|valid": 1})
+    assert _with({"wrong|valid": 1}) == {
+        "every OK answer matches the reference (malformed never OK)"}
+    assert _with({"unexpected|valid|INTERNAL": 1}) == {
+        "every call ended with a code its kind allows"}
+    # A plain call dropped with CANCELLED during the restart after the server counted it OK,
+    # while every cancelled call was answered OK too (98 received + 5 cancelled + 1 dropped).
+    lifetimes = _lifetimes()
+    lifetimes[0]["final_metrics"]["requests"]["Forward|OK"] = 104
+    assert _with({"outcome|L1drain|Forward|valid|CANCELLED": 1,
+                  "outcome|L1|Forward|valid|OK": -1}, lifetimes) == {
+        "L1 Forward: client OK <= server OK <= client OK + abandoned"}
+    # An INVALID_ARGUMENT the server never counted, in the quiet final lifetime.
+    assert "L2 Backward: server and client agree on INVALID_ARGUMENT" in _with(
+        {"outcome|L2|Backward|malformed:bad_dtype|INVALID_ARGUMENT": 1,
+         "issued|malformed:bad_dtype": 1})
+
+
+def test_lifetime_defects_fail_their_checks():
+    lifetimes = _lifetimes()
+    lifetimes[0]["exit_code"] = -11
+    for sample in lifetimes[1]["series"][-16:]:  # the last 30 s: 17 MiB more
+        sample["rss_kib"] += 17 << 10
+    lifetimes[1]["samples"]["load_end"]["fds"] = 21
+    lifetimes[0]["final_metrics"]["requests"]["Forward|UNAVAILABLE"] = 4
+    lifetimes[0]["inflight_at_sigterm"] = 0  # the SIGTERM found the server idle
+    assert _with(lifetimes=lifetimes) == {
+        "L1: the SIGTERM found accepted work in flight and the drain answered it",
+        "server exits 0 after each SIGTERM", "L2: median RSS growth under load <= 16384 KiB",
+        "L2: fd growth under load <= 8", "L1 Forward: server and client agree on UNAVAILABLE"}
+
+
+def test_parse_metrics():
+    text = ('# TYPE attnserve_requests_total counter\n'
+            'attnserve_requests_total{code="OK",rpc="Forward"} 15\n'
+            'attnserve_requests_total{code="INVALID_ARGUMENT",rpc="Backward"} 2\n'
+            'attnserve_rejections_total{reason="deadline"} 3\n'
+            'attnserve_inflight_requests 0\n')
+    assert parse_metrics(text) == {"requests": {"Forward|OK": 15, "Backward|INVALID_ARGUMENT": 2},
+                                   "rejections": {"deadline": 3}, "inflight": 0}

@@ -1,0 +1,229 @@
+"""What the soak's clients send: small random valid problems (with their float64 reference
+answers) and malformed requests (with the status codes they must get)."""
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import grpc
+import numpy as np
+
+import attnserve
+from attnserve import attention_pb2 as pb2
+from attnserve import reference
+from attnserve.tensors import from_tensor, to_tensor
+from cases import DTYPES, LSE_TOLERANCE, TOLERANCE, rel_error
+
+# Server limits the soak runs with: small, so that the over-limit requests stay cheap to build.
+SERVER_LIMITS = {"max_total_tokens": 2048, "max_batch": 64, "max_head_dim": 256,
+                 "max_message_bytes": 4 << 20}
+
+INVALID = frozenset({grpc.StatusCode.INVALID_ARGUMENT})
+LIMIT = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
+OVERFLOW = INVALID | LIMIT
+MAX_HEADS_X_DIM = 1024
+
+
+@dataclass
+class Problem:
+    """A valid request and what a correct answer is checked against."""
+    rpc: str  # "Forward" or "Backward"
+    dtype: np.dtype
+    request: object
+    check: Callable[[object], Optional[str]]  # response -> None, or why it is wrong
+    describe: str
+
+
+def _random_options(rng, dim):
+    options = {}
+    if rng.random() < 0.5:
+        options["causal"] = True
+    if rng.random() < 0.3:
+        options["window_size"] = (int(rng.integers(-1, 16)), int(rng.integers(-1, 8)))
+    if rng.random() < 0.15:
+        options["softcap"] = float(rng.choice([5.0, 30.0]))
+    if rng.random() < 0.2:
+        options["softmax_scale"] = float(rng.uniform(0.5, 2.0) / math.sqrt(dim))
+    return options
+
+
+def _random_shape(rng):
+    """Small on purpose: the numpy reference on a shared 2-core machine must keep up."""
+    batch = int(rng.integers(1, 5))
+    seqlens_q = rng.integers(0, 65, batch)
+    same = rng.random() < 0.5
+    seqlens_k = seqlens_q if same else rng.integers(0, 65, batch)
+    dim = int(rng.choice([16, 32, 64, 128]))
+    # GQA / MQA as often as plain MHA; heads * dim <= 1024 keeps the largest backward (fp32,
+    # six tensors) under the soak's 4 MiB message limit.
+    heads_k = int(rng.choice([1, 2, 4]))
+    groups = [g for g in (1, 2, 4) if heads_k * g * dim <= MAX_HEADS_X_DIM]
+    heads = heads_k * int(rng.choice(groups))
+    cu = lambda lens: np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return cu(seqlens_q), cu(seqlens_k), heads, heads_k, dim
+
+
+def _check_forward(dtype, ref_out, ref_lse):
+    def check(response):
+        out, lse = from_tensor(response.out, "out"), from_tensor(response.lse, "lse")
+        if out.dtype != dtype or out.shape != ref_out.shape:
+            return f"out is {out.dtype}{out.shape}"
+        if lse.dtype != np.float32 or lse.shape != ref_lse.shape:
+            return f"lse is {lse.dtype}{lse.shape}"
+        masked = np.isposinf(ref_lse)
+        if not np.array_equal(np.isposinf(lse), masked):
+            return "lse +inf rows differ"
+        out_error = rel_error(out, ref_out)
+        lse_error = rel_error(lse[~masked], ref_lse[~masked]) if (~masked).any() else 0.0
+        if not out_error <= TOLERANCE[dtype] or not lse_error <= LSE_TOLERANCE:
+            return f"out error {out_error:.2e}, lse error {lse_error:.2e}"
+        return None
+    return check
+
+
+def _check_backward(dtype, refs):
+    def check(response):
+        for name, ref in zip(("dq", "dk", "dv"), refs):
+            actual = from_tensor(getattr(response, name), name)
+            if actual.dtype != dtype or actual.shape != ref.shape:
+                return f"{name} is {actual.dtype}{actual.shape}"
+            error = rel_error(actual, ref)
+            if not error <= TOLERANCE[dtype]:
+                return f"{name} error {error:.2e}"
+        return None
+    return check
+
+
+def valid_problem(rng, rpc: str, shape=None, dtype_name=None) -> Problem:
+    """A random problem; shape (cu_q, cu_k, heads, heads_k, dim) and dtype_name fix those."""
+    cu_q, cu_k, heads, heads_k, dim = shape or _random_shape(rng)
+    dtype_name = dtype_name or str(rng.choice(list(DTYPES)))
+    dtype = DTYPES[dtype_name]
+    options = _random_options(rng, dim)
+    randn = lambda tokens, h: rng.standard_normal((tokens, h, dim)).astype(dtype)
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    q, k, v = randn(total_q, heads), randn(total_k, heads_k), randn(total_k, heads_k)
+    out, lse = reference.attention_forward(q, k, v, cu_q, cu_k, **options)
+    describe = (f"{rpc} {dtype_name} cu_q={cu_q.tolist()} cu_k={cu_k.tolist()} "
+                f"heads={heads}/{heads_k} dim={dim} {options}")
+    if rpc == "Forward":
+        request = attnserve.forward_request(q, k, v, cu_q, cu_k, **options)
+        return Problem(rpc, dtype, request, _check_forward(dtype, out, lse), describe)
+    # The backward gets the reference forward (rounded as a client would hold it) and is
+    # checked against the reference backward from exactly those out and lse.
+    out, lse = out.astype(dtype), lse.astype(np.float32)
+    dout = randn(total_q, heads)
+    refs = reference.attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, **options)
+    request = attnserve.backward_request(dout, q, k, v, out, lse, cu_q, cu_k, **options)
+    return Problem(rpc, dtype, request, _check_backward(dtype, refs), describe)
+
+
+# ---- malformed requests: (name, expected codes, reaches the handler, mutation) ----------------
+
+def _tensor_fields(request):
+    names = ["q", "k", "v"]
+    if isinstance(request, pb2.BackwardRequest):
+        names += ["dout", "out", "lse"]
+    return names
+
+
+def _wrong_bytes(rng, request):
+    tensor = getattr(request, str(rng.choice(_tensor_fields(request))))
+    cut = int(rng.integers(1, 5))
+    tensor.data = tensor.data[:-cut] if rng.random() < 0.5 else tensor.data + b"\0" * cut
+
+
+def _bad_cu(rng, request):
+    field = request.cu_seqlens_q if rng.random() < 0.5 else request.cu_seqlens_k
+    total = field[-1]
+    choice = int(rng.integers(0, 4))
+    if choice == 0:
+        field[0] = 1                      # does not start at 0
+    elif choice == 1:
+        field[-1] = total + 1             # ends past the tensor
+    elif choice == 2:
+        field[:] = [0, total + 3, total]  # decreasing
+    else:
+        del field[:]                      # empty
+
+
+def _bad_dtype(rng, request):
+    tensor = getattr(request, str(rng.choice(_tensor_fields(request))))
+    # UNSPECIFIED, an enum value the proto does not define, or a mismatch with q.
+    tensor.dtype = int(rng.choice([pb2.DTYPE_UNSPECIFIED, 7, -1,
+                                   pb2.DTYPE_FLOAT16 if tensor.dtype != pb2.DTYPE_FLOAT16
+                                   else pb2.DTYPE_FLOAT32]))
+
+
+def _bad_shape(rng, request):
+    tensor = getattr(request, str(rng.choice(["q", "k", "v"])))
+    # Negative dims, wrong rank, and dims whose product overflows int64.
+    shapes = [[12, -2, -16], [4], [1 << 40, 1 << 40, 8], [3, 2, 16, 1]]
+    tensor.shape[:] = shapes[int(rng.integers(0, len(shapes)))]
+
+
+def _bad_options(rng, request):
+    choice = int(rng.integers(0, 3))
+    if choice == 0:
+        request.options.softcap = -1.0
+    elif choice == 1:
+        request.options.softmax_scale = float("nan")
+    else:
+        request.options.window_left = -2
+
+
+def _over_tokens(rng, request):
+    tokens = SERVER_LIMITS["max_total_tokens"] + 1
+    for name in ("q", "k", "v"):
+        getattr(request, name).CopyFrom(to_tensor(np.ones((tokens, 1, 8), np.float16), name))
+    request.cu_seqlens_q[:] = [0, tokens]
+    request.cu_seqlens_k[:] = [0, tokens]
+    if isinstance(request, pb2.BackwardRequest):
+        request.dout.CopyFrom(request.q)
+        request.out.CopyFrom(request.q)
+        request.lse.CopyFrom(to_tensor(np.ones((1, tokens), np.float32), "lse"))
+
+
+def _oversize(rng, request):
+    # Past --max_message_bytes: gRPC itself refuses it before the handler runs.
+    request.q.data = request.q.data + b"\0" * (SERVER_LIMITS["max_message_bytes"] + 1024)
+
+
+MALFORMED = {
+    # name: (codes it must get, whether the server's handler sees it and counts it, mutation)
+    "wrong_byte_count": (INVALID, True, _wrong_bytes),
+    "bad_cu_seqlens": (INVALID, True, _bad_cu),
+    "bad_dtype": (INVALID, True, _bad_dtype),
+    "bad_shape": (OVERFLOW, True, _bad_shape),
+    "bad_options": (INVALID, True, _bad_options),
+    "over_token_limit": (LIMIT, True, _over_tokens),
+    "oversize_message": (LIMIT, False, _oversize),
+}
+
+# Bytes that are no protobuf at all. gRPC C++ answers a request it cannot parse itself, before
+# the handler, with UNIMPLEMENTED and empty details (grpc/grpc#30454), so that is accepted here.
+GARBAGE = ("garbage_bytes", frozenset({grpc.StatusCode.INVALID_ARGUMENT,
+                                       grpc.StatusCode.INTERNAL,
+                                       grpc.StatusCode.UNIMPLEMENTED}), False)
+
+
+def malformed_request(rng, rpc: str, name: str):
+    """A small valid request of the rpc with the named defect applied."""
+    problem_request = _small_request(rng, rpc)
+    MALFORMED[name][2](rng, problem_request)
+    return problem_request
+
+
+def _small_request(rng, rpc):
+    # Not checked against anything: it must be refused. Shaped like test_validation's GOOD.
+    make = lambda shape, dtype=np.float32: rng.standard_normal(shape).astype(dtype)
+    q, k, v = make((12, 2, 16)), make((12, 2, 16)), make((12, 2, 16))
+    cu = [0, 5, 12]
+    if rpc == "Forward":
+        return attnserve.forward_request(q, k, v, cu, cu, causal=True)
+    return attnserve.backward_request(make((12, 2, 16)), q, k, v, make((12, 2, 16)),
+                                      make((2, 12)), cu, cu, causal=True)
+
+
+def garbage_bytes(rng) -> bytes:
+    # 0xff starts a field with an over-long varint tag, so this never parses.
+    return b"\xff\xff\xff" + rng.bytes(int(rng.integers(0, 64)))
