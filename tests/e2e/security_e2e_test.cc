@@ -1,6 +1,9 @@
 // End-to-end: attnctl, attnload and the C++ client against a server with TLS, mTLS and bearer
 // tokens, using throwaway certificates made with the openssl command line.
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "gmock/gmock.h"
@@ -32,8 +35,12 @@ void WriteFile(const std::string& path, const std::string& text) {
 class SecurityE2ETest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(::testing::TempDir() + "/attnserve_security_e2e");
-    RunProcess({"/bin/mkdir", "-p", *dir_});
+    // One directory per process: ctest runs each test of the suite as its own process, in
+    // parallel, and a shared directory would be deleted under the others by the first to end.
+    dir_ = new std::string(::testing::TempDir() + "/attnserve_security_e2e.XXXXXX");
+    if (mkdtemp(dir_->data()) == nullptr) {
+      FAIL() << "mkdtemp " << *dir_ << ": " << std::strerror(errno);
+    }
     for (const char* ca : {"ca", "other_ca"}) {
       OpenSsl({"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
                std::string("/CN=attnserve e2e ") + ca, "-keyout", Path(ca) + ".key", "-out",
