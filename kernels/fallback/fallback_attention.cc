@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/fallback/kernel_args.h"
+#include "kernels/gpu_launch_common.h"
 
 namespace attnserve::kernels::fallback {
 
@@ -198,8 +199,7 @@ int WindowBound(int window) {
 FwdArgs MakeForwardArgs(const ForwardParams& p) {
   const AttentionShape& s = p.shape;
   const AttentionOptions& o = p.options;
-  constexpr float kLog2e = 1.4426950408889634f;
-  const bool softcap = o.softcap > 0.0f;
+  const FoldedScales scales = FoldScales(o);
   FwdArgs args{};
   args.q = p.q;
   args.k = p.k;
@@ -220,26 +220,12 @@ FwdArgs MakeForwardArgs(const ForwardParams& p) {
   args.window_left = WindowBound(o.window_left);
   args.window_right = WindowBound(o.window_right);
   if (o.causal && args.window_right > 0) args.window_right = 0;
-  args.softcap = softcap;
-  args.softcap_input_scale = softcap ? o.softmax_scale / o.softcap : 0.0f;
-  args.lse_scale = softcap ? o.softcap : o.softmax_scale;
-  args.exp2_scale = args.lse_scale * kLog2e;
+  args.softcap = scales.softcap;
+  args.softcap_input_scale = scales.softcap_input_scale;
+  args.lse_scale = scales.lse_scale;
+  args.exp2_scale = scales.exp2_scale;
   return args;
 }
-
-ForwardParams AsForward(const BackwardParams& p) {
-  ForwardParams f;
-  f.shape = p.shape;
-  f.options = p.options;
-  f.q = p.q;
-  f.k = p.k;
-  f.v = p.v;
-  f.out = const_cast<void*>(p.out);
-  f.lse = const_cast<float*>(p.lse);
-  return f;
-}
-
-constexpr size_t kWorkspaceAlignment = 256;
 
 }  // namespace
 
@@ -263,7 +249,7 @@ size_t BackwardWorkspaceBytes(const BackwardParams& params) {
   const AttentionShape& s = params.shape;
   if (s.total_q <= 0 || s.num_heads <= 0) return 0;
   const size_t bytes = static_cast<size_t>(s.total_q) * static_cast<size_t>(s.num_heads) * 4;
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+  return AlignWorkspace(bytes);
 }
 
 KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx) {

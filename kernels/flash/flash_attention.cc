@@ -13,6 +13,7 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/fwd_args.h"
+#include "kernels/gpu_launch_common.h"
 #include "kernels/flash/fwd_launch.h"
 #include "kernels/flash/tile_config.h"
 
@@ -257,6 +258,7 @@ KernelStatus NotBuilt(const Target& target, const char* what, int head_dim) {
                std::to_string(head_dim) + " is not built into this binary (see ATTN_HEAD_DIMS)");
 }
 
+
 // Windows as offsets from the diagonal; causal is a right window of 0.
 int WindowBound(int window) { return window < 0 ? kUnboundedWindow : std::min(window, kUnboundedWindow); }
 
@@ -265,8 +267,7 @@ int WindowBound(int window) { return window < 0 ? kUnboundedWindow : std::min(wi
 FwdKernelArgs MakeForwardArgs(const ForwardParams& params) {
   const AttentionShape& s = params.shape;
   const AttentionOptions& o = params.options;
-  constexpr float kLog2e = 1.4426950408889634f;
-  const bool softcap = o.softcap > 0.0f;
+  const FoldedScales scales = FoldScales(o);
   FwdKernelArgs args{};
   args.q = params.q;
   args.k = params.k;
@@ -284,33 +285,11 @@ FwdKernelArgs MakeForwardArgs(const ForwardParams& params) {
   args.window_left = WindowBound(o.window_left);
   args.window_right = WindowBound(o.window_right);
   if (o.causal && args.window_right > 0) args.window_right = 0;
-  // softcap: score = c * tanh(scale * qk / c); the kernel keeps tanh(scale * qk / c) and folds
-  // c into the exp2 and lse scales.
-  args.softcap = softcap;
-  args.softcap_input_scale = softcap ? o.softmax_scale / o.softcap : 0.0f;
-  args.lse_scale = softcap ? o.softcap : o.softmax_scale;
-  args.exp2_scale = args.lse_scale * kLog2e;
+  args.softcap = scales.softcap;
+  args.softcap_input_scale = scales.softcap_input_scale;
+  args.lse_scale = scales.lse_scale;
+  args.exp2_scale = scales.exp2_scale;
   return args;
-}
-
-// The backward seen as the forward that produced out and lse (for the shared checks and
-// arguments); lse is only read.
-ForwardParams AsForward(const BackwardParams& p) {
-  ForwardParams f;
-  f.shape = p.shape;
-  f.options = p.options;
-  f.q = p.q;
-  f.k = p.k;
-  f.v = p.v;
-  f.out = const_cast<void*>(p.out);
-  f.lse = const_cast<float*>(p.lse);
-  return f;
-}
-
-constexpr size_t kWorkspaceAlignment = 256;
-
-size_t AlignWorkspace(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
 // Workspace parts: D = rowsum(dO * O) (float32 [num_heads, total_q]), then in non-deterministic
