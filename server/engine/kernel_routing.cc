@@ -118,13 +118,6 @@ Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog) {
                            query.compute_capability / 10, ".", query.compute_capability % 10)};
 }
 
-bool Covers(const std::string& family, const RouteQuery& query, const KernelCatalog& catalog) {
-  for (const Row& row : kTable) {
-    if (family == row.family && RowCovers(row, query, catalog)) return true;
-  }
-  return false;
-}
-
 std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog& catalog) {
   std::vector<CoverageRow> rows;
   for (const Row& row : kTable) {
@@ -142,16 +135,6 @@ std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog
     rows.push_back(std::move(out));
   }
   return rows;
-}
-
-std::vector<std::string> KnownFamilies() {
-  std::vector<std::string> families;
-  for (const Row& row : kTable) {
-    if (std::find(families.begin(), families.end(), row.family) == families.end()) {
-      families.push_back(row.family);
-    }
-  }
-  return families;
 }
 
 }  // namespace attnserve::engine

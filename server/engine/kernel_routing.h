@@ -53,14 +53,8 @@ struct CoverageRow {
 // The first row of the table that covers the query and whose family is in the catalog.
 Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog);
 
-// Whether `family` covers the query (for a forced --kernel choice).
-bool Covers(const std::string& family, const RouteQuery& query, const KernelCatalog& catalog);
-
 // The rows that apply on a device of this compute capability, best first (ServerInfo lists
 // them per device).
 std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog& catalog);
-
-// Every family the table knows, best first.
-std::vector<std::string> KnownFamilies();
 
 }  // namespace attnserve::engine
