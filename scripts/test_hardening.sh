@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Hardening CI (run by scripts/test.sh): the CPU build under ASan+UBSan (LeakSanitizer on) with
-# every C++ unit and end-to-end test, bounded libFuzzer runs, then the server's unit tests
-# under TSan. Any sanitizer report fails the run; there are no suppressions. Builds go to
-# build-asan/ and build-tsan/ (clang, no CUDA).
+# every C++ unit and end-to-end test, bounded libFuzzer runs, then under TSan the server's unit
+# tests, the C++ end-to-end tests and the Python end-to-end suite. Any sanitizer report fails
+# the run; ASan and UBSan have no suppressions, TSan only the gRPC hand-offs its stage explains.
+# Builds go to build-asan/ and build-tsan/ (clang, no CUDA).
 #   FUZZ_SECONDS (default 45) per fuzz target; HARDENING_STAGES (default "asan fuzz tsan").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,13 +35,32 @@ if [[ " $STAGES " == *" fuzz "* ]]; then
   scripts/fuzz.sh build-asan "$FUZZ_SECONDS"
 fi
 if [[ " $STAGES " == *" tsan "* ]]; then
-  # The server's unit tests: the engine, its per-device queue workers, batching and metrics,
-  # where our own threads meet, repeated for more interleavings. The end-to-end tests are not
-  # run under TSan: Debian's gRPC and absl are not built with it, so TSan cannot see the
-  # synchronization inside gRPC and reports every request/response handoff between gRPC's
-  # threads and ours as a race; that needs a TSan-built gRPC.
+  # The server's unit tests (the engine, its queue workers, batching, placement, metrics, auth
+  # reloading), repeated for more interleavings, then the C++ end-to-end tests and the Python
+  # end-to-end suite against the TSan-built server. Debian's gRPC, protobuf and absl are not
+  # TSan-built: tests/sanitizers/tsan_third_party.ignorelist leaves their header and generated
+  # code uninstrumented like their libraries, ignore_noninstrumented_modules keeps TSan's
+  # interceptors quiet inside them, and tests/sanitizers/tsan_grpc.supp names the few gRPC
+  # hand-off functions whose ordering lives in gRPC's core (each entry says why). Our own code
+  # is instrumented throughout. Every process writes its reports under $tsan_logs, and any
+  # report fails the stage, whichever process it came from.
   configure build-tsan -DATTN_SANITIZE=thread
-  cmake --build build-tsan --target attn_server_unit_tests
-  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
-    build-tsan/bin/attn_server_unit_tests --gtest_repeat=20 --gtest_brief=1
+  cmake --build build-tsan --target attn_server_unit_tests attnserve attnctl attnload \
+    attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests
+  tsan_logs="$PWD/build-tsan/tsan-reports"
+  rm -rf "$tsan_logs" && mkdir -p "$tsan_logs"
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/tests/sanitizers/tsan_grpc.supp:log_path=$tsan_logs/report"
+  tsan_failed=0
+  build-tsan/bin/attn_server_unit_tests --gtest_repeat=20 --gtest_brief=1 || tsan_failed=1
+  for e2e in attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests; do
+    "build-tsan/bin/$e2e" --gtest_brief=1 || tsan_failed=1
+  done
+  ATTNSERVE_BIN="$PWD/build-tsan/bin/attnserve" .venv/bin/python -m pytest tests/python -q \
+    -p no:cacheprovider || tsan_failed=1
+  if compgen -G "$tsan_logs/report*" >/dev/null; then
+    echo "ThreadSanitizer reports:" >&2
+    cat "$tsan_logs"/report* >&2
+    tsan_failed=1
+  fi
+  [ "$tsan_failed" = 0 ]
 fi

@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc_tsan_handoff.h"
 
 namespace attnserve {
 namespace {
@@ -85,7 +86,9 @@ struct AsyncCall {
   static void Begin(std::unique_ptr<AsyncCall> call, Start start) {
     call->client->AsyncCallStarted();
     AsyncCall* raw = call.release();
+    HandOffToGrpc(raw);
     start(&raw->context, raw->request.get(), &raw->response, [raw](grpc::Status status) {
+      TakeBackFromGrpc(raw);
       std::unique_ptr<AsyncCall> owned(raw);
       Client* client = owned->client;
       std::function<void(absl::StatusOr<Response>)> done = std::move(owned->done);

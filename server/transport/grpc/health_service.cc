@@ -3,6 +3,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/grpc_tsan_handoff.h"
 #include "server/transport/grpc/attention_service.h"
 #include "server/transport/grpc/call_auth.h"
 
@@ -26,7 +27,7 @@ class HealthService::Watcher : public grpc::ServerWriteReactor<HealthCheckRespon
       : service_(service), name_(std::move(name)) {
     if (!refusal.ok()) {
       finished_ = true;
-      Finish(refusal);
+      End(refusal);
       return;
     }
     // Registered and first updated under the service's lock, as Publish updates, so a change
@@ -45,10 +46,11 @@ class HealthService::Watcher : public grpc::ServerWriteReactor<HealthCheckRespon
       pending_ = status;
       if (writing_ || !TakePendingLocked()) return;
     }
-    StartWrite(&response_);
+    Send();
   }
 
   void OnWriteDone(bool ok) override {
+    TakeBackFromGrpc(this);
     bool finish = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -61,30 +63,43 @@ class HealthService::Watcher : public grpc::ServerWriteReactor<HealthCheckRespon
       }
     }
     if (finish) {
-      Finish(grpc::Status::CANCELLED);
+      End(grpc::Status::CANCELLED);
     } else {
-      StartWrite(&response_);
+      Send();
     }
   }
 
   // Finishing waits for a write in flight (as gRPC's own health service does): OnWriteDone
   // finishes instead.
   void OnCancel() override {
+    TakeBackFromGrpc(this);
     bool finish;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ending_ = true;
       finish = TakeFinishLocked();
     }
-    if (finish) Finish(grpc::Status::CANCELLED);
+    if (finish) End(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
+    TakeBackFromGrpc(this);
     service_->Remove(this);
     delete this;
   }
 
  private:
+  // Every call into gRPC goes through these two, so TSan builds see the reactions that follow
+  // ordered after it (common/grpc_tsan_handoff.h); each reaction starts with TakeBackFromGrpc.
+  void Send() {
+    HandOffToGrpc(this);
+    StartWrite(&response_);
+  }
+  void End(const grpc::Status& status) {
+    HandOffToGrpc(this);
+    Finish(status);
+  }
+
   // True once: when the stream should be finished now (no write in flight). mu_ held.
   bool TakeFinishLocked() {
     if (finished_ || writing_) return false;
