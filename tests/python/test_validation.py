@@ -203,3 +203,23 @@ def test_requests_at_the_limits_are_served(small_client):
     result = small_client.forward(inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"],
                                   inputs["cu_seqlens_k"])
     assert forward_errors(result, inputs, {})["out"] <= TOLERANCE[np.dtype(np.float32)]
+
+
+# Bodies that are not the method's protobuf at all: a truncated tensor field, a field with an
+# unknown wire type, random bytes. The server parses them itself and names the message type.
+NOT_PROTOBUF = [
+    ("truncated", bytes([0x0A, 0x40, 0x08, 0x01])),
+    ("bad_wire_type", bytes([0x0F, 0x01, 0x02])),
+    ("random", bytes(np.random.default_rng(7).integers(0, 256, 64, dtype=np.uint8))),
+]
+
+
+@pytest.mark.parametrize("rpc, message", [("Forward", "attnserve.v1.ForwardRequest"),
+                                          ("Backward", "attnserve.v1.BackwardRequest")])
+@pytest.mark.parametrize("body", [c[1] for c in NOT_PROTOBUF], ids=[c[0] for c in NOT_PROTOBUF])
+def test_bodies_that_are_not_protobuf_are_invalid_argument(server, client, rpc, message, body):
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_unary(f"/attnserve.v1.AttentionService/{rpc}",
+                                   request_serializer=None, response_deserializer=None)
+        assert_rejected(call, body, INVALID, [message])
+    assert_serves(client)

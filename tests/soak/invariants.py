@@ -28,7 +28,7 @@ RPCS = ("Forward", "Backward")
 ABANDONED = {"CANCELLED", "DEADLINE_EXCEEDED", "KILLED"}
 ABANDONING_KINDS = {"cancel", "deadline", "close", "victim"}
 # Kinds whose calls never reach the handler: gRPC refuses them while reading the message.
-TRANSPORT_ONLY = {"malformed:oversize_message", "garbage_bytes"}
+TRANSPORT_ONLY = {"malformed:oversize_message"}
 HANDLER_CODES = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")
 FAULT_KINDS = ("cancel", "deadline", "close", "victim", "garbage_bytes")
 

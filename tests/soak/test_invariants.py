@@ -22,7 +22,7 @@ def _counts():
         "outcome|L1drain|Backward|malformed:bad_dtype|INVALID_ARGUMENT": 1,
         "outcome|L2|Forward|deadline|DEADLINE_EXCEEDED": 4, "outcome|L2|Forward|valid|OK": 50,
         "outcome|L2|Forward|victim|KILLED": 1, "outcome|L2|Forward|victim|OK": 9,
-        "outcome|L2|Backward|garbage_bytes|UNIMPLEMENTED": 2,
+        "outcome|L2|Backward|garbage_bytes|INVALID_ARGUMENT": 2,
         "outcome|L2|Backward|malformed:oversize_message|RESOURCE_EXHAUSTED": 3,
         "outcome|L1drain|Forward|drain_burst|OK": 2, "issued|drain_burst": 2,
         "verified|Forward|fp16": 158, "gap_refused|valid|UNAVAILABLE": 3,
@@ -45,7 +45,8 @@ def _lifetimes():
     # L1: 99 OK received + up to 5 cancelled; the last INVALID_ARGUMENT came after the scrape.
     return [lifetime("L1", {"Forward|OK": 101, "Forward|UNAVAILABLE": 3,
                             "Backward|INVALID_ARGUMENT": 7}),
-            lifetime("L2", {"Forward|OK": 60, "Forward|DEADLINE_EXCEEDED": 2})]
+            lifetime("L2", {"Forward|OK": 60, "Forward|DEADLINE_EXCEEDED": 2,
+                            "Backward|INVALID_ARGUMENT": 2})]
 
 
 def _failed(counts, lifetimes):

@@ -1,9 +1,12 @@
 #include "server/transport/grpc/attention_service.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "server/transport/grpc/call_auth.h"
 #include "server/transport/grpc/proto_codec.h"
 #include "server/transport/server_info.h"
@@ -43,12 +46,36 @@ void AttentionServiceImpl::Finish(grpc::ServerUnaryReactor* reactor, const char*
   reactor->Finish(ToGrpcStatus(status));
 }
 
-// Forward and Backward share this flow: decode, enqueue, and let the worker's completion
-// encode the result and finish the call. The request stays alive until Finish, which is what
-// lets the engine read the tensors in place.
+namespace {
+
+// One call's messages. The engine reads the request's tensors in place, so it lives until the
+// job is done, held by the job's completion.
+template <typename Request, typename Response>
+struct CallMessages {
+  Request request;
+  Response response;
+};
+
+// The request parsed from its bytes; INVALID_ARGUMENT naming the message type otherwise.
+template <typename Request>
+absl::Status ParseRequest(const grpc::ByteBuffer& bytes, Request* request) {
+  grpc::ByteBuffer shared(bytes);  // shares the slices; Deserialize consumes its argument
+  if (!grpc::SerializationTraits<Request>::Deserialize(&shared, request).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is not a valid ", Request::descriptor()->full_name(),
+                     " protobuf message"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Forward and Backward share this flow: parse, decode, enqueue, and let the worker's
+// completion encode and serialize the result and finish the call.
 template <typename Job, typename Request, typename Response, typename Decode, typename Encode>
 grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContext* context,
-                                                      const Request* request, Response* response,
+                                                      const grpc::ByteBuffer* request_bytes,
+                                                      grpc::ByteBuffer* response_bytes,
                                                       const char* rpc, Decode decode,
                                                       Encode encode) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -58,7 +85,21 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
     Finish(reactor, rpc, start, refusal);
     return reactor;
   }
-  metrics_->AddReceivedBytes(static_cast<double>(TensorBytes(*request)));
+  // No message arrived: the transport already ended the call (the client cancelled, or the
+  // message broke a limit such as max_message_bytes, which gRPC answers itself). gRPC still
+  // runs a raw handler then; the call is closed without counting it, as a typed handler
+  // would never have seen it.
+  if (!request_bytes->Valid()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "no request message arrived"));
+    return reactor;
+  }
+  auto messages = std::make_shared<CallMessages<Request, Response>>();
+  if (absl::Status parsed = ParseRequest(*request_bytes, &messages->request); !parsed.ok()) {
+    Finish(reactor, rpc, start, parsed);
+    return reactor;
+  }
+  const Request& request = messages->request;
+  metrics_->AddReceivedBytes(static_cast<double>(TensorBytes(request)));
   if (!AcquireSlot()) {
     Finish(reactor, rpc, start,
            absl::ResourceExhaustedError(absl::StrCat(
@@ -71,7 +112,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
     ReleaseSlot();
     Finish(reactor, rpc, start, status);
   };
-  auto inputs = decode(*request);
+  auto inputs = decode(request);
   if (!inputs.ok()) {
     finish(inputs.status());
     return reactor;
@@ -98,11 +139,22 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
     }
     job.control.priority = *priority;
   }
-  job.done = [this, response, encode, finish](auto result) {
-    if (result.ok()) {
-      metrics_->AddSentBytes(static_cast<double>(encode(*std::move(result), response)));
+  job.done = [this, messages, response_bytes, encode, finish](auto result) {
+    if (!result.ok()) {
+      finish(result.status());
+      return;
     }
-    finish(result.status());
+    const int64_t sent = encode(*std::move(result), &messages->response);
+    bool own_buffer = false;
+    if (!grpc::SerializationTraits<Response>::Serialize(messages->response, response_bytes,
+                                                        &own_buffer)
+             .ok()) {
+      finish(absl::InternalError(absl::StrCat("could not serialize the ",
+                                              Response::descriptor()->full_name())));
+      return;
+    }
+    metrics_->AddSentBytes(static_cast<double>(sent));
+    finish(absl::OkStatus());
   };
   if (absl::Status status = engine_->Enqueue(std::move(job)); !status.ok()) {
     finish(status);
@@ -111,17 +163,17 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerContext* context,
-                                                        const v1::ForwardRequest* request,
-                                                        v1::ForwardResponse* response) {
-  return Serve<engine::ForwardJob>(context, request, response, "Forward", DecodeForward,
-                                   EncodeForward);
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Serve<engine::ForwardJob, v1::ForwardRequest, v1::ForwardResponse>(
+      context, request, response, "Forward", DecodeForward, EncodeForward);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Backward(grpc::CallbackServerContext* context,
-                                                         const v1::BackwardRequest* request,
-                                                         v1::BackwardResponse* response) {
-  return Serve<engine::BackwardJob>(context, request, response, "Backward", DecodeBackward,
-                                    EncodeBackward);
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Serve<engine::BackwardJob, v1::BackwardRequest, v1::BackwardResponse>(
+      context, request, response, "Backward", DecodeBackward, EncodeBackward);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(

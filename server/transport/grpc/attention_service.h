@@ -1,5 +1,9 @@
 // gRPC frontend on the callback API: each handler decodes, enqueues on the engine and returns
 // at once; the device worker's completion finishes the reactor. No scheduling here.
+// Forward and Backward are raw methods (request and response as bytes): the handler parses the
+// request itself, so a body that is not the method's protobuf message gets INVALID_ARGUMENT
+// saying so. gRPC's own parsing answers such a body, before any handler runs, with
+// UNIMPLEMENTED and no message (grpc/grpc#30454).
 #pragma once
 
 #include <atomic>
@@ -19,9 +23,10 @@ namespace attnserve::transport {
 // The one place absl::Status becomes grpc::Status (their codes are the same numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// Per-call limits the transport enforces before a call reaches the engine.
+using RawComputeService = v1::AttentionService::WithRawCallbackMethod_Forward<
+    v1::AttentionService::WithRawCallbackMethod_Backward<v1::AttentionService::CallbackService>>;
 
-class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+class AttentionServiceImpl final : public RawComputeService {
  public:
   // `engine`, `metrics` and `auth` must outlive the service. Every RPC needs credentials that
   // `auth` accepts; null: none needed.
@@ -29,21 +34,24 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
                        std::string version, CallLimits limits = {},
                        const Authenticator* auth = nullptr);
 
+  // The bytes of a v1::ForwardRequest in, of a v1::ForwardResponse out.
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
-                                    const v1::ForwardRequest* request,
-                                    v1::ForwardResponse* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  // The bytes of a v1::BackwardRequest in, of a v1::BackwardResponse out.
   grpc::ServerUnaryReactor* Backward(grpc::CallbackServerContext* context,
-                                     const v1::BackwardRequest* request,
-                                     v1::BackwardResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
 
  private:
   template <typename Job, typename Request, typename Response, typename Decode, typename Encode>
-  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, const Request* request,
-                                  Response* response, const char* rpc, Decode decode,
-                                  Encode encode);
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request_bytes,
+                                  grpc::ByteBuffer* response_bytes, const char* rpc,
+                                  Decode decode, Encode encode);
   void Finish(grpc::ServerUnaryReactor* reactor, const char* rpc, absl::Time start,
               const absl::Status& status);
   // Takes one of max_concurrent_requests' slots; false (and nothing taken) when all are used.
