@@ -100,12 +100,14 @@ def test_concurrent_compatible_requests_share_launches(start_server, rng):
 
 def test_expired_request_is_dropped_before_running(start_server, rng):
     server = start_server(cpu_threads=1)
-    blocker = slow_request(server, rng)
+    # The blocker (~2 s on the CI machine) outlasts the deadline by far, and the deadline
+    # leaves a slow (sanitizer) build time to receive and queue the call before it expires.
+    blocker = slow_request(server, rng, tokens=int(SLOW_TOKENS * 1.4))
     x = rng.standard_normal((16, 2, 16)).astype(np.float32)
     cu = np.array([0, 16], np.int32)
     with attnserve.Client(server.target) as client:
         with pytest.raises(attnserve.AttentionError) as error:
-            client.forward(x, x, x, cu, cu, timeout=0.05)
+            client.forward(x, x, x, cu, cu, timeout=0.4)
     assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     blocker.join()
     assert server.metric("attnserve_rejections_total", 'reason="deadline"') == 1
