@@ -22,6 +22,23 @@ TEST(CapabilityEmulationTest, GpusRouteAsTheOlderArchitecture) {
   EXPECT_EQ(devices[0].compute_capability, "");  // the CPU is untouched
 }
 
+TEST(CapabilityEmulationTest, TheEmulatedArchitecturesSharedMemoryLimitApplies) {
+  std::vector<DeviceDescription> devices = CpuAndGpu("9.0");
+  devices[1].shared_memory_per_block = 227 * 1024;
+  ASSERT_TRUE(EmulateComputeCapability("8.6", &devices).ok());
+  EXPECT_EQ(devices[1].shared_memory_per_block, 99 * 1024);
+  EXPECT_EQ(devices[0].shared_memory_per_block, 0);
+  // Never raised above the GPU's own; kept where the table does not know the architecture.
+  devices = CpuAndGpu("8.6");
+  devices[1].shared_memory_per_block = 99 * 1024;
+  ASSERT_TRUE(EmulateComputeCapability("8.0", &devices).ok());
+  EXPECT_EQ(devices[1].shared_memory_per_block, 99 * 1024);
+  devices = CpuAndGpu("9.0");
+  devices[1].shared_memory_per_block = 227 * 1024;
+  ASSERT_TRUE(EmulateComputeCapability("8.8", &devices).ok());
+  EXPECT_EQ(devices[1].shared_memory_per_block, 227 * 1024);
+}
+
 TEST(CapabilityEmulationTest, EmptyMeansNoEmulation) {
   std::vector<DeviceDescription> devices = CpuAndGpu("9.0");
   ASSERT_TRUE(EmulateComputeCapability("", &devices).ok());

@@ -28,6 +28,7 @@ std::vector<DeviceDescription> ListCudaDevices() {
     gpu.compute_capability = absl::StrCat(prop.major, ".", prop.minor);
     gpu.memory_total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
     gpu.memory_free_bytes = gpu.memory_total_bytes;  // refreshed by the device's worker
+    gpu.shared_memory_per_block = static_cast<int>(prop.sharedMemPerBlockOptin);
     gpus.push_back(gpu);
   }
   return gpus;

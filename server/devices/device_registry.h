@@ -25,6 +25,10 @@ struct DeviceDescription {
   std::string native_compute_capability;
   int64_t memory_total_bytes = 0;
   int64_t memory_free_bytes = 0;
+  // The most shared memory a kernel block may opt into, in bytes (the router passes over
+  // kernels that need more); under --emulate_compute_capability, what that architecture gives.
+  // 0: unknown (the CPU, synthetic devices).
+  int shared_memory_per_block = 0;
 };
 
 // Lists the GPUs the process can use: ListCudaDevices (cuda_devices.h) in CUDA builds,

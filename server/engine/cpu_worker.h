@@ -22,7 +22,7 @@ class CpuWorker : public QueueWorker {
   std::vector<std::string> kernel_families() const override { return {kReferenceFamily.name}; }
   KernelCatalog catalog() const override { return catalog_; }
   std::vector<CoverageRow> coverage() const override {
-    return CoverageFor(/*compute_capability=*/0, catalog_);
+    return CoverageFor(/*compute_capability=*/0, /*shared_memory_per_block=*/0, catalog_);
   }
 
  private:

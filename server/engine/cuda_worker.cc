@@ -100,7 +100,7 @@ CudaWorker::~CudaWorker() { Stop(); }
 std::vector<std::string> CudaWorker::kernel_families() const {
   // The families the routing table can pick on this device for some request.
   std::vector<std::string> families;
-  for (const CoverageRow& row : CoverageFor(compute_capability_, catalog_)) {
+  for (const CoverageRow& row : coverage()) {
     if (std::find(families.begin(), families.end(), row.family) == families.end()) {
       families.push_back(row.family);
     }
@@ -109,13 +109,14 @@ std::vector<std::string> CudaWorker::kernel_families() const {
 }
 
 std::vector<CoverageRow> CudaWorker::coverage() const {
-  return CoverageFor(compute_capability_, catalog_);
+  return CoverageFor(compute_capability_, device().shared_memory_per_block, catalog_);
 }
 
 void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal()); }
 
 Route CudaWorker::RouteFor(Direction direction, const TensorView& q) const {
-  return ChooseRoute({compute_capability_, direction, q.dtype, static_cast<int>(q.shape[2])},
+  return ChooseRoute({compute_capability_, direction, q.dtype, static_cast<int>(q.shape[2]),
+                      device().shared_memory_per_block},
                      catalog_);
 }
 

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/flash/shared_memory.h"
 #include "kernels/kernel_families.h"
 
 namespace attnserve::engine {
@@ -28,9 +29,15 @@ unsigned MaskOf(DType dtype) {
   return 0;
 }
 
+// Shared memory per block the family's kernel for a (direction, head_dim) needs on a device of
+// this compute capability; 0: no kernel. Families that size their tiles to the device's limit
+// (fallback, cublas, reference) have none.
+using SharedMemoryNeed = int (*)(bool backward, int head_dim, int compute_capability);
+
 // A family serves `direction` on compute capabilities [min_cc, max_cc) for the dtypes in the
-// mask and head dims min..max that are multiples of `multiple`. Each row mirrors what the
-// family's header promises (kernels/<family>/*_attention.h).
+// mask and head dims min..max that are multiples of `multiple`, where its kernel fits the
+// device's shared memory. Each row mirrors what the family's header promises
+// (kernels/<family>/*_attention.h).
 struct Row {
   const char* family;
   int min_cc;
@@ -41,6 +48,7 @@ struct Row {
   int max_head_dim;
   int multiple;
   const char* reason;
+  SharedMemoryNeed shared_memory = nullptr;
 };
 
 constexpr Direction kFwd = Direction::kForward;
@@ -50,14 +58,18 @@ constexpr Direction kBwd = Direction::kBackward;
 constexpr Row kTable[] = {
     {"flash", 80, kAnyCc, kFwd, kF16 | kBF16, 8, 256, 8,
      "FlashAttention-2-class kernels (sm80+ mma.sync m16n8k16): fp16/bf16, head_dim a multiple "
-     "of 8 up to 256"},
+     "of 8 up to 256",
+     kernels::flash::SharedMemoryBytes},
     {"flash", 80, kAnyCc, kBwd, kF16 | kBF16, 8, 128, 8,
-     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 128"},
+     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 128",
+     kernels::flash::SharedMemoryBytes},
     {"flash", 75, 80, kFwd, kF16, 8, 64, 8,
      "flash on Turing (mma.sync m16n8k8, 64 KB shared memory): fp16, head_dim a multiple of 8 "
-     "up to 64"},
+     "up to 64",
+     kernels::flash::SharedMemoryBytes},
     {"flash", 75, 80, kBwd, kF16, 8, 64, 8,
-     "flash backward on Turing: fp16, head_dim a multiple of 8 up to 64"},
+     "flash backward on Turing: fp16, head_dim a multiple of 8 up to 64",
+     kernels::flash::SharedMemoryBytes},
     {"fallback", 70, kAnyCc, kFwd, kAllDTypes, 1, 256, 1,
      "memory-efficient tiled kernels for sm70+ (tensor cores for fp16, and bf16 on sm80+): "
      "every dtype, head_dim 1..256"},
@@ -78,10 +90,36 @@ bool AppliesTo(const Row& row, int compute_capability, const KernelCatalog& cata
          compute_capability < row.max_cc;
 }
 
+// Whether the row's kernel for head_dim fits a device with this much shared memory per block
+// (0: unknown, assumed to fit).
+bool FitsSharedMemory(const Row& row, Direction direction, int head_dim, int compute_capability,
+                      int shared_memory_per_block) {
+  if (row.shared_memory == nullptr || shared_memory_per_block <= 0) return true;
+  const int need = row.shared_memory(direction == Direction::kBackward, head_dim,
+                                     compute_capability);
+  return need > 0 && need <= shared_memory_per_block;
+}
+
 bool RowCovers(const Row& row, const RouteQuery& q, const KernelCatalog& catalog) {
   return AppliesTo(row, q.compute_capability, catalog) && row.direction == q.direction &&
          (row.dtypes & MaskOf(q.dtype)) != 0 && q.head_dim >= row.min_head_dim &&
-         q.head_dim <= row.max_head_dim && q.head_dim % row.multiple == 0;
+         q.head_dim <= row.max_head_dim && q.head_dim % row.multiple == 0 &&
+         FitsSharedMemory(row, q.direction, q.head_dim, q.compute_capability,
+                          q.shared_memory_per_block);
+}
+
+// The largest head dim h of the row such that every head dim of the row up to h fits the
+// device; below min_head_dim when none does.
+int LargestFittingHeadDim(const Row& row, int compute_capability, int shared_memory_per_block) {
+  if (row.shared_memory == nullptr || shared_memory_per_block <= 0) return row.max_head_dim;
+  int largest = row.min_head_dim - 1;
+  for (int d = row.min_head_dim; d <= row.max_head_dim; d += row.multiple) {
+    if (!FitsSharedMemory(row, row.direction, d, compute_capability, shared_memory_per_block)) {
+      break;
+    }
+    largest = d;
+  }
+  return largest;
 }
 
 }  // namespace
@@ -107,21 +145,39 @@ KernelCatalog KernelCatalog::Only(std::string family) {
 }
 
 Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog) {
+  std::string too_big;  // why a family that would cover the query does not fit the device
   for (const Row& row : kTable) {
     if (RowCovers(row, query, catalog)) return {row.family, row.reason};
+    RouteQuery unlimited = query;
+    unlimited.shared_memory_per_block = 0;
+    if (too_big.empty() && RowCovers(row, unlimited, catalog)) {
+      too_big = absl::StrCat(
+          " (", row.family, "'s kernel for it needs ",
+          row.shared_memory(query.direction == Direction::kBackward, query.head_dim,
+                            query.compute_capability),
+          " bytes of shared memory per block; the device allows ", query.shared_memory_per_block,
+          ")");
+    }
   }
   std::string families;
-  for (const std::string& f : catalog.families) absl::StrAppend(&families, families.empty() ? "" : ", ", f);
+  for (const std::string& f : catalog.families) {
+    absl::StrAppend(&families, families.empty() ? "" : ", ", f);
+  }
   return {"", absl::StrCat("no kernel family of [", families, "] runs a ",
                            DirectionName(query.direction), " of ", kernels::DTypeName(query.dtype),
                            " with head_dim ", query.head_dim, " on compute capability ",
-                           query.compute_capability / 10, ".", query.compute_capability % 10)};
+                           query.compute_capability / 10, ".", query.compute_capability % 10,
+                           too_big)};
 }
 
-std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog& catalog) {
+std::vector<CoverageRow> CoverageFor(int compute_capability, int shared_memory_per_block,
+                                     const KernelCatalog& catalog) {
   std::vector<CoverageRow> rows;
   for (const Row& row : kTable) {
     if (!AppliesTo(row, compute_capability, catalog)) continue;
+    const int max_head_dim =
+        LargestFittingHeadDim(row, compute_capability, shared_memory_per_block);
+    if (max_head_dim < row.min_head_dim) continue;
     CoverageRow out;
     out.family = row.family;
     out.direction = row.direction;
@@ -129,9 +185,14 @@ std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog
       if ((row.dtypes & MaskOf(dtype)) != 0) out.dtypes.push_back(dtype);
     }
     out.min_head_dim = row.min_head_dim;
-    out.max_head_dim = row.max_head_dim;
+    out.max_head_dim = max_head_dim;
     out.head_dim_multiple = row.multiple;
     out.reason = row.reason;
+    if (max_head_dim < row.max_head_dim) {
+      absl::StrAppend(&out.reason, "; on this device up to head_dim ", max_head_dim,
+                      " (larger kernels need more than its ", shared_memory_per_block / 1024,
+                      " KB of shared memory per block)");
+    }
     rows.push_back(std::move(out));
   }
   return rows;

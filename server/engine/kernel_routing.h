@@ -21,6 +21,10 @@ struct RouteQuery {
   Direction direction = Direction::kForward;
   kernels::DType dtype = kernels::DType::kFloat32;
   int head_dim = 0;
+  // The device's opt-in shared memory per block in bytes; 0: unknown, not checked. A family
+  // whose kernel for the query needs more is passed over (flash at large head dims on
+  // sm86/89, whose blocks get 99 KB).
+  int shared_memory_per_block = 0;
 };
 
 struct Route {
@@ -53,8 +57,10 @@ struct CoverageRow {
 // The first row of the table that covers the query and whose family is in the catalog.
 Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog);
 
-// The rows that apply on a device of this compute capability, best first (ServerInfo lists
-// them per device).
-std::vector<CoverageRow> CoverageFor(int compute_capability, const KernelCatalog& catalog);
+// The rows that apply on a device of this compute capability and shared memory per block
+// (0: unknown), best first, each row's head-dim range cut to what fits (ServerInfo lists them
+// per device).
+std::vector<CoverageRow> CoverageFor(int compute_capability, int shared_memory_per_block,
+                                     const KernelCatalog& catalog);
 
 }  // namespace attnserve::engine

@@ -10,18 +10,32 @@ using kernels::DType;
 const KernelCatalog kAllFamilies{{"flash", "fallback", "cublas", "reference"}};
 
 std::string Family(int cc, Direction dir, DType dtype, int head_dim,
-                   const KernelCatalog& catalog = kAllFamilies) {
-  return ChooseRoute({cc, dir, dtype, head_dim}, catalog).family;
+                   const KernelCatalog& catalog = kAllFamilies, int shared_memory = 0) {
+  return ChooseRoute({cc, dir, dtype, head_dim, shared_memory}, catalog).family;
 }
 
-// The routing rule as the fallback issue states it, written independently of the table.
+// Opt-in shared memory per block of real GPUs of each capability (0: the CPU).
+int SharedMemoryOf(int cc) {
+  switch (cc) {
+    case 70: return 96 * 1024;
+    case 75: return 64 * 1024;
+    case 80: return 163 * 1024;
+    case 86: case 89: return 99 * 1024;
+    case 90: return 227 * 1024;
+    default: return 0;
+  }
+}
+
+// The routing rule as the fallback issue states it, written independently of the table; on
+// sm86/89 (99 KB per block) flash's forward fits up to head_dim 128 and its backward up to 96
+// (kernels/flash/tile_config.h: 100 KB forward at 192, 112 KB backward at 128).
 std::string Expected(int cc, Direction dir, DType dtype, int head_dim) {
   if (cc == 0) return "reference";
   const bool fp16 = dtype == DType::kFloat16, half = dtype != DType::kFloat32;
-  if (cc >= 80 && half && head_dim % 8 == 0 &&
-      head_dim <= (dir == Direction::kForward ? 256 : 128)) {
-    return "flash";
-  }
+  const bool small_smem = cc == 86 || cc == 89;
+  const int flash_max = dir == Direction::kForward ? (small_smem ? 128 : 256)
+                                                   : (small_smem ? 96 : 128);
+  if (cc >= 80 && half && head_dim % 8 == 0 && head_dim <= flash_max) return "flash";
   if (cc == 75 && fp16 && head_dim % 8 == 0 && head_dim <= 64) return "flash";  // Turing
   if (head_dim <= 256) return "fallback";  // Volta, and what flash can't do elsewhere
   return "cublas";
@@ -34,7 +48,8 @@ TEST(KernelRoutingTest, TableOverSyntheticDevices) {
         for (int head_dim : {1, 7, 8, 40, 64, 72, 96, 128, 136, 192, 200, 256, 264, 512}) {
           SCOPED_TRACE(testing::Message() << "cc " << cc << " " << DirectionName(dir) << " "
                                           << kernels::DTypeName(dtype) << " d " << head_dim);
-          EXPECT_EQ(Family(cc, dir, dtype, head_dim), Expected(cc, dir, dtype, head_dim));
+          EXPECT_EQ(Family(cc, dir, dtype, head_dim, kAllFamilies, SharedMemoryOf(cc)),
+                    Expected(cc, dir, dtype, head_dim));
         }
       }
     }
@@ -46,6 +61,48 @@ TEST(KernelRoutingTest, TuringSendsLargeHeadDimsAndBf16ToFallback) {
   EXPECT_EQ(Family(75, Direction::kBackward, DType::kFloat16, 128), "fallback");
   EXPECT_EQ(Family(75, Direction::kForward, DType::kBFloat16, 64), "fallback");
   EXPECT_EQ(Family(70, Direction::kForward, DType::kFloat16, 64), "fallback");
+}
+
+TEST(KernelRoutingTest, KernelsThatNeedMoreSharedMemoryThanTheDeviceGoToFallback) {
+  const int rtx = 99 * 1024, a100 = 163 * 1024;
+  EXPECT_EQ(Family(86, Direction::kBackward, DType::kBFloat16, 128, kAllFamilies, rtx),
+            "fallback");
+  EXPECT_EQ(Family(86, Direction::kBackward, DType::kBFloat16, 96, kAllFamilies, rtx), "flash");
+  EXPECT_EQ(Family(89, Direction::kForward, DType::kFloat16, 192, kAllFamilies, rtx), "fallback");
+  EXPECT_EQ(Family(80, Direction::kForward, DType::kFloat16, 256, kAllFamilies, a100), "flash");
+  EXPECT_EQ(Family(80, Direction::kBackward, DType::kFloat16, 128, kAllFamilies, a100), "flash");
+  // Unknown (0): not checked.
+  EXPECT_EQ(Family(86, Direction::kBackward, DType::kBFloat16, 128, kAllFamilies, 0), "flash");
+  // Forced flash on a device it does not fit: no route, and the reason says so.
+  const Route forced =
+      ChooseRoute({86, Direction::kBackward, DType::kBFloat16, 128, rtx},
+                  KernelCatalog::Only("flash"));
+  EXPECT_TRUE(forced.family.empty());
+  EXPECT_NE(forced.reason.find("head_dim 128"), std::string::npos) << forced.reason;
+  EXPECT_NE(forced.reason.find("114688 bytes of shared memory per block; the device allows "
+                               "101376"),
+            std::string::npos)
+      << forced.reason;
+}
+
+TEST(KernelRoutingTest, CoverageCutsHeadDimsToWhatFitsTheDevice) {
+  int flash_rows = 0;
+  for (const CoverageRow& row : CoverageFor(86, 99 * 1024, kAllFamilies)) {
+    if (row.family != "flash") continue;
+    ++flash_rows;
+    EXPECT_EQ(row.max_head_dim, row.direction == Direction::kForward ? 128 : 96);
+    EXPECT_NE(row.reason.find("99 KB of shared memory"), std::string::npos) << row.reason;
+  }
+  EXPECT_EQ(flash_rows, 2);
+  for (const CoverageRow& row : CoverageFor(80, 163 * 1024, kAllFamilies)) {
+    if (row.family != "flash") continue;
+    EXPECT_EQ(row.max_head_dim, row.direction == Direction::kForward ? 256 : 128);
+    EXPECT_EQ(row.reason.find("shared memory per block"), std::string::npos) << row.reason;
+  }
+  // A device too small for every flash kernel lists no flash row at all.
+  for (const CoverageRow& row : CoverageFor(80, 16 * 1024, kAllFamilies)) {
+    EXPECT_NE(row.family, "flash");
+  }
 }
 
 TEST(KernelRoutingTest, FamiliesNotBuiltAreNeverChosen) {
@@ -83,23 +140,23 @@ TEST(KernelRoutingTest, RoutesExplainThemselves) {
   EXPECT_EQ(only("flash", 70, 64), "");
   EXPECT_EQ(only("no-such-family", 90, 64), "");
   std::vector<std::string> families;  // the table's families, best first
-  for (const CoverageRow& row : CoverageFor(90, kAllFamilies)) {
+  for (const CoverageRow& row : CoverageFor(90, 0, kAllFamilies)) {
     if (families.empty() || families.back() != row.family) families.push_back(row.family);
   }
   EXPECT_EQ(families, (std::vector<std::string>{"flash", "fallback", "cublas", "reference"}));
 }
 
 TEST(KernelRoutingTest, CoverageListsWhatEachDeviceServes) {
-  const std::vector<CoverageRow> turing = CoverageFor(75, kAllFamilies);
+  const std::vector<CoverageRow> turing = CoverageFor(75, 0, kAllFamilies);
   ASSERT_EQ(turing.size(), 8u);  // flash, fallback, cublas, reference x 2 directions
   EXPECT_EQ(turing[0].family, "flash");
   EXPECT_EQ(turing[0].dtypes, std::vector<DType>{DType::kFloat16});
   EXPECT_EQ(turing[0].max_head_dim, 64);
   EXPECT_EQ(turing[0].head_dim_multiple, 8);
-  const std::vector<CoverageRow> cpu = CoverageFor(0, kAllFamilies);
+  const std::vector<CoverageRow> cpu = CoverageFor(0, 0, kAllFamilies);
   ASSERT_EQ(cpu.size(), 2u);
   EXPECT_EQ(cpu[0].family, "reference");
-  EXPECT_EQ(CoverageFor(90, KernelCatalog{{"reference"}}).size(), 2u);
+  EXPECT_EQ(CoverageFor(90, 0, KernelCatalog{{"reference"}}).size(), 2u);
 }
 
 }  // namespace

@@ -131,6 +131,7 @@ std::vector<DeviceState> LocalEngine::DeviceStates() const {
         device.kind == devices::DeviceKind::kCpu
             ? 0
             : std::max(0, devices::ParseComputeCapability(device.compute_capability));
+    state.shared_memory_per_block = device.shared_memory_per_block;
     state.catalog = worker->catalog();
     state.memory_budget = worker->memory_budget();
     state.reserved_bytes = load.reserved_bytes;

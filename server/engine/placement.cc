@@ -52,7 +52,7 @@ RequestProfile Profile(const Inputs& in, Direction direction) {
 
 std::string FamilyOn(const RequestProfile& request, const DeviceState& device) {
   return ChooseRoute({device.compute_capability, request.direction, request.dtype,
-                      request.head_dim},
+                      request.head_dim, device.shared_memory_per_block},
                      device.catalog)
       .family;
 }
@@ -104,7 +104,7 @@ absl::Status CheckPlaceable(const RequestProfile& request,
   std::string no_family_reason;
   for (const DeviceState& device : devices) {
     const Route route = ChooseRoute({device.compute_capability, request.direction, request.dtype,
-                                     request.head_dim},
+                                     request.head_dim, device.shared_memory_per_block},
                                     device.catalog);
     if (route.family.empty()) {
       no_family_reason = route.reason;

@@ -22,6 +22,7 @@ namespace attnserve::engine {
 struct DeviceState {
   std::string name;               // for messages: "cuda:0", "cpu"
   int compute_capability = 0;     // major * 10 + minor; 0 = the host CPU itself
+  int shared_memory_per_block = 0;  // bytes a kernel block may use; 0 = unknown
   KernelCatalog catalog;          // the families its worker may run
   int64_t memory_budget = 0;      // bytes running requests may hold at once; 0 = unbounded
   int64_t reserved_bytes = 0;     // held now by running requests
