@@ -20,8 +20,9 @@ then
 fi
 export PYTHONPATH="$PWD/client/python:${PYTHONPATH:-}"
 
-# The GPU as itself; the same GPU routed as a Turing (sm75) one; every request forced onto
-# cuBLAS. tests/gpu/test_routing_gpu.py checks each.
+# The GPU as itself; the same GPU routed as a Turing (sm75) one and as an RTX 30xx (sm86, 99 KB
+# of shared memory per block); every request forced onto cuBLAS. tests/gpu/test_routing_gpu.py
+# checks each.
 servers=()
 start_server() {  # name grpc_port http_port flags...
   local name=$1 grpc=$2 http=$3
@@ -38,6 +39,7 @@ start_server() {  # name grpc_port http_port flags...
 }
 start_server native 8001 8000 --max_head_dim=512
 start_server sm75 8011 8010 --emulate_compute_capability=7.5
+start_server sm86 8031 8030 --emulate_compute_capability=8.6
 start_server cublas 8021 8020 --kernel=cublas --max_head_dim=512
 
 status=0
@@ -50,7 +52,8 @@ $ctl --target=localhost:8001 forward --check --batch=3 --seqlen_q=300 --seqlen_k
 $ctl --target=localhost:8001 backward --check --batch=2 --seqlen_q=64 --seqlen_k=64 \
   --heads=4 --head_dim=64 --dtype=bf16 || status=1
 ATTNSERVE_GPU_TARGET=localhost:8001 ATTNSERVE_GPU_EMULATED_TARGET=localhost:8011 \
-  ATTNSERVE_GPU_CUBLAS_TARGET=localhost:8021 python3 -m pytest -q -p no:cacheprovider tests/gpu \
+  ATTNSERVE_GPU_SM86_TARGET=localhost:8031 ATTNSERVE_GPU_CUBLAS_TARGET=localhost:8021 \
+  python3 -m pytest -q -p no:cacheprovider tests/gpu \
   2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())" \
   | grep -E '^attnserve_(requests_total|device_info|compute_duration_seconds_count|device_memory)' || true

@@ -4,6 +4,9 @@ lands on the family the routing table names for the device and is answered corre
 - ATTNSERVE_GPU_TARGET: the H100 as itself (--max_head_dim=512).
 - ATTNSERVE_GPU_EMULATED_TARGET: the same GPU under --emulate_compute_capability=7.5, served as a
   Turing GPU would be: flash (Turing variant) for fp16 head_dim <= 64, fallback for the rest.
+- ATTNSERVE_GPU_SM86_TARGET: the same GPU under --emulate_compute_capability=8.6, whose blocks
+  get 99 KB of shared memory: flash where its kernel fits (forward up to head_dim 128, backward
+  up to 96), fallback for larger head dims.
 - ATTNSERVE_GPU_CUBLAS_TARGET: --kernel=cublas --max_head_dim=512, every request on cuBLAS.
 Skipped where the variables are unset (CI has no GPU)."""
 import os
@@ -19,6 +22,7 @@ from attnserve._proto.attnserve.v1 import attention_pb2 as pb2
 TARGETS = {
     "native": os.environ.get("ATTNSERVE_GPU_TARGET"),
     "sm75": os.environ.get("ATTNSERVE_GPU_EMULATED_TARGET"),
+    "sm86": os.environ.get("ATTNSERVE_GPU_SM86_TARGET"),
     "cublas": os.environ.get("ATTNSERVE_GPU_CUBLAS_TARGET"),
 }
 DTYPES = {"fp16": np.float16, "bf16": bfloat16, "fp32": np.float32}
@@ -108,6 +112,24 @@ def test_emulated_turing_reports_both_capabilities_and_its_routes():
 def test_emulated_turing_serves_like_a_turing_gpu(dtype, head_dim, family, options):
     with server("sm75") as client:
         check_round_trip(client, dtype, head_dim, family, **options)
+
+
+@pytest.mark.parametrize("dtype,head_dim,family", [
+    ("bf16", 96, "flash"),                     # forward 40 KB, backward 88 KB: both fit
+    ("bf16", 128, ("flash", "fallback")),      # the backward needs 112 KB
+    ("fp16", 192, "fallback"),                 # the forward needs 100 KB
+])
+def test_emulated_sm86_sends_what_flash_cannot_fit_to_fallback(dtype, head_dim, family):
+    with server("sm86") as client:
+        check_round_trip(client, dtype, head_dim, family, causal=True)
+
+
+def test_emulated_sm86_routes_show_the_cut_head_dims():
+    with server("sm86") as client:
+        device = client.server_info().devices[0]
+    flash = {r.direction: r for r in device.routes if r.family == "flash"}
+    assert (flash["forward"].max_head_dim, flash["backward"].max_head_dim) == (128, 96)
+    assert "99 KB of shared memory" in flash["backward"].reason
 
 
 @pytest.mark.parametrize("dtype,head_dim", [("fp32", 320), ("bf16", 64), ("fp16", 7)])
