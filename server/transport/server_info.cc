@@ -45,6 +45,7 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
     out->set_memory_total_bytes(device.memory_total_bytes);
     out->set_memory_free_bytes(device.memory_free_bytes);
     out->set_native_compute_capability(device.native_compute_capability);
+    out->set_shared_memory_per_block(device.shared_memory_per_block);
     for (const std::string& family : engine.DeviceKernelFamilies(device.name)) {
       out->add_kernel_families(family);
     }

@@ -127,6 +127,7 @@ def test_emulated_sm86_sends_what_flash_cannot_fit_to_fallback(dtype, head_dim, 
 def test_emulated_sm86_routes_show_the_cut_head_dims():
     with server("sm86") as client:
         device = client.server_info().devices[0]
+    assert device.shared_memory_per_block == 99 * 1024
     flash = {r.direction: r for r in device.routes if r.family == "flash"}
     assert (flash["forward"].max_head_dim, flash["backward"].max_head_dim) == (128, 96)
     assert "99 KB of shared memory" in flash["backward"].reason

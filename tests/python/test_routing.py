@@ -70,6 +70,7 @@ def test_server_info_lists_each_devices_routes(forced):
         device = client.server_info().devices[0]
     assert list(device.kernel_families) == ["reference"]
     assert device.native_compute_capability == ""
+    assert device.shared_memory_per_block == 0
     assert [(r.family, r.direction) for r in device.routes] == [("reference", "forward"),
                                                                 ("reference", "backward")]
     route = device.routes[0]

@@ -123,7 +123,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("name", "model", "compute_capability", "memory_total_bytes", "memory_free_bytes", "kernel_families", "native_compute_capability", "routes")
+    __slots__ = ("name", "model", "compute_capability", "memory_total_bytes", "memory_free_bytes", "kernel_families", "native_compute_capability", "routes", "shared_memory_per_block")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class DeviceInfo(_message.Message):
     KERNEL_FAMILIES_FIELD_NUMBER: _ClassVar[int]
     NATIVE_COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     compute_capability: str
@@ -140,7 +141,8 @@ class DeviceInfo(_message.Message):
     kernel_families: _containers.RepeatedScalarFieldContainer[str]
     native_compute_capability: str
     routes: _containers.RepeatedCompositeFieldContainer[KernelRoute]
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ..., native_compute_capability: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[KernelRoute, _Mapping]]] = ...) -> None: ...
+    shared_memory_per_block: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ..., native_compute_capability: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[KernelRoute, _Mapping]]] = ..., shared_memory_per_block: _Optional[int] = ...) -> None: ...
 
 class KernelRoute(_message.Message):
     __slots__ = ("family", "direction", "dtypes", "min_head_dim", "max_head_dim", "head_dim_multiple", "reason")
