@@ -1,13 +1,53 @@
 // Host-side pieces every GPU family needs when it turns ForwardParams / BackwardParams into
-// kernel arguments: the backward seen as its forward, the softmax scales folded for exp2, and
-// workspace alignment. One copy, so the families agree on them.
+// kernel arguments: the checks of the shape every grid relies on, the backward seen as its
+// forward, the softmax scales folded for exp2, and workspace alignment. One copy, so the
+// families agree on them.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include "kernels/attention_params.h"
 
 namespace attnserve::kernels {
+
+// gridDim.y and .z: batch and heads index the grid.
+inline constexpr int kMaxGridYZ = 65535;
+
+// The checks below return what is wrong ("" when nothing is); each family prefixes its name.
+
+// Batch, head counts and totals a grid can index.
+inline std::string GridShapeProblem(const AttentionShape& s) {
+  if (s.batch < 0 || s.batch > kMaxGridYZ) {
+    return "batch must be in [0, " + std::to_string(kMaxGridYZ) + "]";
+  }
+  if (s.num_heads < 1 || s.num_heads_k < 1 || s.num_heads > kMaxGridYZ ||
+      s.num_heads % s.num_heads_k != 0) {
+    return "num_heads must be a multiple of num_heads_k, both in [1, " +
+           std::to_string(kMaxGridYZ) + "]";
+  }
+  if (s.total_q < 0 || s.total_k < 0) return "total_q and total_k must be >= 0";
+  return "";
+}
+
+// When the host offsets are given: monotonic, ending at the totals, and no sequence longer
+// than the max_seqlen the grid is sized by.
+inline std::string HostOffsetsProblem(const int32_t* cu, int batch, int64_t total,
+                                      int max_seqlen, const char* name) {
+  if (cu == nullptr) return "";
+  if (cu[0] != 0) return std::string(name) + "[0] must be 0";
+  for (int b = 0; b < batch; ++b) {
+    const int64_t len = int64_t{cu[b + 1]} - cu[b];
+    if (len < 0) return std::string(name) + " decreases at index " + std::to_string(b + 1);
+    if (len > max_seqlen) {
+      return std::string(name) + ": sequence " + std::to_string(b) + " has " +
+             std::to_string(len) + " tokens, more than max_seqlen " + std::to_string(max_seqlen);
+    }
+  }
+  if (cu[batch] != total) return std::string(name) + "[batch] does not match the total";
+  return "";
+}
 
 // softcap: score = c * tanh(scale * qk / c). Kernels keep tanh(scale * qk / c) (or scale * qk
 // without softcap) and fold c (or scale) into the exp2 and lse scales.

@@ -48,7 +48,6 @@ constexpr BucketEntry kBuckets[] = {
 #include "fallback_buckets.inc"
 };
 
-constexpr int kMaxGridYZ = 65535;
 constexpr int kMinComputeCapability = 70;
 
 KernelStatus Error(const std::string& message) {
@@ -81,19 +80,8 @@ bool AlignedTo(const void* ptr, size_t bytes) {
 
 KernelStatus CheckHostOffsets(const int32_t* cu, int batch, int64_t total, int max_seqlen,
                               const char* name) {
-  if (cu == nullptr) return KernelStatus::Ok();
-  if (cu[0] != 0) return Error(std::string(name) + "[0] must be 0");
-  for (int b = 0; b < batch; ++b) {
-    const int64_t len = int64_t{cu[b + 1]} - cu[b];
-    if (len < 0) return Error(std::string(name) + " decreases at index " + std::to_string(b + 1));
-    if (len > max_seqlen) {
-      return Error(std::string(name) + ": sequence " + std::to_string(b) + " has " +
-                   std::to_string(len) + " tokens, more than max_seqlen " +
-                   std::to_string(max_seqlen));
-    }
-  }
-  if (cu[batch] != total) return Error(std::string(name) + "[batch] does not match the total");
-  return KernelStatus::Ok();
+  const std::string problem = HostOffsetsProblem(cu, batch, total, max_seqlen, name);
+  return problem.empty() ? KernelStatus::Ok() : Error(problem);
 }
 
 KernelStatus Validate(const ForwardParams& p) {
@@ -104,15 +92,7 @@ KernelStatus Validate(const ForwardParams& p) {
     return Error("head_dim " + std::to_string(s.head_dim) + " is not supported (1 to " +
                  std::to_string(max_head_dim) + " in this build, see ATTN_FALLBACK_HEAD_DIMS)");
   }
-  if (s.batch < 0 || s.batch > kMaxGridYZ) {
-    return Error("batch must be in [0, " + std::to_string(kMaxGridYZ) + "]");
-  }
-  if (s.num_heads < 1 || s.num_heads_k < 1 || s.num_heads > kMaxGridYZ ||
-      s.num_heads % s.num_heads_k != 0) {
-    return Error("num_heads must be a multiple of num_heads_k, both in [1, " +
-                 std::to_string(kMaxGridYZ) + "]");
-  }
-  if (s.total_q < 0 || s.total_k < 0) return Error("total_q and total_k must be >= 0");
+  if (std::string problem = GridShapeProblem(s); !problem.empty()) return Error(problem);
   if (s.max_seqlen_q < 0 || s.max_seqlen_k < 0 || s.max_seqlen_q > kMaxSeqLen ||
       s.max_seqlen_k > kMaxSeqLen) {
     return Error("max_seqlen_q/_k must be in [0, " + std::to_string(kMaxSeqLen) + "]");

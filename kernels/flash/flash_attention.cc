@@ -58,9 +58,6 @@ constexpr TuringKernelEntry kTuringKernels[] = {
 #include "kernels/flash/instantiations/sm75_kernel_table.inc"
     {0, nullptr, nullptr}};
 
-// Grid limits: gridDim.y (heads) and gridDim.z (sequences).
-constexpr int kMaxGridYZ = 65535;
-
 KernelStatus Error(const std::string& message) { return KernelStatus::Error("flash: " + message); }
 
 KernelStatus CudaError(const char* what, cudaError_t err) {
@@ -90,23 +87,10 @@ const TuringKernelEntry* FindTuringKernel(int head_dim) {
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// When the host offsets are given: monotonic, ending at the totals, and no sequence longer
-// than the max_seqlen the grid is sized by.
 KernelStatus CheckHostOffsets(const int32_t* cu, int batch, int64_t total, int max_seqlen,
                               const char* name) {
-  if (cu == nullptr) return KernelStatus::Ok();
-  if (cu[0] != 0) return Error(std::string(name) + "[0] must be 0");
-  for (int b = 0; b < batch; ++b) {
-    const int64_t len = int64_t{cu[b + 1]} - cu[b];
-    if (len < 0) return Error(std::string(name) + " decreases at index " + std::to_string(b + 1));
-    if (len > max_seqlen) {
-      return Error(std::string(name) + ": sequence " + std::to_string(b) + " has " +
-                   std::to_string(len) + " tokens, more than max_seqlen " +
-                   std::to_string(max_seqlen));
-    }
-  }
-  if (cu[batch] != total) return Error(std::string(name) + "[batch] does not match the total");
-  return KernelStatus::Ok();
+  const std::string problem = HostOffsetsProblem(cu, batch, total, max_seqlen, name);
+  return problem.empty() ? KernelStatus::Ok() : Error(problem);
 }
 
 KernelStatus Validate(const ForwardParams& p) {
@@ -117,15 +101,7 @@ KernelStatus Validate(const ForwardParams& p) {
     return Error("head_dim " + std::to_string(s.head_dim) + " is not supported (multiples of " +
                  std::to_string(kHeadDimGranule) + " up to " + std::to_string(kMaxHeadDim) + ")");
   }
-  if (s.batch < 0 || s.batch > kMaxGridYZ) {
-    return Error("batch must be in [0, " + std::to_string(kMaxGridYZ) + "]");
-  }
-  if (s.num_heads < 1 || s.num_heads_k < 1 || s.num_heads > kMaxGridYZ ||
-      s.num_heads % s.num_heads_k != 0) {
-    return Error("num_heads must be a multiple of num_heads_k, both in [1, " +
-                 std::to_string(kMaxGridYZ) + "]");
-  }
-  if (s.total_q < 0 || s.total_k < 0) return Error("total_q and total_k must be >= 0");
+  if (std::string problem = GridShapeProblem(s); !problem.empty()) return Error(problem);
   if (s.max_seqlen_q < 0 || s.max_seqlen_k < 0 || s.max_seqlen_q > kMaxSeqLen ||
       s.max_seqlen_k > kMaxSeqLen) {
     return Error("max_seqlen_q/_k must be in [0, " + std::to_string(kMaxSeqLen) + "]");
