@@ -304,6 +304,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--markdown", type=pathlib.Path)
+    parser.add_argument("--seqs", default="",
+                        help="comma-separated sequence-set names to run (e.g. 2x8192); default all")
+    parser.add_argument("--causal", choices=("both", "no", "yes"), default="both")
     parser.add_argument("--turing", action="store_true",
                         help="time the sm75 path (fp16, hdim 64) against PyTorch's "
                              "memory-efficient kernel")
@@ -323,7 +326,11 @@ def main():
         if head_dim not in head_dims:
             continue
         for lens in SEQUENCE_SETS:
+            if args.seqs and seq_name(lens) not in args.seqs.split(","):
+                continue
             for causal in (False, True):
+                if args.causal != "both" and causal != (args.causal == "yes"):
+                    continue
                 bench = bench_row_backward if args.backward else bench_row
                 row = bench(libs, head_dim, heads, lens, causal, args.warmup, args.repeats)
                 rows.append(row)

@@ -4,10 +4,13 @@
 # (default /tmp/attn_gpu_out); the last lines printed are the test summary and the table.
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
-#                    [--variants]
+#                    [--variants] [--bwd-variant NAME=FLAGS]...
 #
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
+# --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128) with FLAGS
+# added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME as
+# columns of the backward benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attn_gpu_out}"
@@ -17,8 +20,16 @@ run_bench=1
 run_fwd_bench=1
 run_bwd_bench=1
 variants=0
+bwd_variants=()
+expect_bwd_variant=0
 for arg in "$@"; do
+  if ((expect_bwd_variant)); then
+    bwd_variants+=("$arg")
+    expect_bwd_variant=0
+    continue
+  fi
   case "$arg" in
+    --bwd-variant) expect_bwd_variant=1 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
@@ -66,6 +77,16 @@ if ((variants)); then
   done
 fi
 
+bwd_variant_libs=()
+for spec in "${bwd_variants[@]}"; do
+  name="${spec%%=*}"
+  flags="${spec#*=}"
+  dir="build-gpu-bwd-$name"
+  configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="64;128" \
+    "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
+  bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
+done
+
 status=0
 export ATTN_CAPI="$PWD/build-gpu/lib/libattn_capi.so"
 if ((run_tests)); then
@@ -73,6 +94,9 @@ if ((run_tests)); then
   status=${PIPESTATUS[0]}
 fi
 wait
+for log in "$OUT"/build-bwd-variant.log.*; do
+  [[ -e "$log" ]] && grep -E "spill stores|error" "$log" | sort | uniq -c
+done
 if ((variants)); then
   cat "$OUT"/build-variants.log.* | grep -E "spill stores|error" | sort | uniq -c
   cat "$OUT"/build-variants.log.* >"$OUT/build-variants.log" && rm -f "$OUT"/build-variants.log.*
@@ -85,7 +109,7 @@ fi
 if ((run_bench && run_bwd_bench)); then
   # The backward kernels stop at head dim 128.
   python3 bench/bench_flash.py --backward --head-dims 64,128 --lib "ours=$ATTN_CAPI" \
-    --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
+    "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if ((run_tests)); then
   echo "pytest: $(tail -1 "$OUT/pytest.log")"

@@ -24,10 +24,11 @@ namespace attnserve::kernels::flash {
 // One CTA's work; the kernel below is this, or a trap where the path's instructions don't exist.
 template <class Arch, DType kDType, int kHeadDim>
 __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
-  using T = BwdTraits<Arch, kDType, kHeadDim>;
+  using T = BwdDqTraits<Arch, kDType, kHeadDim>;
+  static_assert(T::kResidentRows == T::kStreamRows, "square 64 x 64 tiles");
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
-  constexpr int kBlock = T::kBlock;
+  constexpr int kBlock = T::kResidentRows;
   extern __shared__ __align__(16) unsigned char smem[];
   const FwdKernelArgs& f = args.fwd;
 
@@ -58,8 +59,8 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
   const int group = lane / 4;
   const int quad_lane = lane % 4;
   const uint32_t q_smem = ptx::SharedAddress(smem);
-  const uint32_t do_smem = q_smem + T::kTileBytes;
-  const uint32_t stage_smem = do_smem + T::kTileBytes;
+  const uint32_t do_smem = q_smem + T::kResidentTileBytes;
+  const uint32_t stage_smem = do_smem + T::kResidentTileBytes;
   const FragOffsets frag = FragOffsets::For<kRowBytes>(lane);
   const uint32_t q_rows = q_smem + warp * T::kWarpRows * kRowBytes;  // this warp's 16 rows
   const uint32_t do_rows = do_smem + warp * T::kWarpRows * kRowBytes;
@@ -84,7 +85,7 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
         st, static_cast<const Element*>(f.k) + offset, kv_stride, len_k - first_key, vecs_valid,
         tid);
     LoadRowsAsync<Arch, kBlock, T::kRowVecs, kRowBytes, T::kThreads>(
-        st + T::kTileBytes, static_cast<const Element*>(f.v) + offset, kv_stride,
+        st + T::kStreamTileBytes, static_cast<const Element*>(f.v) + offset, kv_stride,
         len_k - first_key, vecs_valid, tid);
   };
   if constexpr (T::kStages == 2) load_stage(0);
@@ -122,7 +123,7 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
 
     const int n = block.n_end - 1 - it;
     const uint32_t k_st = stage_smem + (it % T::kStages) * T::kStageBytes;
-    const uint32_t v_st = k_st + T::kTileBytes;
+    const uint32_t v_st = k_st + T::kStreamTileBytes;
 
     float s[T::kSTiles][4];
 #pragma unroll
@@ -204,7 +205,7 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
 }
 
 template <class Arch, DType kDType, int kHeadDim>
-__global__ void __launch_bounds__(BwdTraits<Arch, kDType, kHeadDim>::kThreads)
+__global__ void __launch_bounds__(BwdDqTraits<Arch, kDType, kHeadDim>::kThreads)
     FlashBackwardDqKernel(const __grid_constant__ BwdKernelArgs args) {
   if constexpr (kArchBodyCompiled<Arch>) {
     FlashBackwardDqCta<Arch, kDType, kHeadDim>(args);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/flash/bwd_dkdv_kernel.cuh"
+#include "kernels/flash/bwd_dkdv_pair_kernel.cuh"
 #include "kernels/flash/bwd_dq_kernel.cuh"
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/bwd_preprocess.cuh"
@@ -20,19 +21,31 @@ inline KernelStatus BackwardLaunchError(const char* what, cudaError_t err) {
 
 template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream) {
-  using T = BwdTraits<Arch, kDType, kHeadDim>;
+  using T = BwdDkDvTraits<Arch, kDType, kHeadDim>;
+  using TDq = BwdDqTraits<Arch, kDType, kHeadDim>;
   const bool atomic_dq = args.dq_accum != nullptr;
-  const auto dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, true>
-                              : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, false>;
-  const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim>;
-  if constexpr (T::kSmemBytes > kDefaultSmemLimit) {
-    cudaError_t err =
-        cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    if (err == cudaSuccess && !atomic_dq) {
-      err = cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    }
-    if (err != cudaSuccess) return BackwardLaunchError("cudaFuncSetAttribute", err);
+  constexpr bool kPair = BackwardDkDvPairLayout<Arch>(kHeadDim);
+  void (*dkdv)(BwdKernelArgs);
+  if constexpr (kPair) {
+    dkdv = atomic_dq ? &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, true>
+                     : &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, false>;
+  } else {
+    dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, true>
+                     : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, false>;
   }
+  const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim>;
+  cudaError_t attr_err = cudaSuccess;
+  if constexpr (T::kSmemBytes > kDefaultSmemLimit) {
+    attr_err =
+        cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  }
+  if constexpr (TDq::kSmemBytes > kDefaultSmemLimit) {
+    if (attr_err == cudaSuccess && !atomic_dq) {
+      attr_err =
+          cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, TDq::kSmemBytes);
+    }
+  }
+  if (attr_err != cudaSuccess) return BackwardLaunchError("cudaFuncSetAttribute", attr_err);
   const int64_t pairs = args.fwd.total_q * args.fwd.num_heads;
   const int64_t dq_elems = pairs * args.fwd.head_dim;
   if (atomic_dq && dq_elems > 0) {
@@ -48,7 +61,7 @@ KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cuda
     if (err != cudaSuccess) return BackwardLaunchError("preprocess launch", err);
   }
   if (grid.max_seqlen_k > 0) {
-    const dim3 blocks((grid.max_seqlen_k + T::kBlock - 1) / T::kBlock,
+    const dim3 blocks((grid.max_seqlen_k + T::kResidentRows - 1) / T::kResidentRows,
                       args.fwd.num_heads / args.fwd.head_group, grid.batch);
     dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
     const cudaError_t err = cudaGetLastError();
@@ -62,9 +75,9 @@ KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cuda
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardLaunchError("dQ conversion launch", err);
   } else if (!atomic_dq && grid.max_seqlen_q > 0) {
-    const dim3 blocks((grid.max_seqlen_q + T::kBlock - 1) / T::kBlock, args.fwd.num_heads,
-                      grid.batch);
-    dq<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
+    const dim3 blocks((grid.max_seqlen_q + TDq::kResidentRows - 1) / TDq::kResidentRows,
+                      args.fwd.num_heads, grid.batch);
+    dq<<<blocks, TDq::kThreads, TDq::kSmemBytes, stream>>>(args);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardLaunchError("dQ launch", err);
   }

@@ -78,6 +78,65 @@ __device__ __forceinline__ void WarpGemmAB(float (&acc)[kDTiles][4],
   }
 }
 
+// acc[mt][nt] += A * B^T for a (kMTiles * 16) x (kNTiles * 8) tile: A rows at `a` (a lane's A
+// address, rows kRowBytesA apart), B rows at `b` (a lane's B address, kRowBytesB apart), both
+// [row][k] with kKSteps * 16 k. Every B fragment feeds kMTiles products.
+template <class Arch, typename Element, int kMTiles, int kNTiles, int kKSteps, int kRowBytesA,
+          int kRowBytesB>
+__device__ __forceinline__ void WarpGemmABtM(float (&acc)[kMTiles][kNTiles][4], uint32_t a,
+                                             uint32_t b) {
+  static_assert(kNTiles % 2 == 0, "pairs of 8-column tiles");
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t af[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) ptx::LoadMatrixX4(af[mt], a + mt * 16 * kRowBytesA + kk * 32);
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t bf[4];
+      ptx::LoadMatrixX4(bf, b + np * 16 * kRowBytesB + kk * 32);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ptx::Mma16816<Arch, Element>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+        ptx::Mma16816<Arch, Element>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
+// acc[mt][nt] += A * B for a (kMTiles * 16) x (kNTiles * 8) tile: A [m][k] in shared memory at
+// `a` (a lane's A address, rows kRowBytesA apart; kATrans: stored [k][m], `a` then a lane's
+// transposed-A address), B stored [k][n] at `b` (a lane's A-pattern address, rows kRowBytesB
+// apart) read with ldmatrix.trans; kKSteps * 16 k.
+template <class Arch, typename Element, int kMTiles, int kNTiles, int kKSteps, int kRowBytesA,
+          int kRowBytesB, bool kATrans>
+__device__ __forceinline__ void WarpGemmSmemAB(float (&acc)[kMTiles][kNTiles][4], uint32_t a,
+                                               uint32_t b) {
+  static_assert(kNTiles % 2 == 0, "pairs of 8-column tiles");
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t af[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if constexpr (kATrans) {
+        ptx::LoadMatrixX4Trans(af[mt], a + kk * 16 * kRowBytesA + mt * 32);
+      } else {
+        ptx::LoadMatrixX4(af[mt], a + mt * 16 * kRowBytesA + kk * 32);
+      }
+    }
+#pragma unroll
+    for (int dp = 0; dp < kNTiles / 2; ++dp) {
+      uint32_t bf[4];
+      ptx::LoadMatrixX4Trans(bf, b + kk * 16 * kRowBytesB + dp * 32);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ptx::Mma16816<Arch, Element>(acc[mt][2 * dp], af[mt], bf[0], bf[1]);
+        ptx::Mma16816<Arch, Element>(acc[mt][2 * dp + 1], af[mt], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
 // Rounds a warp's 16 x (kDTiles * 8) fp32 tile (times `scale`) to 16 bits into its 16 rows of a
 // padded shared-memory tile at `smem` (the warp's first row).
 template <typename Element, int kDTiles, int kRowBytes>

@@ -69,6 +69,21 @@ __device__ __forceinline__ void AtomicAddPair(float* addr, float a, float b) {
 #endif
 }
 
+// addr[0..3] += v (relaxed, no return value): one vector reduction; sm90+ only. addr is 16-byte
+// aligned.
+__device__ __forceinline__ void AtomicAddQuad(float* addr, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+  atomicAdd(addr + 2, c);
+  atomicAdd(addr + 3, d);
+#endif
+}
+
 // p + elems, computed where it is written: the compiler cannot split it into a loop-invariant
 // offset and hoist one 64-bit register pair per tile row out of the main loop.
 template <typename Element>

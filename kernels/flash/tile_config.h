@@ -84,15 +84,57 @@ constexpr int ForwardSmemBytes(int head_dim) {
          ForwardSmemRowBytes(head_dim);
 }
 
-// Backward (bwd_*.cuh). Both main kernels give each of their 4 warps 16 rows of a 64-row
-// resident tile (keys for dK/dV, queries for dQ) and stream 64-row tiles of the other side
-// through two shared-memory stages. Per thread the dK/dV kernel holds dK and dV (2 x head_dim/2
-// floats at 16 rows per warp) plus two 16 x 64 score tiles (S^T and dP^T, 32 floats each): at
-// head dim 128 that is ~200 registers, so 16-row warps and 64-wide streamed tiles are the limit;
-// head dims above 128 (dK + dV alone would be 192-256 registers) are refused for now.
+// Backward (bwd_*.cuh). Every warp of both main kernels owns 16 resident rows (keys for dK/dV,
+// queries for dQ) and multiplies them with 64-row tiles of the other side that stream through
+// shared memory. Per thread the dK/dV kernel holds dK and dV (2 x head_dim/2 floats at 16 rows
+// per warp) plus two 16 x 64 score tiles (S^T and dP^T, 32 floats each): at head dim 128 that is
+// ~200 registers, so 16-row warps and 64-wide streamed tiles are the limit; head dims above 128
+// (dK + dV alone would be 192-256 registers) are refused for now.
 inline constexpr int kMaxBackwardHeadDim = 128;
-inline constexpr int kBackwardWarps = 4;
-inline constexpr int kBackwardBlock = 64;  // resident rows per CTA and streamed rows per stage
+inline constexpr int kBackwardStreamRows = 64;  // streamed rows per stage (dQ pass; dK/dV below)
+inline constexpr int kBackwardDqWarps = 4;      // dQ pass: 64 resident query rows
+
+// dK/dV kernel: 8 warps (128 keys per CTA, FlashAttention-2's key block) on Sm80: every streamed
+// Q/dO tile feeds twice the keys, so per flop the Q/dO reloads and the float32 dQ atomics (one
+// tile-rows x d add per streamed tile and CTA) are halved against 64-key blocks. 4 warps (64
+// keys) on Sm75, whose 64 KB of shared memory hold no 128-row K and V.
+// (Benchmark builds may define ATTN_FLASH_BWD_DKDV_WARPS=4 for C++ and CUDA alike to compare.)
+#ifndef ATTN_FLASH_BWD_DKDV_WARPS
+#define ATTN_FLASH_BWD_DKDV_WARPS 8
+#endif
+template <class Arch>
+constexpr int BackwardDkDvWarps() {
+  return Arch::kAsyncCopy ? ATTN_FLASH_BWD_DKDV_WARPS : 4;
+}
+
+// FlashAttention-2's warp layout for the dK/dV kernel (bwd_dkdv_pair_kernel.cuh) at head dims
+// 64 and 128 on Sm80: 32 keys per warp pair, P^T and dS^T through shared memory. (Benchmark
+// builds may define ATTN_FLASH_BWD_PAIR=0 to compare with 16 keys per warp everywhere, or
+// ATTN_FLASH_BWD_PAIR_HDIM64=0 at head dim 64 only.)
+#ifndef ATTN_FLASH_BWD_PAIR
+#define ATTN_FLASH_BWD_PAIR 1
+#endif
+#ifndef ATTN_FLASH_BWD_PAIR_HDIM64
+#define ATTN_FLASH_BWD_PAIR_HDIM64 1
+#endif
+template <class Arch>
+constexpr bool BackwardDkDvPairLayout(int head_dim) {
+  return ATTN_FLASH_BWD_PAIR && Arch::kAsyncCopy && BackwardDkDvWarps<Arch>() == 8 &&
+         (head_dim == 128 || (ATTN_FLASH_BWD_PAIR_HDIM64 && head_dim == 64));
+}
+
+// Streamed query rows per stage of the dK/dV kernel: 64, and 128 for the pair layout at head dim
+// 64 (FlashAttention-2's 128 x 128 tile there: each warp's score tiles are 32 keys x 64 queries,
+// so every K/V fragment feeds twice the products; measured +6-10% over 64 rows, bench/RESULTS.md;
+// 252 registers, no spills). (Benchmark builds may define ATTN_FLASH_BWD_PAIR64_ROWS=64.)
+#ifndef ATTN_FLASH_BWD_PAIR64_ROWS
+#define ATTN_FLASH_BWD_PAIR64_ROWS 128
+#endif
+template <class Arch>
+constexpr int BackwardDkDvStreamRows(int head_dim) {
+  return BackwardDkDvPairLayout<Arch>(head_dim) && head_dim == 64 ? ATTN_FLASH_BWD_PAIR64_ROWS
+                                                                  : kBackwardStreamRows;
+}
 
 // Stages of the streamed tiles: two with cp.async (the next tile lands under this one's math);
 // one on Sm75, whose register-staged copies are complete when issued, so a second stage would
@@ -102,15 +144,40 @@ constexpr int BackwardStages() {
   return Arch::kAsyncCopy ? 2 : 1;
 }
 
-// Dynamic shared memory of either backward main kernel: two resident 64-row tiles (K, V or Q,
-// dO), per stage two streamed 64-row tiles, padded rows as in the forward, and 64 lse and 64 D
-// floats (the dK/dV kernel's per-query scalars), and one padded 64 x 64 16-bit dS tile (the
-// dK/dV kernel's atomic dQ product). 112 KB at head dim 128 on Sm80: two CTAs per H100 SM.
+// Bytes of one stage: two streamed tiles of `rows` rows (Q, dO or K, V) with padded rows as in
+// the forward, and `rows` lse and D floats (the dK/dV kernel's per-query scalars).
+constexpr int BackwardStageBytes(int head_dim, int rows) {
+  return 2 * rows * ForwardSmemRowBytes(head_dim) + 2 * rows * 4;
+}
+
+// dK/dV kernel: resident K and V, the stages, and as many padded (keys x streamed rows) 16-bit
+// tiles as stages: 16 keys per warp (bwd_dkdv_kernel.cuh): one dS^T tile per stage for the atomic
+// dQ product (with two, dS of tile i+1 is written while other warps still read dS of tile i, and
+// one barrier per tile suffices); pair layout (bwd_dkdv_pair_kernel.cuh): the P^T and dS^T tiles.
+// Sm80: 173 KB at head dim 128, 178 KB at 64 (128-row stages), 77 and 141 KB at 32 and 96 (one
+// 8-warp CTA per H100 SM everywhere: registers allow no second); Sm75: 46 KB at 64.
+template <class Arch>
+constexpr int BackwardDkDvSmemBytes(int head_dim) {
+  return 2 * BackwardDkDvWarps<Arch>() * 16 * ForwardSmemRowBytes(head_dim) +
+         BackwardStages<Arch>() *
+             (BackwardStageBytes(head_dim, BackwardDkDvStreamRows<Arch>(head_dim)) +
+              BackwardDkDvWarps<Arch>() * 16 *
+                  ForwardSmemRowBytes(BackwardDkDvStreamRows<Arch>(head_dim)));
+}
+
+// dQ pass (deterministic mode): resident Q and dO (64 rows), the stages (K and V tiles).
+template <class Arch>
+constexpr int BackwardDqSmemBytes(int head_dim) {
+  return 2 * kBackwardDqWarps * 16 * ForwardSmemRowBytes(head_dim) +
+         BackwardStages<Arch>() * BackwardStageBytes(head_dim, kBackwardStreamRows);
+}
+
+// The larger of the two (what the dispatcher checks against the device).
 template <class Arch>
 constexpr int BackwardSmemBytes(int head_dim) {
-  return (2 + 2 * BackwardStages<Arch>()) * kBackwardBlock * ForwardSmemRowBytes(head_dim) +
-         BackwardStages<Arch>() * 2 * kBackwardBlock * 4 +
-         kBackwardBlock * ForwardSmemRowBytes(kBackwardBlock);
+  return BackwardDkDvSmemBytes<Arch>(head_dim) > BackwardDqSmemBytes<Arch>(head_dim)
+             ? BackwardDkDvSmemBytes<Arch>(head_dim)
+             : BackwardDqSmemBytes<Arch>(head_dim);
 }
 
 }  // namespace attnserve::kernels::flash
