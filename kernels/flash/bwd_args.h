@@ -29,6 +29,9 @@ struct BwdGrid {
   int batch;
   int max_seqlen_q;
   int max_seqlen_k;
+  // Shared memory a block may use on this device (its opt-in limit, or the emulated
+  // architecture's): the launcher runs the wide dK/dV kernel only where it fits.
+  int smem_limit;
 };
 
 }  // namespace attnserve::kernels::flash

@@ -27,9 +27,9 @@
 
 namespace attnserve::kernels::flash {
 
-template <class Arch, DType kDType, int kHeadDim, bool kAtomicDq>
+template <class Arch, DType kDType, int kHeadDim, int kWarps, bool kAtomicDq>
 __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& args) {
-  using T = BwdDkDvTraits<Arch, kDType, kHeadDim>;
+  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>;
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
   constexpr int kDsRowBytes = T::kDsRowBytes;
@@ -366,11 +366,11 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
       vecs_valid, tid);
 }
 
-template <class Arch, DType kDType, int kHeadDim, bool kAtomicDq>
-__global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim>::kThreads)
+template <class Arch, DType kDType, int kHeadDim, int kWarps, bool kAtomicDq>
+__global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>::kThreads)
     FlashBackwardDkDvPairKernel(const __grid_constant__ BwdKernelArgs args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashBackwardDkDvPairCta<Arch, kDType, kHeadDim, kAtomicDq>(args);
+    FlashBackwardDkDvPairCta<Arch, kDType, kHeadDim, kWarps, kAtomicDq>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

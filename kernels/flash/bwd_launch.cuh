@@ -19,19 +19,21 @@ inline KernelStatus BackwardLaunchError(const char* what, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-template <class Arch, DType kDType, int kHeadDim>
-KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream) {
-  using T = BwdDkDvTraits<Arch, kDType, kHeadDim>;
+// The backward with a dK/dV kernel of kWarps warps.
+template <class Arch, DType kDType, int kHeadDim, int kWarps>
+KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
+                                cudaStream_t stream) {
+  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>;
   using TDq = BwdDqTraits<Arch, kDType, kHeadDim>;
   const bool atomic_dq = args.dq_accum != nullptr;
-  constexpr bool kPair = BackwardDkDvPairLayout<Arch>(kHeadDim);
+  constexpr bool kPair = BackwardDkDvPairLayout<Arch>(kHeadDim, kWarps);
   void (*dkdv)(BwdKernelArgs);
   if constexpr (kPair) {
-    dkdv = atomic_dq ? &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, true>
-                     : &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, false>;
+    dkdv = atomic_dq ? &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWarps, true>
+                     : &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWarps, false>;
   } else {
-    dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, true>
-                     : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, false>;
+    dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWarps, true>
+                     : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWarps, false>;
   }
   const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim>;
   cudaError_t attr_err = cudaSuccess;
@@ -82,6 +84,18 @@ KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cuda
     if (err != cudaSuccess) return BackwardLaunchError("dQ launch", err);
   }
   return KernelStatus::Ok();
+}
+
+// Wide where the device holds it (H100: 227 KB per block), narrow elsewhere (A100, sm86/89).
+template <class Arch, DType kDType, int kHeadDim>
+KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream) {
+  constexpr int kWide = BackwardDkDvWideWarps<Arch>();
+  if constexpr (kWide != kBackwardNarrowWarps) {
+    if (grid.smem_limit < BackwardSmemBytes<Arch>(kHeadDim, kWide)) {
+      return LaunchBackwardWith<Arch, kDType, kHeadDim, kBackwardNarrowWarps>(args, grid, stream);
+    }
+  }
+  return LaunchBackwardWith<Arch, kDType, kHeadDim, kWide>(args, grid, stream);
 }
 
 }  // namespace attnserve::kernels::flash

@@ -12,7 +12,9 @@
 namespace attnserve::kernels::flash {
 
 // Launches Arch's backward kernels for kHeadDim >= args.fwd.head_dim on `stream`, checking
-// each launch. The caller has validated args, checked the device and provided args.dsum.
+// each launch: the wide dK/dV kernel where grid.smem_limit holds it, else the narrow one. The
+// caller has validated args, checked that grid.smem_limit holds the narrow variant and
+// provided args.dsum.
 template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream);
 

@@ -54,17 +54,16 @@ struct BwdTraits {
   static_assert((kStreamRows * kRowVecs) % kThreads == 0, "tiles: whole vectors per thread");
   static_assert((kResidentRows * kRowVecs) % kThreads == 0, "tiles: whole vectors per thread");
   static_assert(kStreamRows * 2 <= kThreads, "lse and D of a tile: one float per thread");
-  static_assert(kSmemBytes == (kDsBuffers > 0 ? BackwardDkDvSmemBytes<Arch>(kHeadDim)
+  static_assert(kSmemBytes == (kDsBuffers > 0 ? BackwardDkDvSmemBytes<Arch>(kHeadDim, kWarps)
                                                 : BackwardDqSmemBytes<Arch>(kHeadDim)),
                 "host and device agree");
   static_assert(ArchSupports<Arch, kDType, kHeadDim, kSmemBytes>(),
                 "Sm75: fp16, head dim <= 64, 64 KB of shared memory");
 };
 
-template <class Arch, DType kDType, int kHeadDim>
-using BwdDkDvTraits =
-    BwdTraits<Arch, kDType, kHeadDim, BackwardDkDvWarps<Arch>(),
-              BackwardDkDvStreamRows<Arch>(kHeadDim), BackwardStages<Arch>()>;
+template <class Arch, DType kDType, int kHeadDim, int kWarps>
+using BwdDkDvTraits = BwdTraits<Arch, kDType, kHeadDim, kWarps,
+                                BackwardDkDvStreamRows<Arch>(kHeadDim, kWarps), BackwardStages<Arch>()>;
 template <class Arch, DType kDType, int kHeadDim>
 using BwdDqTraits =
     BwdTraits<Arch, kDType, kHeadDim, kBackwardDqWarps, kBackwardStreamRows, 0>;

@@ -13,6 +13,7 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/fwd_args.h"
+#include "kernels/architecture_limits.h"
 #include "kernels/gpu_launch_common.h"
 #include "kernels/flash/fwd_launch.h"
 #include "kernels/flash/tile_config.h"
@@ -189,6 +190,9 @@ std::string CcName(int cc) { return std::to_string(cc / 10) + "." + std::to_stri
 struct Target {
   bool turing;
   DeviceInfo device;
+  // Shared memory a block may use: the device's opt-in limit, or less when an older
+  // architecture's path runs (that GPU's own limit), so the kernels choose as they would there.
+  int smem_limit;
 };
 
 KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim, Target* target) {
@@ -211,6 +215,11 @@ KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim
                       : std::string()));
   }
   target->turing = cc < Sm80::kComputeCapability;
+  target->smem_limit = target->device.smem_optin;
+  if (const int arch_limit = SharedMemoryPerBlockOf(cc);
+      cc != device_cc && arch_limit > 0 && arch_limit < target->smem_limit) {
+    target->smem_limit = arch_limit;
+  }
   if (target->turing && (dtype != DType::kFloat16 || head_dim > Sm75::kMaxHeadDim)) {
     return Error("flash on sm75 supports fp16 head_dim <= " + std::to_string(Sm75::kMaxHeadDim) +
                  "; route to fallback (got " + (dtype == DType::kFloat16 ? "fp16" : "bf16") +
@@ -220,11 +229,11 @@ KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim
 }
 
 KernelStatus CheckSmem(const Target& target, int smem, const std::string& what) {
-  if (smem > target.device.smem_optin) {
+  if (smem > target.smem_limit) {
     return Error(what + " needs " + std::to_string(smem) +
                  " bytes of shared memory per block, device " +
                  std::to_string(target.device.device) + " allows " +
-                 std::to_string(target.device.smem_optin));
+                 std::to_string(target.smem_limit));
   }
   return KernelStatus::Ok();
 }
@@ -388,7 +397,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
                                                  BackwardDsumBytes(s));
   args.lse_log2_scale = kLog2e;
   args.grad_scale = params.options.softmax_scale;
-  const BwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k};
+  const BwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k, target.smem_limit};
   return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
 }
 

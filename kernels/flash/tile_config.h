@@ -103,9 +103,13 @@ inline constexpr int kBackwardDqWarps = 4;      // dQ pass: 64 resident query ro
 #define ATTN_FLASH_BWD_DKDV_WARPS 8
 #endif
 template <class Arch>
-constexpr int BackwardDkDvWarps() {
+constexpr int BackwardDkDvWideWarps() {
   return Arch::kAsyncCopy ? ATTN_FLASH_BWD_DKDV_WARPS : 4;
 }
+// The variant for devices whose blocks cannot hold the wide one (an A100 gives 163 KB, the wide
+// kernel needs 173-178 KB at head dims 64 and 128; sm86/89 give 99 KB): 4 warps, 64 keys, 16
+// keys per warp. The dispatcher picks it at run time (bwd_launch.cuh).
+inline constexpr int kBackwardNarrowWarps = 4;
 
 // FlashAttention-2's warp layout for the dK/dV kernel (bwd_dkdv_pair_kernel.cuh) at head dims
 // 64 and 128 on Sm80: 32 keys per warp pair, P^T and dS^T through shared memory. (Benchmark
@@ -118,8 +122,8 @@ constexpr int BackwardDkDvWarps() {
 #define ATTN_FLASH_BWD_PAIR_HDIM64 1
 #endif
 template <class Arch>
-constexpr bool BackwardDkDvPairLayout(int head_dim) {
-  return ATTN_FLASH_BWD_PAIR && Arch::kAsyncCopy && BackwardDkDvWarps<Arch>() == 8 &&
+constexpr bool BackwardDkDvPairLayout(int head_dim, int warps) {
+  return ATTN_FLASH_BWD_PAIR && Arch::kAsyncCopy && warps == 8 &&
          (head_dim == 128 || (ATTN_FLASH_BWD_PAIR_HDIM64 && head_dim == 64));
 }
 
@@ -131,9 +135,10 @@ constexpr bool BackwardDkDvPairLayout(int head_dim) {
 #define ATTN_FLASH_BWD_PAIR64_ROWS 128
 #endif
 template <class Arch>
-constexpr int BackwardDkDvStreamRows(int head_dim) {
-  return BackwardDkDvPairLayout<Arch>(head_dim) && head_dim == 64 ? ATTN_FLASH_BWD_PAIR64_ROWS
-                                                                  : kBackwardStreamRows;
+constexpr int BackwardDkDvStreamRows(int head_dim, int warps) {
+  return BackwardDkDvPairLayout<Arch>(head_dim, warps) && head_dim == 64
+             ? ATTN_FLASH_BWD_PAIR64_ROWS
+             : kBackwardStreamRows;
 }
 
 // Stages of the streamed tiles: two with cp.async (the next tile lands under this one's math);
@@ -157,12 +162,11 @@ constexpr int BackwardStageBytes(int head_dim, int rows) {
 // Sm80: 173 KB at head dim 128, 178 KB at 64 (128-row stages), 77 and 141 KB at 32 and 96 (one
 // 8-warp CTA per H100 SM everywhere: registers allow no second); Sm75: 46 KB at 64.
 template <class Arch>
-constexpr int BackwardDkDvSmemBytes(int head_dim) {
-  return 2 * BackwardDkDvWarps<Arch>() * 16 * ForwardSmemRowBytes(head_dim) +
+constexpr int BackwardDkDvSmemBytes(int head_dim, int warps) {
+  return 2 * warps * 16 * ForwardSmemRowBytes(head_dim) +
          BackwardStages<Arch>() *
-             (BackwardStageBytes(head_dim, BackwardDkDvStreamRows<Arch>(head_dim)) +
-              BackwardDkDvWarps<Arch>() * 16 *
-                  ForwardSmemRowBytes(BackwardDkDvStreamRows<Arch>(head_dim)));
+             (BackwardStageBytes(head_dim, BackwardDkDvStreamRows<Arch>(head_dim, warps)) +
+              warps * 16 * ForwardSmemRowBytes(BackwardDkDvStreamRows<Arch>(head_dim, warps)));
 }
 
 // dQ pass (deterministic mode): resident Q and dO (64 rows), the stages (K and V tiles).
@@ -172,12 +176,20 @@ constexpr int BackwardDqSmemBytes(int head_dim) {
          BackwardStages<Arch>() * BackwardStageBytes(head_dim, kBackwardStreamRows);
 }
 
-// The larger of the two (what the dispatcher checks against the device).
+// The larger of the dK/dV kernel with `warps` and the dQ pass: what a device must give a block
+// to run the backward that way.
+template <class Arch>
+constexpr int BackwardSmemBytes(int head_dim, int warps) {
+  return BackwardDkDvSmemBytes<Arch>(head_dim, warps) > BackwardDqSmemBytes<Arch>(head_dim)
+             ? BackwardDkDvSmemBytes<Arch>(head_dim, warps)
+             : BackwardDqSmemBytes<Arch>(head_dim);
+}
+
+// The least a device must give a block to run the backward at all (the narrow variant): what
+// the dispatcher checks and the router compares with the device.
 template <class Arch>
 constexpr int BackwardSmemBytes(int head_dim) {
-  return BackwardDkDvSmemBytes<Arch>(head_dim) > BackwardDqSmemBytes<Arch>(head_dim)
-             ? BackwardDkDvSmemBytes<Arch>(head_dim)
-             : BackwardDqSmemBytes<Arch>(head_dim);
+  return BackwardSmemBytes<Arch>(head_dim, kBackwardNarrowWarps);
 }
 
 }  // namespace attnserve::kernels::flash

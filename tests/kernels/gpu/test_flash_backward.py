@@ -5,8 +5,10 @@ with NaN, runs our backward in both modes (atomic dQ, and deterministic with its
 pass) and checks every gradient against float64 autograd with explicit
 masks: ||g - ref|| / ||ref|| within 2x PyTorch's own fp16/bf16 backward error on the same inputs
 plus a small floor, under an absolute cap. Rows that see no key (lse = +inf) and keys no row
-sees get exactly zero gradients. Deterministic mode is bitwise reproducible. Needs torch with
-CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
+sees get exactly zero gradients. Deterministic mode is bitwise reproducible. On a GPU newer
+than sm80 every case also runs the sm80 code path as an A100 would (compute_capability 80:
+163 KB of shared memory per block, so the narrow 4-warp dK/dV kernel instead of the wide one).
+Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
 
 import math
@@ -19,23 +21,28 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from capi_library import KernelError  # noqa: E402
+from capi_library import KernelError, load_family  # noqa: E402
 from oracle import Options, relative_error, visible_mask  # noqa: E402
 from oracle_backward import pytorch_low_precision_grads, reference_grads  # noqa: E402
 from test_flash_forward import (DTYPES, LIB, MASKS, VARLEN_K, VARLEN_Q, make_inputs,  # noqa: E402
                                 run_flash)
 
+# The backward as the device runs it, and on newer GPUs also as an A100 would.
+BACKWARD_LIBS = [("device", LIB)]
+if torch.cuda.get_device_capability() > (8, 0):
+    BACKWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
+
 GRAD_FLOOR = {torch.float16: 2e-4, torch.bfloat16: 1e-3}
 GRAD_CAP = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
-def run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic=False):
+def run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic=False, lib=LIB):
     lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
     lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
     dq = torch.full_like(q, math.nan)
     dk = torch.full_like(k, math.nan)
     dv = torch.full_like(v, math.nan)
-    LIB.backward(dout, q, k, v, out, lse, cu_q.cuda(), cu_k.cuda(), max(lens_q, default=0),
+    lib.backward(dout, q, k, v, out, lse, cu_q.cuda(), cu_k.cuda(), max(lens_q, default=0),
                  max(lens_k, default=0), softmax_scale=opts.scale(q.shape[2]),
                  causal=opts.causal, window=(opts.window_left, opts.window_right),
                  softcap=opts.softcap, deterministic=deterministic, dq=dq, dk=dk, dv=dv,
@@ -64,13 +71,14 @@ def check(request, q, k, v, cu_q, cu_k, opts):
     refs = reference_grads(q, k, v, dout, cu_q, cu_k, opts)
     theirs = pytorch_low_precision_grads(q, k, v, dout, cu_q, cu_k, opts)
     rows, keys = seen_rows_and_keys(q, k, cu_q, cu_k, opts)
-    for deterministic in (False, True):
-        grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic)
-        check_grads(grads, refs, theirs, rows, keys, deterministic)
+    for path, lib in BACKWARD_LIBS:
+        for deterministic in (False, True):
+            grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
+            check_grads(grads, refs, theirs, rows, keys, deterministic, path)
 
 
-def check_grads(grads, refs, theirs, rows, keys, deterministic):
-    mode = "deterministic" if deterministic else "atomic"
+def check_grads(grads, refs, theirs, rows, keys, deterministic, path="device"):
+    mode = ("deterministic" if deterministic else "atomic") + ", " + path
     for name, g, ref, base in zip((f"dq ({mode})", "dk", "dv"), grads, refs, theirs):
         assert not g.isnan().any(), f"{name} has unwritten (NaN) elements"
         unseen = ~rows if name.startswith("dq") else ~keys
