@@ -1,6 +1,7 @@
 // Per-architecture hardware limits the kernels size themselves by, for when the code path of an
 // older architecture runs on a newer GPU (ExecutionContext::compute_capability): the kernels
-// then keep to what that older GPU would give, so tests on one GPU exercise its choices.
+// then keep to what that older GPU would give, so tests on one GPU exercise its choices; the
+// server's --emulate_compute_capability routes by the same table (server/devices).
 #pragma once
 
 namespace attnserve::kernels {

@@ -4,35 +4,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "kernels/architecture_limits.h"
 
 namespace attnserve::devices {
 namespace {
 
 constexpr int kOldestGpuCapability = 70;  // Volta: the oldest the GPU families target
-
-// The opt-in shared memory per block of each architecture (CUDA programming guide, "Compute
-// capabilities"); 0 where this table does not know it.
-int SharedMemoryPerBlockOf(int compute_capability) {
-  switch (compute_capability) {
-    case 70:
-    case 72:
-      return 96 * 1024;
-    case 75:
-      return 64 * 1024;
-    case 80:
-    case 87:
-      return 163 * 1024;
-    case 86:
-    case 89:
-    case 120:
-      return 99 * 1024;
-    case 90:
-    case 100:
-      return 227 * 1024;
-    default:
-      return 0;
-  }
-}
 
 }  // namespace
 
@@ -72,7 +49,7 @@ absl::Status EmulateComputeCapability(absl::string_view spec,
     device.native_compute_capability = device.compute_capability;
     device.compute_capability = std::string(spec);
     // Kernels are chosen as on the emulated GPU, whose blocks may get less shared memory.
-    const int limit = SharedMemoryPerBlockOf(emulated);
+    const int limit = kernels::SharedMemoryPerBlockOf(emulated);
     if (limit > 0 &&
         (device.shared_memory_per_block == 0 || limit < device.shared_memory_per_block)) {
       device.shared_memory_per_block = limit;
