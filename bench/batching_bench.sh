@@ -8,11 +8,15 @@
 # a forward/backward mix with batching on whose answers are checked.
 # Prints one block per configuration, with where the server's launch time went (the
 # attnserve_launch_phase_duration_seconds sums); JSON and logs under $OUT.
+# RUNS="batching_off transport_ceiling" runs only the named configurations; SERVER_ENV sets
+# environment variables for the server alone, e.g. SERVER_ENV="LD_PRELOAD=/path/lib.so".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attnserve-batching}"
 BUNDLE="${ATTN_BUNDLE:-.gpu-bundle}"
 DURATION="${DURATION:-10s}"
+RUNS="${RUNS:-}"  # empty: every configuration
+SERVER_ENV="${SERVER_ENV:-}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 bin=$BUNDLE/bin
@@ -23,7 +27,9 @@ metrics() {
 
 run() {  # name, attnload --check value, server flags...
   local name=$1 check=$2; shift 2
-  "$bin/attnserve" --devices=auto --grpc_port=8101 --http_port=8100 "$@" >"$OUT/server_$name.log" 2>&1 &
+  [ -z "$RUNS" ] || [[ " $RUNS " == *" $name "* ]] || return 0
+  # shellcheck disable=SC2086
+  env $SERVER_ENV "$bin/attnserve" --devices=auto --grpc_port=8101 --http_port=8100 "$@" >"$OUT/server_$name.log" 2>&1 &
   local server=$!
   for _ in $(seq 1 150); do
     python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8100/readyz')" \

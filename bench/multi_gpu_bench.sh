@@ -16,6 +16,8 @@
 # compute_bound mix is the one where a second GPU can double the throughput; very_long sits in
 # between. KERNEL=fallback (or another family) forces that family on every GPU.
 # Each configuration also reports the GPUs' mean utilization and the server's CPU use.
+# DEVICES (default "0 auto") lists the configurations' --devices; SERVER_ENV sets environment
+# variables for the server alone (e.g. LD_PRELOAD=... to try another allocator).
 # Prints a table (req/s, TFLOP/s, p50/p99, two-GPU speed-up per mix); JSON and logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,8 @@ KERNEL="${KERNEL:-}"
 MIXES="${MIXES:-long very_long compute_bound}"
 SERVER_FLAGS="${SERVER_FLAGS:-}"  # more attnserve flags for every configuration, e.g. --cuda_lanes=4
 MIN_GPUS="${MIN_GPUS:-2}"  # MIN_GPUS=1: a dry run of the script itself on a one-GPU host
+DEVICES="${DEVICES:-0 auto}"  # the --devices of each configuration, in order
+SERVER_ENV="${SERVER_ENV:-}"  # environment for the server alone, e.g. LD_PRELOAD=...
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 bin=$BUNDLE/bin
@@ -52,7 +56,8 @@ run() {  # mix, devices
   [ -n "$KERNEL" ] && server_flags+=(--kernel="$KERNEL")
   # shellcheck disable=SC2206
   server_flags+=($SERVER_FLAGS)
-  "$bin/attnserve" "${server_flags[@]}" >"$OUT/server_$name.log" 2>&1 &
+  # shellcheck disable=SC2086
+  env $SERVER_ENV "$bin/attnserve" "${server_flags[@]}" >"$OUT/server_$name.log" 2>&1 &
   local server=$!
   for _ in $(seq 1 150); do
     python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8110/readyz')" \
@@ -90,8 +95,9 @@ run() {  # mix, devices
 }
 
 for mix in $MIXES; do
-  run "$mix" 0
-  run "$mix" auto
+  for devices in $DEVICES; do
+    run "$mix" "$devices"
+  done
 done
 
 python3 - "$OUT" <<'EOF'
