@@ -14,6 +14,7 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev  # sanitizer and libFuzzer builds (scripts/test_hardening.sh)
   libssl-dev  # OpenSSL headers; and libssl.so/libcrypto.so, which civetweb opens for HTTPS
   openssl  # the tests make throwaway TLS certificates with it
+  libgoogle-perftools-dev  # tcmalloc: the server's allocator (CMakeLists.txt, ATTN_TCMALLOC)
 )
 
 missing=()

@@ -255,6 +255,8 @@ def test_entrypoint_and_cmd_start_the_server(bundle, tmp_path):
         # The gRPC library the server loaded is the bundled one.
         maps = pathlib.Path(f"/proc/{process.pid}/maps").read_text()
         assert str(bundle / "lib" / "libgrpc++") in maps
+        # And it allocates through the bundled tcmalloc (CMakeLists.txt, ATTN_TCMALLOC).
+        assert str(bundle / "lib" / "libtcmalloc_minimal") in maps
         process.send_signal(signal.SIGTERM)
         assert process.wait(20) == 0, (tmp_path / "server.log").read_text()
     finally:
