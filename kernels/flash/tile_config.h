@@ -75,6 +75,23 @@ constexpr ForwardTiles ForwardTilesFor(int head_dim) {
   }
 }
 
+// Hopper (sm_90a) forward (fwd_sm90_kernel.cuh): the head dims with an instantiation (multiples
+// of 64: whole 128-byte swizzle rows), and its tiles. 128 query rows = two 64-row warpgroups,
+// each S = Q K^T one wgmma of N = block_n keys.
+inline constexpr int kSm90ForwardHeadDims[] = {64, 128, 256};
+inline constexpr int kSm90ForwardBlockM = 128;
+constexpr int Sm90ForwardBlockN(int head_dim) {
+  // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay well under 255,
+  // and shared memory (Q + 2 stages of K and V) is 80/160 KB.
+  // 256: O alone is 128 floats per thread and Q + 2 stages of 128-key K/V would be 320 KB;
+  // 64-key tiles keep shared memory at 192 KB and S at 32 floats.
+  return head_dim <= 128 ? 128 : 64;
+}
+// Q, two stages of K and V, and 1 KB to align the tiles to the swizzle atoms.
+constexpr int Sm90ForwardSmemBytes(int head_dim) {
+  return (kSm90ForwardBlockM + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
+}
+
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows
 // each), every row padded by one 16-byte vector so ldmatrix reads are bank-conflict free.
 constexpr int ForwardSmemRowBytes(int head_dim) { return (head_dim + kHeadDimGranule) * 2; }
