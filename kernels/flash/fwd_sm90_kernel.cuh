@@ -1,12 +1,13 @@
 // The Hopper (sm_90a) flash forward: FlashAttention-2's algorithm on warpgroup MMA. One CTA per
-// (128-row query block, head, sequence) with two warpgroups of 64 rows each. Q and a two-stage
-// ring of K/V tiles live in shared memory in wgmma's 128-byte-swizzled layout, filled with
+// (128-row query block, head, sequence) with two warpgroups of 64 rows each. Q and two-stage
+// rings of K and V tiles live in shared memory in wgmma's 128-byte-swizzled layout, filled with
 // cp.async (zero-fill past the sequence and in the head-dim padding, so varlen needs no tensor
 // maps). Per key tile each warpgroup computes S = Q K^T (wgmma, both operands from shared
 // memory), masks and runs the online softmax in registers, and adds P V (wgmma, P from
-// registers, V N-major from shared memory), while the next tile's K and V land in the other
-// stage. Key tiles are visited last to first, with the sm80 kernel's block location and masking
-// rules (fwd_kernel.cuh), so both paths see exactly the same keys.
+// registers, V N-major from shared memory); the P V of one tile runs under the softmax of the
+// next, and the next tiles' K and V land in the other stages. Key tiles are visited last to
+// first, with the sm80 kernel's block location and masking rules (fwd_kernel.cuh), so both
+// paths see exactly the same keys.
 #pragma once
 
 #include <cmath>
@@ -72,15 +73,21 @@ class FwdSm90BlockRunner {
     vecs_valid_ = args.head_dim / T::kVecElems;
   }
 
-  // Loads Q and the last key tile (K and V) into stage 0.
+  // Loads Q and the last tile's K (the first iteration loads its V).
   __device__ __forceinline__ void Prologue(const Element* q) {
     const int tid = threadIdx.x;
     LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kThreads>(
         q_smem_, q, static_cast<int>(args_.q_row_stride), block_.rows_valid, vecs_valid_, tid);
-    LoadKeyTile(0, block_.n_end - 1);
+    LoadKeyTile(KSmem(block_.n_end - 1), args_.k, block_.n_end - 1);
     ptx::CommitAsyncGroup<Sm80>();
   }
 
+  // Software-pipelined over key tiles (FlashAttention-3's intra-warpgroup overlap): iteration n
+  // issues S(n) = Q K(n)^T and then O += P(n+1) V(n+1) on the tensor cores, waits for S(n)
+  // only, and runs the softmax of tile n while P V still runs; O is rescaled once P V is done.
+  // The copies run one iteration ahead: iteration n loads K(n-1) and V(n), each into stage
+  // (tile % 2), whose previous tiles (K(n+1), V(n+2)) every warpgroup finished reading in
+  // iteration n+1, before this iteration's barrier.
   __device__ __forceinline__ void Run() {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -92,15 +99,30 @@ class FwdSm90BlockRunner {
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_[nt][e] = 0.0f;
     }
-    int stage = 0;
-    for (int n = block_.n_end - 1; n >= block_.n_begin; --n) {
-      if (n >= block_.mask_from || n < block_.mask_below) {
-        Step<true>(n, stage);
-      } else {
-        Step<false>(n, stage);
-      }
-      stage ^= 1;
+    uint32_t p[T::kPvSteps][4];  // P(n+1), the A operand of the P V in flight
+    // The last tile (no P V before it) is peeled off, so that whether a P V is in flight is
+    // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
+    // rescaled under a running P V and serializes every wgmma (C7515).
+    const int last = block_.n_end - 1;
+    if (last >= block_.mask_from || last < block_.mask_below) {
+      Step<true, false>(last, p);
+    } else {
+      Step<false, false>(last, p);
     }
+    for (int n = last - 1; n >= block_.n_begin; --n) {
+      if (n >= block_.mask_from || n < block_.mask_below) {
+        Step<true, true>(n, p);
+      } else {
+        Step<false, true>(n, p);
+      }
+    }
+    // The first tile's P V (its V was loaded in the last iteration).
+    ptx::WaitAsyncGroups<Sm80, 0>();
+    ptx::FenceProxyAsyncShared();
+    __syncthreads();
+    ptx::WgmmaFence();
+    IssuePV(p, block_.n_begin);
+    ptx::WgmmaWait<0>(o_);
   }
 
   // Normalizes O, writes each warp's 16 rows through its own rows of the Q buffer (no wgmma
@@ -144,43 +166,47 @@ class FwdSm90BlockRunner {
   }
 
  private:
-  __device__ __forceinline__ uint32_t KSmem(int stage) const {
-    return kv_smem_ + stage * 2 * T::kKvSmemBytes;
+  // K(n) and V(n) live in stage n % 2 of their rings.
+  __device__ __forceinline__ uint32_t KSmem(int n) const {
+    return kv_smem_ + (n % 2) * T::kKvSmemBytes;
   }
-  __device__ __forceinline__ uint32_t VSmem(int stage) const {
-    return KSmem(stage) + T::kKvSmemBytes;
+  __device__ __forceinline__ uint32_t VSmem(int n) const {
+    return kv_smem_ + (2 + n % 2) * T::kKvSmemBytes;
   }
 
-  // K and V rows [n * kBlockN, (n + 1) * kBlockN) of this block's sequence and kv head into
-  // `stage`.
-  __device__ __forceinline__ void LoadKeyTile(int stage, int n) {
+  // K or V rows [n * kBlockN, (n + 1) * kBlockN) of this block's sequence and kv head. The
+  // tensor base comes from the kernel arguments each time (one 64-bit offset in registers).
+  __device__ __forceinline__ void LoadKeyTile(uint32_t smem, const void* tensor, int n) {
     const int first_key = n * T::kBlockN;
-    const int64_t offset = kv_offset_ + int64_t{first_key} * args_.kv_row_stride;
-    const int rows_valid = block_.len_k - first_key;
-    const int tid = ptx::FreshThreadIdx();
+    const Element* src = static_cast<const Element*>(tensor) + kv_offset_ +
+                         int64_t{first_key} * args_.kv_row_stride;
     LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kThreads>(
-        KSmem(stage), static_cast<const Element*>(args_.k) + offset,
-        static_cast<int>(args_.kv_row_stride), rows_valid, vecs_valid_, tid);
-    LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kThreads>(
-        VSmem(stage), static_cast<const Element*>(args_.v) + offset,
-        static_cast<int>(args_.kv_row_stride), rows_valid, vecs_valid_, tid);
+        smem, src, static_cast<int>(args_.kv_row_stride), block_.len_k - first_key, vecs_valid_,
+        ptx::FreshThreadIdx());
   }
 
-  // One key tile: S = Q K(n)^T, softcap, mask, online softmax, O += P V(n).
-  template <bool kMask>
-  __device__ __forceinline__ void Step(int n, int stage) {
-    // Tile n has landed in `stage` (visible to the tensor cores), and every warpgroup is done
-    // with tile n + 1, whose stage now takes tile n - 1.
+  // Key tile n: S(n) and (unless n is the last tile) P(n+1) V(n+1) on the tensor cores, the
+  // softmax of S(n) under the P V, then O rescaled and P(n) packed for the next iteration.
+  template <bool kMask, bool kPv>
+  __device__ __forceinline__ void Step(int n, uint32_t (&p)[T::kPvSteps][4]) {
+    // K(n) and V(n+1) have landed (visible to the tensor cores), and every warpgroup is done
+    // with K(n+1) and V(n+2), whose stages now take K(n-1) and V(n).
     ptx::WaitAsyncGroups<Sm80, 0>();
     ptx::FenceProxyAsyncShared();
     __syncthreads();
-    if (n > block_.n_begin) {
-      LoadKeyTile(stage ^ 1, n - 1);
-      ptx::CommitAsyncGroup<Sm80>();
-    }
+    if (n > block_.n_begin) LoadKeyTile(KSmem(n - 1), args_.k, n - 1);
+    LoadKeyTile(VSmem(n), args_.v, n);
+    ptx::CommitAsyncGroup<Sm80>();
 
     float s[T::kSTiles][4];
-    ComputeScores(s, stage);
+    ptx::WgmmaFence();
+    IssueScores(s, n);
+    if constexpr (kPv) {
+      IssuePV(p, n + 1);
+      ptx::WgmmaWait<1>(s);
+    } else {
+      ptx::WgmmaWait<0>(s);
+    }
     if (args_.softcap) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
@@ -189,15 +215,32 @@ class FwdSm90BlockRunner {
       }
     }
     if constexpr (kMask) ApplyMask(s, n);
-    UpdateSoftmax(s);
-    AccumulatePV(s, stage);
+    float correction[2];
+    const bool any_new_max = UpdateSoftmax(s, correction);
+    if constexpr (kPv) ptx::WgmmaWait<0>(o_);
+    if (__any_sync(0xffffffffu, any_new_max)) {
+#pragma unroll
+      for (int nt = 0; nt < T::kOTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_[nt][e] *= correction[e / 2];
+      }
+    }
+    // P(n) as 16-bit pairs: the accumulator layout of two 8-key S tiles is the A fragment of one
+    // k16 step.
+#pragma unroll
+    for (int kk = 0; kk < T::kPvSteps; ++kk) {
+      p[kk][0] = ptx::PackPair<Element>(s[2 * kk][0], s[2 * kk][1]);
+      p[kk][1] = ptx::PackPair<Element>(s[2 * kk][2], s[2 * kk][3]);
+      p[kk][2] = ptx::PackPair<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      p[kk][3] = ptx::PackPair<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
   }
 
-  __device__ __forceinline__ void ComputeScores(float (&s)[T::kSTiles][4], int stage) {
+  // S = Q K(n)^T, one committed group (the caller fences first).
+  __device__ __forceinline__ void IssueScores(float (&s)[T::kSTiles][4], int n) {
     const int warpgroup = ptx::FreshThreadIdx() / 128;
     const uint32_t q = q_smem_ + warpgroup * 64 * 128;
-    const uint32_t k = KSmem(stage);
-    ptx::WgmmaFence();
+    const uint32_t k = KSmem(n);
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; ++kk) {
       // k16 step kk: head-dim block kk / 4, 32 bytes per step inside its 128-byte rows.
@@ -209,7 +252,19 @@ class FwdSm90BlockRunner {
       Mma::SS(s, a, b, kk > 0);
     }
     ptx::WgmmaCommit();
-    ptx::WgmmaWait<0>(s);
+  }
+
+  // O += P V(n), one committed group (the caller fences first). V is the N-major B operand: 64
+  // head-dim columns per 128-byte row, key rows 128 bytes apart, head-dim blocks kBlockN * 128
+  // bytes apart.
+  __device__ __forceinline__ void IssuePV(const uint32_t (&p)[T::kPvSteps][4], int n) {
+    const uint32_t v = VSmem(n);
+#pragma unroll
+    for (int kk = 0; kk < T::kPvSteps; ++kk) {
+      const uint64_t b = ptx::MatrixDescriptor128B(v + kk * 16 * 128, T::kBlockN * 128, 1024);
+      MmaPv::RS(o_, p[kk], b, 1);
+    }
+    ptx::WgmmaCommit();
   }
 
   // Hides the keys each row must not see (past the end, outside the window) with -inf, bounds
@@ -235,11 +290,14 @@ class FwdSm90BlockRunner {
     }
   }
 
-  // Online softmax over the quad's rows (the sm80 kernel's, for one 16-row tile per warp).
-  __device__ __forceinline__ void UpdateSoftmax(float (&s)[T::kSTiles][4]) {
+  // Online softmax over the quad's rows (the sm80 kernel's, for one 16-row tile per warp): new
+  // row maxima, S turned into exp2((s - max) * exp2_scale) in place, running sums rescaled.
+  // Returns whether some row of this thread has a new maximum, with the factors O must be
+  // rescaled by (the caller does that once the P V in flight is done).
+  __device__ __forceinline__ bool UpdateSoftmax(float (&s)[T::kSTiles][4],
+                                                float (&correction)[2]) {
     const float scale = args_.exp2_scale;
     float shift[2];
-    float correction[2];
     bool any_new_max = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -257,13 +315,6 @@ class FwdSm90BlockRunner {
       correction[h] = ptx::Exp2(row_max_[h] * scale - shift[h]);
       row_max_[h] = mx;
     }
-    if (__any_sync(0xffffffffu, any_new_max)) {
-#pragma unroll
-      for (int nt = 0; nt < T::kOTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_[nt][e] *= correction[e / 2];
-      }
-    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;
@@ -278,29 +329,7 @@ class FwdSm90BlockRunner {
       }
       row_sum_[h] = row_sum_[h] * correction[h] + sum;
     }
-  }
-
-  // O += P V(n): the accumulator layout of two 8-key S tiles is the A fragment of one k16 step;
-  // V is the N-major B operand (64 head-dim columns per 128-byte row, key rows 128 bytes apart,
-  // head-dim blocks kBlockN * 128 bytes apart).
-  __device__ __forceinline__ void AccumulatePV(const float (&p)[T::kSTiles][4], int stage) {
-    uint32_t a[T::kPvSteps][4];
-#pragma unroll
-    for (int kk = 0; kk < T::kPvSteps; ++kk) {
-      a[kk][0] = ptx::PackPair<Element>(p[2 * kk][0], p[2 * kk][1]);
-      a[kk][1] = ptx::PackPair<Element>(p[2 * kk][2], p[2 * kk][3]);
-      a[kk][2] = ptx::PackPair<Element>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-      a[kk][3] = ptx::PackPair<Element>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-    }
-    const uint32_t v = VSmem(stage);
-    ptx::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < T::kPvSteps; ++kk) {
-      const uint64_t b = ptx::MatrixDescriptor128B(v + kk * 16 * 128, T::kBlockN * 128, 1024);
-      MmaPv::RS(o_, a[kk], b, 1);
-    }
-    ptx::WgmmaCommit();
-    ptx::WgmmaWait<0>(o_);
+    return any_new_max;
   }
 
   const FwdKernelArgs& args_;
