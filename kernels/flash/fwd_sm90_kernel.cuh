@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) flash forward: FlashAttention-2's algorithm on warpgroup MMA. One CTA per
-// (128-row query block, head, sequence) with two warpgroups of 64 rows each. Q and two-stage
+// (query block, head, sequence) with a warpgroup per 64 rows (two or three). Q and two-stage
 // rings of K and V tiles live in shared memory in wgmma's 128-byte-swizzled layout, filled with
 // cp.async (zero-fill past the sequence and in the head-dim padding, so varlen needs no tensor
 // maps). Per key tile each warpgroup computes S = Q K^T (wgmma, both operands from shared
@@ -32,15 +32,16 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int vec) {
 
 // Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
 // wait). Rows at or past rows_valid and vectors at or past vecs_valid are zero-filled, never
-// read. Every pass covers whole rows, a multiple of 8, so each thread's swizzle is fixed.
+// read. Every pass covers whole rows, a multiple of 8, so each thread's swizzle is fixed; the
+// last pass may cover fewer than kThreads / kRowVecs rows (384 threads, 128-row K/V tiles).
 template <int kRows, int kRowVecs, int kThreads, typename Element>
 __device__ __forceinline__ void LoadSwizzledAsync(uint32_t smem, const Element* src,
                                                   int row_stride, int rows_valid, int vecs_valid,
                                                   int tid) {
   constexpr int kVecElems = 16 / sizeof(Element);
   constexpr int kRowsPerPass = kThreads / kRowVecs;
-  constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % kRowVecs == 0 && kRowsPerPass % 8 == 0 && kRows % kRowsPerPass == 0,
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  static_assert(kThreads % kRowVecs == 0 && kRowsPerPass % 8 == 0,
                 "whole rows per pass, a multiple of the 8-row swizzle period");
   const int row0 = tid / kRowVecs;
   const int vec = tid % kRowVecs;
@@ -51,8 +52,10 @@ __device__ __forceinline__ void LoadSwizzledAsync(uint32_t smem, const Element* 
   const int pass_stride = kRowsPerPass * row_stride;
 #pragma unroll
   for (int it = 0; it < kPasses; ++it) {
-    ptx::CopyAsync16(smem0 + it * kRowsPerPass * 128, from,
-                     vec_valid && it * kRowsPerPass < rows_left);
+    if (kRows % kRowsPerPass == 0 || it < kPasses - 1 || row0 < kRows - it * kRowsPerPass) {
+      ptx::CopyAsync16(smem0 + it * kRowsPerPass * 128, from,
+                       vec_valid && it * kRowsPerPass < rows_left);
+    }
     from = ptx::Advance(from, pass_stride);
   }
 }
@@ -349,10 +352,17 @@ __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
   using Element = typename T::Element;
   extern __shared__ __align__(1024) unsigned char smem[];
 
-  // Highest query blocks first: under causal masking they carry the most key tiles.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  // Heaviest blocks first: the launch order (x fastest, then y, z) is remapped so that query
+  // blocks run from the highest index down, all heads and sequences of one index together.
+  // High indices exist only in the longest sequences, and under causal masking they carry the
+  // most key tiles, so long work starts early instead of forming a tail (varlen batches).
+  const uint64_t heads_batches = uint64_t{gridDim.y} * gridDim.z;
+  const uint64_t linear =
+      blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + uint64_t{gridDim.y} * blockIdx.z);
+  const int m_block = static_cast<int>(gridDim.x - 1 - linear / heads_batches);
+  const int rest = static_cast<int>(linear % heads_batches);
+  const int batch = rest % static_cast<int>(gridDim.z);
+  const int head = rest / static_cast<int>(gridDim.z);
   const int q_begin = args.cu_seqlens_q[batch];
   const int len_q = args.cu_seqlens_q[batch + 1] - q_begin;
   if (m_block * T::kBlockM >= len_q) return;

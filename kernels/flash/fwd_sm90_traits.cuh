@@ -1,5 +1,5 @@
 // Compile-time geometry of one Hopper (sm_90a) flash forward kernel (element type x head dim):
-// two 64-row warpgroups per CTA, the key-tile size from the heuristic, and the shared-memory
+// 64-row warpgroups (two or three per CTA), the key-tile size from the heuristic, and the shared-memory
 // layout (Q, then two stages of K and V, all 128-byte swizzled for wgmma).
 #pragma once
 
@@ -13,7 +13,7 @@ template <DType kDType, int kHeadDim_>
 struct FwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kSm90ForwardBlockM;
+  static constexpr int kBlockM = Sm90ForwardBlockM(kHeadDim);
   static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim);
   static constexpr int kWarpgroups = kBlockM / 64;
   static constexpr int kThreads = kWarpgroups * 128;

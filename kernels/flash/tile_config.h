@@ -76,20 +76,26 @@ constexpr ForwardTiles ForwardTilesFor(int head_dim) {
 }
 
 // Hopper (sm_90a) forward (fwd_sm90_kernel.cuh): the head dims with an instantiation (multiples
-// of 64: whole 128-byte swizzle rows), and its tiles. 128 query rows = two 64-row warpgroups,
-// each S = Q K^T one wgmma of N = block_n keys.
+// of 64: whole 128-byte swizzle rows), and its tiles: 64 query rows per warpgroup, each
+// S = Q K^T one wgmma of N = block_n keys.
 inline constexpr int kSm90ForwardHeadDims[] = {64, 128, 256};
-inline constexpr int kSm90ForwardBlockM = 128;
+constexpr int Sm90ForwardBlockM(int head_dim) {
+  // 64: three warpgroups (192 rows, FlashAttention-3's choice): each K/V tile serves 1.5x the
+  // rows (the hdim-64 kernel moves the most K/V bytes per flop), and a third warpgroup's
+  // softmax overlaps the other two's wgmmas. 168 registers per thread at 384 threads.
+  // 128/256: two warpgroups; O (64/128 floats) leaves no registers for a third.
+  return head_dim <= 64 ? 192 : 128;
+}
 constexpr int Sm90ForwardBlockN(int head_dim) {
-  // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay well under 255,
-  // and shared memory (Q + 2 stages of K and V) is 80/160 KB.
+  // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay under the cap,
+  // and shared memory (Q + 2 stages of K and V) is 88/160 KB.
   // 256: O alone is 128 floats per thread and Q + 2 stages of 128-key K/V would be 320 KB;
   // 64-key tiles keep shared memory at 192 KB and S at 32 floats.
   return head_dim <= 128 ? 128 : 64;
 }
 // Q, two stages of K and V, and 1 KB to align the tiles to the swizzle atoms.
 constexpr int Sm90ForwardSmemBytes(int head_dim) {
-  return (kSm90ForwardBlockM + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
+  return (Sm90ForwardBlockM(head_dim) + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
 }
 
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows
