@@ -79,12 +79,15 @@ constexpr ForwardTiles ForwardTilesFor(int head_dim) {
 // of 64: whole 128-byte swizzle rows), and its tiles: 64 query rows per warpgroup, each
 // S = Q K^T one wgmma of N = block_n keys.
 inline constexpr int kSm90ForwardHeadDims[] = {64, 128, 256};
+#ifndef ATTN_FLASH_SM90_HDIM64_ROWS
+#define ATTN_FLASH_SM90_HDIM64_ROWS 192  // benchmark-only switch (128: two warpgroups)
+#endif
 constexpr int Sm90ForwardBlockM(int head_dim) {
   // 64: three warpgroups (192 rows, FlashAttention-3's choice): each K/V tile serves 1.5x the
   // rows (the hdim-64 kernel moves the most K/V bytes per flop), and a third warpgroup's
   // softmax overlaps the other two's wgmmas. 168 registers per thread at 384 threads.
   // 128/256: two warpgroups; O (64/128 floats) leaves no registers for a third.
-  return head_dim <= 64 ? 192 : 128;
+  return head_dim <= 64 ? ATTN_FLASH_SM90_HDIM64_ROWS : 128;
 }
 constexpr int Sm90ForwardBlockN(int head_dim) {
   // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay under the cap,
