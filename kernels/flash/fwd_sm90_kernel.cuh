@@ -197,15 +197,15 @@ class FwdSm90BlockRunner {
     ptx::WaitAsyncGroups<Sm80, 0>();
     ptx::FenceProxyAsyncShared();
     __syncthreads();
-    float s[T::kSTiles][4];
-    ptx::WgmmaFence();
-    IssueScores(s, n);
-    if constexpr (kPv) IssuePV(p, n + 1);
-    // The copies are issued while the tensor cores work (they touch neither operand).
     if (n > block_.n_begin) LoadKeyTile(KSmem(n - 1), args_.k, n - 1);
     LoadKeyTile(VSmem(n), args_.v, n);
     ptx::CommitAsyncGroup<Sm80>();
+
+    float s[T::kSTiles][4];
+    ptx::WgmmaFence();
+    IssueScores(s, n);
     if constexpr (kPv) {
+      IssuePV(p, n + 1);
       ptx::WgmmaWait<1>(s);
     } else {
       ptx::WgmmaWait<0>(s);
@@ -354,8 +354,8 @@ __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
 
   // Highest query blocks first: under causal masking they carry the most key tiles. (Ordering
   // all heads and sequences of one block index together instead, so that long sequences start
-  // first in varlen batches, measured 10-20% slower on equal lengths: neighbouring CTAs then
-  // read different K/V and L2 stops serving them.)
+  // first in varlen batches, measured up to 20% slower on equal lengths: neighbouring CTAs then
+  // read different K/V and L2 stops serving them; NOTES.md.)
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
