@@ -13,7 +13,9 @@ compute_capability 75 (fp16, head dim 64 rows only), beside our sm80 path on the
 inputs and PyTorch's memory-efficient attention (the kernel PyTorch runs on Turing).
 
 Several --lib give one column per build (e.g. tile-size variants); the first is "ours" in the
-ratio columns. Prints a markdown table; --markdown also writes it to FILE.
+ratio columns. NAME=PATH@CC runs that library's code path for compute capability CC (e.g.
+ours-sm80=PATH@80 times the sm80 kernel on a Hopper GPU beside the sm90 one). Prints a markdown
+table; --markdown also writes it to FILE.
 """
 
 import argparse
@@ -297,7 +299,8 @@ def table(rows, names, kind="fwd"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", action="append", default=[],
-                        help="NAME=PATH of a libattn_capi.so (default: ours=<found>)")
+                        help="NAME=PATH[@CC] of a libattn_capi.so, optionally run as compute "
+                             "capability CC (default: ours=<found>)")
     parser.add_argument("--backward", action="store_true",
                         help="time the backward (dq, dk, dv) instead of the forward")
     parser.add_argument("--warmup", type=int, default=5)
@@ -318,7 +321,8 @@ def main():
     libs = {}
     for spec in specs:
         name, _, path = spec.partition("=")
-        libs[name] = attn_capi.AttnLibrary(path).family("flash")
+        path, _, cc = path.partition("@")
+        libs[name] = attn_capi.AttnLibrary(path).family("flash", int(cc or 0))
     head_dims = {int(x) for x in args.head_dims.split(",")}
 
     rows = []

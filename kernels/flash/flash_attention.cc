@@ -47,6 +47,12 @@ constexpr BackwardKernelEntry kBackwardKernels[] = {
 #include "kernels/flash/instantiations/bwd_kernel_table.inc"
 };
 
+// The Hopper (sm90, wgmma) forward kernels this build holds (ATTN_HEAD_DIMS of 64, 128, 256,
+// when it targets sm_90), ascending head dim, then a sentinel that matches no head dim.
+constexpr KernelEntry kSm90Kernels[] = {
+#include "kernels/flash/instantiations/sm90_kernel_table.inc"
+    {0, nullptr, nullptr}};
+
 struct TuringKernelEntry {
   int head_dim;
   LaunchFn forward;  // fp16
@@ -75,6 +81,15 @@ const KernelEntry* FindKernel(int head_dim) {
 const BackwardKernelEntry* FindBackwardKernel(int head_dim) {
   for (const BackwardKernelEntry& entry : kBackwardKernels) {
     if (entry.head_dim >= head_dim) return &entry;
+  }
+  return nullptr;
+}
+
+// The sm90 forward for exactly `head_dim` (the sm80 kernel's instantiated head dim, so both
+// paths pad the same way), or null: head dims without one run the sm80 kernel.
+const KernelEntry* FindSm90Kernel(int head_dim) {
+  for (const KernelEntry& entry : kSm90Kernels) {
+    if (entry.head_dim == head_dim) return &entry;
   }
   return nullptr;
 }
@@ -188,6 +203,7 @@ std::string CcName(int cc) { return std::to_string(cc / 10) + "." + std::to_stri
 // 7.5-7.9: the Turing kernels (fp16, head_dim <= 64); below 7.5, or above what the device is
 // (a newer path cannot run on an older GPU): an error.
 struct Target {
+  int compute_capability;  // effective: the path's, not necessarily the device's
   bool turing;
   DeviceInfo device;
   // Shared memory a block may use: the device's opt-in limit, or less when an older
@@ -214,6 +230,7 @@ KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim
                       ? " (device " + std::to_string(target->device.device) + ")"
                       : std::string()));
   }
+  target->compute_capability = cc;
   target->turing = cc < Sm80::kComputeCapability;
   target->smem_limit = target->device.smem_optin;
   if (const int arch_limit = SharedMemoryPerBlockOf(cc);
@@ -314,6 +331,17 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = ForwardSmemBytes<Sm80>(kernel_head_dim);
+    // Hopper: the wgmma kernel where one is built for this head dim and fits the block's shared
+    // memory (every feature is supported there); otherwise the sm80 kernel. Its sm_90a code runs
+    // on compute capability 9.x devices only (arch-specific features are not forward
+    // compatible), so newer GPUs keep the sm80 kernel.
+    const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
+    if (target.compute_capability >= Sm90::kComputeCapability &&
+        target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 && sm90 != nullptr &&
+        Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit) {
+      launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
+      smem = Sm90ForwardSmemBytes(kernel_head_dim);
+    }
   }
   if (s.total_q == 0) return KernelStatus::Ok();
   if (s.batch == 0) return Error("total_q > 0 needs batch > 0");

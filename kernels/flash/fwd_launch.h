@@ -21,4 +21,10 @@ struct FwdGrid {
 template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchForward(const FwdKernelArgs& args, const FwdGrid& grid, cudaStream_t stream);
 
+// The Hopper (sm_90a, wgmma) forward for kHeadDim >= args.head_dim (kSm90ForwardHeadDims); the
+// same contract. Built only when the build targets sm_90 (ATTN_FLASH_SM90).
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchForwardSm90(const FwdKernelArgs& args, const FwdGrid& grid,
+                               cudaStream_t stream);
+
 }  // namespace attnserve::kernels::flash

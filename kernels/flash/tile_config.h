@@ -75,6 +75,33 @@ constexpr ForwardTiles ForwardTilesFor(int head_dim) {
   }
 }
 
+// Hopper (sm_90a) forward (fwd_sm90_kernel.cuh): the head dims with an instantiation (multiples
+// of 64: whole 128-byte swizzle rows), and its tiles: 64 query rows per warpgroup, each
+// S = Q K^T one wgmma of N = block_n keys.
+inline constexpr int kSm90ForwardHeadDims[] = {64, 128, 256};
+// Benchmark-only switch: 192 query rows (three warpgroups, FlashAttention-3's hdim-64 tile) at
+// head dim 64. Measured with another block order (NOTES.md): +3-9% on long non-causal rows, -11%
+// on 32x512 causal, not yet measured in the shipped configuration, so off by default.
+#ifndef ATTN_FLASH_SM90_HDIM64_ROWS
+#define ATTN_FLASH_SM90_HDIM64_ROWS 128
+#endif
+constexpr int Sm90ForwardBlockM(int head_dim) {
+  // Two warpgroups of 64 rows: O (32/64/128 floats at head dim 64/128/256) plus S and P leave
+  // no registers for a third at 128 and 256 (168 per thread at 384 threads).
+  return head_dim <= 64 ? ATTN_FLASH_SM90_HDIM64_ROWS : 128;
+}
+constexpr int Sm90ForwardBlockN(int head_dim) {
+  // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay under the cap,
+  // and shared memory (Q + 2 stages of K and V) is 80/160 KB.
+  // 256: O alone is 128 floats per thread and Q + 2 stages of 128-key K/V would be 320 KB;
+  // 64-key tiles keep shared memory at 192 KB and S at 32 floats.
+  return head_dim <= 128 ? 128 : 64;
+}
+// Q, two stages of K and V, and 1 KB to align the tiles to the swizzle atoms.
+constexpr int Sm90ForwardSmemBytes(int head_dim) {
+  return (Sm90ForwardBlockM(head_dim) + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
+}
+
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows
 // each), every row padded by one 16-byte vector so ldmatrix reads are bank-conflict free.
 constexpr int ForwardSmemRowBytes(int head_dim) { return (head_dim + kHeadDimGranule) * 2; }

@@ -3,8 +3,10 @@
 Each case draws fresh random inputs, poisons out/lse with NaN, and checks against a float64
 reference: ||out - ref|| / ||ref|| must be within 2x PyTorch's own fp16/bf16 attention error on
 the same inputs (plus a small floor) and under an absolute cap; lse within 2e-3; rows that see
-no key exactly 0 with lse +inf. Needs torch with CUDA and a built libattn_capi.so
-($ATTN_CAPI or build-gpu/lib/); skipped otherwise.
+no key exactly 0 with lse +inf. On a GPU newer than sm80 every case runs both the device's own
+code path (on Hopper the sm90 wgmma kernel for head dims 64/128/256 and those rounded up to
+them) and the sm80 kernel as an A100 would (compute_capability 80). Needs torch with CUDA and a
+built libattn_capi.so ($ATTN_CAPI or build-gpu/lib/); skipped otherwise.
 
 Seed: $ATTN_TEST_SEED (default: random, printed in pytest's header) fixes every case's inputs.
 """
@@ -23,6 +25,10 @@ from capi_library import KernelError, load_family  # noqa: E402
 from oracle import Options, pytorch_low_precision, reference, relative_error  # noqa: E402
 
 LIB = load_family("flash")
+# The forward as the device runs it, and on newer GPUs also the sm80 path as an A100 would.
+FORWARD_LIBS = [("device", LIB)]
+if torch.cuda.get_device_capability() > (8, 0):
+    FORWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
 
 BASE_SEED = int(os.environ["ATTN_TEST_SEED"])  # conftest.py draws one when unset
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -69,12 +75,12 @@ def _cumsum(xs):
         yield total
 
 
-def run_flash(q, k, v, cu_q, cu_k, opts):
+def run_flash(q, k, v, cu_q, cu_k, opts, lib=LIB):
     lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
     lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
     out = torch.full_like(q, math.nan)
     lse = torch.full((q.shape[1], q.shape[0]), math.nan, dtype=torch.float32, device="cuda")
-    LIB.forward(q, k, v, cu_q.cuda(), cu_k.cuda(), max(lens_q, default=0),
+    lib.forward(q, k, v, cu_q.cuda(), cu_k.cuda(), max(lens_q, default=0),
                 max(lens_k, default=0), softmax_scale=opts.scale(q.shape[2]),
                 causal=opts.causal, window=(opts.window_left, opts.window_right),
                 softcap=opts.softcap, out=out, lse=lse, cu_seqlens_q_host=cu_q,
@@ -84,22 +90,26 @@ def run_flash(q, k, v, cu_q, cu_k, opts):
 
 
 def check(q, k, v, cu_q, cu_k, opts):
-    out, lse = run_flash(q, k, v, cu_q, cu_k, opts)
     ref_out, ref_lse, seen = reference(q, k, v, cu_q, cu_k, opts)
-    assert not out.isnan().any(), "out has unwritten (NaN) elements"
-    assert not lse.isnan().any(), "lse has unwritten (NaN) elements"
-    # Rows that see no key: exactly 0 and +inf.
-    assert (out[~seen] == 0).all(), "rows without keys must be 0"
-    assert torch.isposinf(lse[:, ~seen]).all(), "rows without keys must have lse +inf"
-    if not seen.any():
-        return
-    assert torch.isfinite(lse[:, seen]).all()
-    lse_err = (lse[:, seen].double() - ref_lse[:, seen]).abs().max().item()
-    assert lse_err <= LSE_TOL, f"lse error {lse_err:.3g}"
-    ours = relative_error(out, ref_out)
-    theirs = relative_error(pytorch_low_precision(q, k, v, cu_q, cu_k, opts), ref_out)
-    bound = min(2 * theirs + ERROR_FLOOR[q.dtype], ERROR_CAP[q.dtype])
-    assert ours <= bound, f"rel error {ours:.3g} > {bound:.3g} (PyTorch's: {theirs:.3g})"
+    theirs = None
+    for path, lib in FORWARD_LIBS:
+        out, lse = run_flash(q, k, v, cu_q, cu_k, opts, lib)
+        assert not out.isnan().any(), f"{path}: out has unwritten (NaN) elements"
+        assert not lse.isnan().any(), f"{path}: lse has unwritten (NaN) elements"
+        # Rows that see no key: exactly 0 and +inf.
+        assert (out[~seen] == 0).all(), f"{path}: rows without keys must be 0"
+        assert torch.isposinf(lse[:, ~seen]).all(), f"{path}: rows without keys must have lse +inf"
+        if not seen.any():
+            continue
+        assert torch.isfinite(lse[:, seen]).all(), path
+        lse_err = (lse[:, seen].double() - ref_lse[:, seen]).abs().max().item()
+        assert lse_err <= LSE_TOL, f"{path}: lse error {lse_err:.3g}"
+        ours = relative_error(out, ref_out)
+        if theirs is None:
+            theirs = relative_error(pytorch_low_precision(q, k, v, cu_q, cu_k, opts), ref_out)
+        bound = min(2 * theirs + ERROR_FLOOR[q.dtype], ERROR_CAP[q.dtype])
+        assert ours <= bound, (
+            f"{path}: rel error {ours:.3g} > {bound:.3g} (PyTorch's: {theirs:.3g})")
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -158,8 +168,9 @@ def test_large_scores_stay_finite(request, head_dim):
 
 def test_no_keys_anywhere(request):
     q, k, v, cu_q, cu_k = make_inputs(request, [3, 200], [0, 0], 2, 1, 64, torch.float16)
-    out, lse = run_flash(q, k, v, cu_q, cu_k, Options())
-    assert (out == 0).all() and torch.isposinf(lse).all()
+    for path, lib in FORWARD_LIBS:
+        out, lse = run_flash(q, k, v, cu_q, cu_k, Options(), lib)
+        assert (out == 0).all() and torch.isposinf(lse).all(), path
 
 
 def test_batch_zero():
@@ -173,8 +184,9 @@ def test_batch_zero():
 
 def test_empty_sequences_only(request):
     q, k, v, cu_q, cu_k = make_inputs(request, [0, 0, 0], [0, 4, 0], 2, 2, 64, torch.bfloat16)
-    out, lse = run_flash(q, k, v, cu_q, cu_k, Options(causal=True))
-    assert out.numel() == 0 and lse.numel() == 0
+    for path, lib in FORWARD_LIBS:
+        out, lse = run_flash(q, k, v, cu_q, cu_k, Options(causal=True), lib)
+        assert out.numel() == 0 and lse.numel() == 0, path
 
 
 def test_side_stream(request):

@@ -1,0 +1,42 @@
+// Compile-time geometry of one Hopper (sm_90a) flash forward kernel (element type x head dim):
+// 64-row warpgroups (two or three per CTA), the key-tile size from the heuristic, and the shared-memory
+// layout (Q, then two stages of K and V, all 128-byte swizzled for wgmma).
+#pragma once
+
+#include "kernels/attention_params.h"
+#include "kernels/flash/fwd_traits.cuh"
+#include "kernels/flash/tile_config.h"
+
+namespace attnserve::kernels::flash {
+
+template <DType kDType, int kHeadDim_>
+struct FwdSm90Traits {
+  using Element = typename ElementOf<kDType>::type;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Sm90ForwardBlockM(kHeadDim);
+  static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim);
+  static constexpr int kWarpgroups = kBlockM / 64;
+  static constexpr int kThreads = kWarpgroups * 128;
+
+  static constexpr int kSTiles = kBlockN / 8;     // 8-column tiles of S per warp
+  static constexpr int kOTiles = kHeadDim / 8;    // 8-column tiles of O per warp
+  static constexpr int kQkSteps = kHeadDim / 16;  // k16 steps of S = Q K^T
+  static constexpr int kPvSteps = kBlockN / 16;   // k16 steps of O += P V
+
+  static constexpr int kVecElems = 16 / sizeof(Element);
+  static constexpr int kRowVecs = kHeadDim / kVecElems;
+  static constexpr int kQSmemBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKvSmemBytes = kBlockN * kHeadDim * 2;  // one K or V tile
+  static constexpr int kSmemBytes = Sm90ForwardSmemBytes(kHeadDim);
+
+  static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
+  static_assert(kHeadDim % 64 == 0, "head dim: whole 128-byte swizzle rows (64 elements)");
+  static_assert(kBlockM % 64 == 0, "block rows: whole 64-row warpgroups");
+  static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "key tile: a wgmma N of 64..256");
+  static_assert(kHeadDim <= 256, "P V: one wgmma N of at most 256");
+  static_assert(kQSmemBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
+                "every tile starts 1024-byte aligned (swizzle atoms)");
+  static_assert(kSmemBytes == kQSmemBytes + 4 * kKvSmemBytes + 1024, "shared memory layout");
+};
+
+}  // namespace attnserve::kernels::flash

@@ -1,0 +1,56 @@
+// Hopper (sm_90a) instructions of the sm90 forward beside the wgmma wrappers (ptx_wgmma.cuh):
+// warpgroup fences and group bookkeeping, shared-memory matrix descriptors, and the proxy fence
+// that makes ordinary (cp.async) shared-memory writes visible to the tensor cores' async proxy.
+// Only code compiled for sm_90a may call these (the sm90 instantiations guard their bodies).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/flash/ptx_wgmma.cuh"
+
+namespace attnserve::kernels::flash::ptx {
+
+// Orders this warpgroup's register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+// Closes the group of wgmma instructions issued since the last commit.
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Waits until at most kPending committed wgmma groups of this warpgroup are in flight. The
+// accumulators of every completed group may be read afterwards; `regs` lists them so the
+// compiler cannot move their uses above the wait.
+template <int kPending, int kRows, int kCols>
+__device__ __forceinline__ void WgmmaWait(float (&regs)[kRows][kCols]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) asm volatile("" : "+f"(regs[i][j])::"memory");
+  }
+}
+
+// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async once waited for)
+// visible to later async-proxy reads (wgmma operands); a barrier then publishes them.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Shared-memory matrix descriptor of wgmma with the 128-byte swizzle (layout type 1, bits
+// 62-63): start address, leading and stride byte offsets, each in 16-byte units (14 bits). The
+// swizzle pattern is taken from address bits, so every 8-row x 128-byte atom must start
+// 1024-byte aligned (base offset 0).
+//   K-major (rows of 64 16-bit elements along K): the stride byte offset steps 8-row groups
+//   (1024 bytes); the leading offset is unused (one k16 step stays inside a 128-byte row).
+//   MN-major: 64 elements along M/N per 128-byte row, K rows 128 bytes apart; the stride byte
+//   offset steps 8-row K groups, the leading byte offset the next 64 elements along M/N.
+__device__ __forceinline__ uint64_t MatrixDescriptor128B(uint32_t smem, uint32_t leading_bytes,
+                                                         uint32_t stride_bytes) {
+  return uint64_t{(smem & 0x3ffffu) >> 4} | (uint64_t{(leading_bytes >> 4) & 0x3fffu} << 16) |
+         (uint64_t{(stride_bytes >> 4) & 0x3fffu} << 32) | (uint64_t{1} << 62);
+}
+
+}  // namespace attnserve::kernels::flash::ptx
