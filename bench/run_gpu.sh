@@ -107,8 +107,7 @@ if ((run_bench && run_fwd_bench)); then
     --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 fi
 if ((run_bench && run_bwd_bench)); then
-  # The backward kernels stop at head dim 128.
-  python3 bench/bench_flash.py --backward --head-dims 64,128 --lib "ours=$ATTN_CAPI" \
+  python3 bench/bench_flash.py --backward --head-dims 64,128,192,256 --lib "ours=$ATTN_CAPI" \
     "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if ((run_tests)); then

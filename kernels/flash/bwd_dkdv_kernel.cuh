@@ -114,9 +114,9 @@ __device__ __forceinline__ void AccumulateDqAtomic(float* dq_accum, int64_t row_
 }
 
 // One CTA's work; the kernel below is this, or a trap where the path's instructions don't exist.
-template <class Arch, DType kDType, int kHeadDim, int kWarps, bool kAtomicDq>
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
 __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) {
-  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>;
+  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>;
   static_assert(T::kDsBuffers == T::kStages, "one dS^T tile per stage");
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
@@ -378,11 +378,11 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
       len_k - warp_key_first, vecs_valid, lane);
 }
 
-template <class Arch, DType kDType, int kHeadDim, int kWarps, bool kAtomicDq>
-__global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>::kThreads)
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
+__global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>::kThreads)
     FlashBackwardDkDvKernel(const __grid_constant__ BwdKernelArgs args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashBackwardDkDvCta<Arch, kDType, kHeadDim, kWarps, kAtomicDq>(args);
+    FlashBackwardDkDvCta<Arch, kDType, kHeadDim, kWide, kAtomicDq>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

@@ -1,19 +1,21 @@
-// The dK/dV kernel in FlashAttention-2's warp layout (Sm80, head dims 64 and 128): one CTA per
-// (128-key block, kv head, sequence), 8 warps; query tiles of M rows (Q, dO, lse, D; M = 128 at
-// head dim 64, 64 at 128) stream through two cp.async stages. Warp w owns keys 32 (w / 2) .. +31
-// and, per phase:
-//   A (scores):   S^T and dP^T for its 32 keys x query half w % 2 (32 x M/2 tiles), then P^T
+// The dK/dV kernel in FlashAttention-2's warp layout (Sm80, head dims 64, 128, 192, 256): one
+// CTA per (N-key block, kv head, sequence), 8 warps; query tiles of M rows (Q, dO, lse, D) stream
+// through two cp.async stages (one in the narrow variant at 192/256). N x M = 128 x 128 at head
+// dim 64, 128 x 64 at 128, 64 x 64 at 192/256. With P = 8 / (N / 32) warps per 32 keys, warp w
+// owns keys 32 (w / P) .. +31 and, per phase:
+//   A (scores):   S^T and dP^T for its 32 keys x query part w % P (32 x M/P tiles), then P^T
 //                 and dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap] rounded into shared
 //                 memory ([key][query] tiles);
-//   C (products): dV += P^T dO and dK += dS^T Q for its 32 keys x head-dim half w % 2, and
-//                 (atomic mode) dQ = dS K for 32 query rows x 1/(8 / (M/32)) of the head dim,
-//                 added to the float32 workspace with v4 reductions.
+//   C (products): dV += P^T dO and dK += dS^T Q for its 32 keys x head-dim part w % P (dK + dV:
+//                 2 x 32 x d / P floats per warp, 128 at head dims 128 and 256), and (atomic
+//                 mode) dQ = dS K for 32 query rows x 1/(8 / (M/32)) of the head dim, added to
+//                 the float32 workspace with v4 reductions.
 // Against 16 keys x 64 queries per warp (bwd_dkdv_kernel.cuh) every fragment read from shared
 // memory feeds two to four times the products (ldmatrix wavefronts were what limited it: nsight
 // compute showed both it and FlashAttention-2 at ~69% of L1 throughput, ours moving 1.4x the
 // wavefronts per flop). Two barriers per tile: after phase A (P^T and dS^T complete) and before
 // the next tile's phase A (this tile's stage and P^T / dS^T free; the next stage, issued right
-// after it, lands under A and C).
+// after it, lands under A and C). With one stage a third barrier waits for the tile's loads.
 #pragma once
 
 #include <cmath>
@@ -27,24 +29,41 @@
 
 namespace attnserve::kernels::flash {
 
-template <class Arch, DType kDType, int kHeadDim, int kWarps, bool kAtomicDq>
+// (Benchmark builds may define ATTN_FLASH_BWD_SPLIT_SCORES=0 to compare with 32 x 16 score
+// tiles per warp at head dims 192/256.)
+#ifndef ATTN_FLASH_BWD_SPLIT_SCORES
+#define ATTN_FLASH_BWD_SPLIT_SCORES 1
+#endif
+
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
 __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& args) {
-  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>;
+  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>;
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
   constexpr int kDsRowBytes = T::kDsRowBytes;
-  constexpr int kBlockN = T::kResidentRows;  // 128 keys
+  constexpr int kBlockN = T::kResidentRows;  // 64 or 128 keys
   constexpr int kBlockM = T::kStreamRows;    // 64 or 128 queries
-  static_assert(T::kWarps == 8 && kBlockN == 128 && (kBlockM == 64 || kBlockM == 128),
-                "8 warps, 128 x 64 or 128 x 128 tiles");
-  static_assert(T::kStages == 2 && T::kDsBuffers == 2, "two stages; P^T and dS^T tiles");
+  static_assert(T::kWarps == 8 && (kBlockN == 64 || kBlockN == 128) &&
+                    (kBlockM == 64 || kBlockM == 128),
+                "8 warps, 128 x 64, 128 x 128 or 64 x 64 tiles");
+  static_assert(T::kDsBuffers == 2, "P^T and dS^T tiles");
   constexpr int kKeyTiles = 2;                    // 32 keys per warp
-  constexpr int kHalfM = kBlockM / 2;             // queries per warp (phase A)
-  constexpr int kQTiles = kHalfM / 8;
-  constexpr int kDHalfTiles = T::kDTiles / 2;     // head-dim half (phase C)
+  constexpr int kParts = 8 / (kBlockN / 32);      // warps sharing 32 keys
+  // Phase A with 64-key blocks: 32 x 16 score tiles per warp read 0.75 fragments per mma;
+  // splitting S^T (warps 0-3) from dP^T (warps 4-7) gives each warp a 32 x 32 tile (0.5).
+  constexpr bool kSplitScores = ATTN_FLASH_BWD_SPLIT_SCORES && kBlockN == 64;
+  constexpr int kAWarpM = kSplitScores ? 32 : kBlockM / kParts;  // queries per warp (phase A)
+  constexpr int kAQTiles = kAWarpM / 8;
+  constexpr int kDPartTiles = T::kDTiles / kParts;  // head-dim part (phase C)
   constexpr int kDqRowParts = kBlockM / 32;       // dQ: 32 query rows x 1 / (8 / parts) of d
   constexpr int kDqColTiles = T::kDTiles * kDqRowParts / 8;
-  static_assert(kDqColTiles % 2 == 0, "dQ: pairs of 8-column tiles per warp");
+  // dQ columns per pass: at most 32 accumulators beside dK and dV where that divides evenly (at
+  // head dim 256: 64 spill); at 192 all 6 tiles at once, but 2 per pass with one stage (6 spill
+  // there).
+  constexpr int kDqChunkTiles =
+      kDqColTiles % 4 == 0 ? 4 : (T::kStages == 2 ? kDqColTiles : 2);
+  static_assert(kAQTiles % 2 == 0 && kDPartTiles % 2 == 0 && kDqChunkTiles % 2 == 0,
+                "pairs of 8-column tiles per warp");
   extern __shared__ __align__(16) unsigned char smem[];
   const FwdKernelArgs& f = args.fwd;
 
@@ -71,8 +90,11 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
   const int lane = tid % 32;
   const int group = lane / 4;
   const int quad_lane = lane % 4;
-  const int key_part = warp / 2;  // keys 32 key_part .. +31 (A, C); dQ column quarter
-  const int half = warp % 2;      // query half (A), head-dim half (C), dQ row half
+  const int key_part = warp / kParts;  // keys 32 key_part .. +31 (C)
+  const int part = warp % kParts;      // head-dim part (C)
+  // Phase A: the same split, or (kSplitScores) warps 0-3 S^T, 4-7 dP^T for 32 x 32 each.
+  const int a_key_part = kSplitScores ? (warp % 4) / 2 : key_part;
+  const int a_part = kSplitScores ? warp % 2 : part;
   const int vecs_valid = f.head_dim / T::kVecElems;
   const uint32_t k_smem = ptx::SharedAddress(smem);
   const uint32_t v_smem = k_smem + T::kResidentTileBytes;
@@ -81,9 +103,9 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
   const uint32_t ds_smem = p_smem + T::kDsBytes;                     // dS^T [key][query]
   const FragOffsets frag = FragOffsets::For<kRowBytes>(lane);
   const FragOffsets frag_ds = FragOffsets::For<kDsRowBytes>(lane);
-  const int warp_key_first = key_first + key_part * 32;
-  const uint32_t k_rows = k_smem + key_part * 32 * kRowBytes;
-  const uint32_t v_rows = v_smem + key_part * 32 * kRowBytes;
+  const int warp_key_first = key_first + a_key_part * 32;
+  const uint32_t k_rows = k_smem + a_key_part * 32 * kRowBytes;
+  const uint32_t v_rows = v_smem + a_key_part * 32 * kRowBytes;
 
   const int64_t kv_offset = (int64_t{k_begin} + key_first) * f.kv_row_stride +
                             int64_t{kv_head} * f.head_dim;
@@ -121,12 +143,12 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
     }
   };
 
-  float dk[kKeyTiles][kDHalfTiles][4];
-  float dv[kKeyTiles][kDHalfTiles][4];
+  float dk[kKeyTiles][kDPartTiles][4];
+  float dv[kKeyTiles][kDPartTiles][4];
 #pragma unroll
   for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-    for (int dt = 0; dt < kDHalfTiles; ++dt) {
+    for (int dt = 0; dt < kDPartTiles; ++dt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         dk[mt][dt][e] = 0.0f;
@@ -140,202 +162,338 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
   const float exp2_scale = f.exp2_scale;
   const float lse2_scale = args.lse_log2_scale;
   for (int it = 0; it < iters; ++it) {
-    // Stage `it` (and K, V) landed for this thread; the barrier publishes it and frees the
-    // other stage and the P^T / dS^T tiles (every warp finished the previous tile's phase C).
-    ptx::WaitAsyncGroups<Arch, 0>();
-    __syncthreads();
-    if (it + 1 < iters) load_stage(it + 1);
-    ptx::CommitAsyncGroup<Arch>();
+    if constexpr (T::kStages == 2) {
+      // Stage `it` (and K, V) landed for this thread; the barrier publishes it and frees the
+      // other stage and the P^T / dS^T tiles (every warp finished the previous tile's phase C).
+      ptx::WaitAsyncGroups<Arch, 0>();
+      __syncthreads();
+      if (it + 1 < iters) load_stage(it + 1);
+      ptx::CommitAsyncGroup<Arch>();
+    } else {
+      // One stage: once every warp finished the previous tile's phase C (barrier), tile `it`
+      // goes into the stage; the second barrier publishes it.
+      if (it > 0) {
+        __syncthreads();
+        load_stage(it);
+        ptx::CommitAsyncGroup<Arch>();
+      }
+      ptx::WaitAsyncGroups<Arch, 0>();
+      __syncthreads();
+    }
 
     const int row0 = (m_begin + it % m_count) * kBlockM;
     const uint32_t q_st = stage_smem + (it % T::kStages) * T::kStageBytes;
     const uint32_t do_st = q_st + T::kStreamTileBytes;
     const float* lse_st =
         reinterpret_cast<const float*>(smem + (q_st - k_smem) + 2 * T::kStreamTileBytes) +
-        half * kHalfM;
+        a_part * kAWarpM;
     const float* d_st = lse_st + kBlockM;
 
-    // Phase A. S^T = K Q^T for 32 keys x 32 queries.
-    float s[kKeyTiles][kQTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
-      }
-    }
-    WarpGemmABtM<Arch, Element, kKeyTiles, kQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
-        s, k_rows + frag.a, q_st + half * kHalfM * kRowBytes + frag.b);
-    if (f.softcap) {
+    const uint32_t key_rows_ds = (key_part * 32) * kDsRowBytes + frag_ds.a;
+    const uint32_t d_cols = part * kDPartTiles * T::kMmaN * 2;
+    auto accumulate_dv = [&] {
+      WarpGemmSmemAB<Arch, Element, kKeyTiles, kDPartTiles, kBlockM / T::kMmaK, kDsRowBytes,
+                     kRowBytes, false>(dv, p_smem + key_rows_ds, do_st + frag.a + d_cols);
+    };
+    auto accumulate_dk = [&] {
+      WarpGemmSmemAB<Arch, Element, kKeyTiles, kDPartTiles, kBlockM / T::kMmaK, kDsRowBytes,
+                     kRowBytes, false>(dk, ds_smem + key_rows_ds, q_st + frag.a + d_cols);
+    };
+    if constexpr (!kSplitScores) {
+      // Phase A. S^T = K Q^T for 32 keys x kAWarpM queries.
+      float s[kKeyTiles][kAQTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt) {
+        for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[mt][nt][e] = ptx::Tanh(s[mt][nt][e] * f.softcap_input_scale);
-          }
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
         }
       }
-    }
-    // Element-wise masking only where the warp's 32 x 32 tile crosses a mask edge or the end
-    // of the keys (warp-uniform).
-    const int q_first = row0 + half * kHalfM;
-    const bool mask = warp_key_first + 32 > len_k ||
-                      warp_key_first + 31 > q_first + offset + f.window_right ||
-                      warp_key_first < q_first + kHalfM - 1 + offset - f.window_left;
-    if (mask) {
+      WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
+          s, k_rows + frag.a, q_st + a_part * kAWarpM * kRowBytes + frag.b);
+      if (f.softcap) {
 #pragma unroll
-      for (int mt = 0; mt < kKeyTiles; ++mt) {
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = warp_key_first + mt * 16 + group + 8 * h;
-          const int base = q_first + 2 * quad_lane;
-          const int lo = key - offset - f.window_right - base;
-          const int hi = key < len_k ? key - offset + f.window_left - base : -1;
+          for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
-          for (int nt = 0; nt < kQTiles; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = nt * T::kMmaN + e;
-              if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
+            for (int e = 0; e < 4; ++e) {
+              s[mt][nt][e] = ptx::Tanh(s[mt][nt][e] * f.softcap_input_scale);
             }
           }
         }
       }
-    }
-    // P^T = exp2(S^T c - lse log2 e): in place without softcap; with it s keeps tanh for the
-    // chain rule and P^T is recomputed for dS^T. Rounded into the P^T tile.
-    const uint32_t pt_offset =
-        (key_part * 32 + group) * kDsRowBytes + (half * kHalfM + 2 * quad_lane) * 2;
-    auto store_tile = [&](uint32_t tile, const float (&x)[kKeyTiles][kQTiles][4]) {
+      // Element-wise masking only where the warp's 32 x kAWarpM tile crosses a mask edge or the
+      // end of the keys (warp-uniform).
+      const int q_first = row0 + a_part * kAWarpM;
+      const bool mask = warp_key_first + 32 > len_k ||
+                        warp_key_first + 31 > q_first + offset + f.window_right ||
+                        warp_key_first < q_first + kAWarpM - 1 + offset - f.window_left;
+      if (mask) {
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int key = warp_key_first + mt * 16 + group + 8 * h;
+            const int base = q_first + 2 * quad_lane;
+            const int lo = key - offset - f.window_right - base;
+            const int hi = key < len_k ? key - offset + f.window_left - base : -1;
+#pragma unroll
+            for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int c = nt * T::kMmaN + e;
+                if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
+              }
+            }
+          }
+        }
+      }
+      // P^T = exp2(S^T c - lse log2 e): in place without softcap; with it s keeps tanh for the
+      // chain rule and P^T is recomputed for dS^T. Rounded into the P^T tile.
+      const uint32_t pt_offset =
+          (a_key_part * 32 + group) * kDsRowBytes + (a_part * kAWarpM + 2 * quad_lane) * 2;
+      auto store_tile = [&](uint32_t tile, const float (&x)[kKeyTiles][kAQTiles][4]) {
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              ptx::StoreShared32(tile + pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16,
+                                 ptx::PackPair<Element>(x[mt][nt][2 * h], x[mt][nt][2 * h + 1]));
+            }
+          }
+        }
+      };
+      auto exp_tile = [&](float (&out)[kKeyTiles][kAQTiles][4],
+                          const float (&in)[kKeyTiles][kAQTiles][4]) {
+#pragma unroll
+        for (int nt = 0; nt < kAQTiles; ++nt) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * quad_lane);
+#pragma unroll
+          for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              out[mt][nt][e] = ptx::Exp2(
+                  fmaf(in[mt][nt][e], exp2_scale, -(e % 2 ? lse.y : lse.x) * lse2_scale));
+            }
+          }
+        }
+      };
+      if (!f.softcap) {
+        exp_tile(s, s);
+        store_tile(p_smem, s);
+      } else {
+        float p[kKeyTiles][kAQTiles][4];
+        exp_tile(p, s);
+        store_tile(p_smem, p);
+      }
+
+      // dP^T = V dO^T, dS^T = P^T (dP^T - D) into the dS^T tile.
+      float dp[kKeyTiles][kAQTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt) {
+        for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            ptx::StoreShared32(tile + pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16,
-                               ptx::PackPair<Element>(x[mt][nt][2 * h], x[mt][nt][2 * h + 1]));
+          for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
+        }
+      }
+      WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
+          dp, v_rows + frag.a, do_st + a_part * kAWarpM * kRowBytes + frag.b);
+      if (!f.softcap) {
+#pragma unroll
+        for (int nt = 0; nt < kAQTiles; ++nt) {
+          const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
+#pragma unroll
+          for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              dp[mt][nt][e] = s[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x));
+            }
+          }
+        }
+      } else {
+        float p[kKeyTiles][kAQTiles][4];
+        exp_tile(p, s);
+#pragma unroll
+        for (int nt = 0; nt < kAQTiles; ++nt) {
+          const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
+#pragma unroll
+          for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float t = s[mt][nt][e];  // -inf where masked: p = 0, the factor clamps to 0
+              dp[mt][nt][e] = p[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x)) *
+                              (1.0f - fminf(t * t, 1.0f));
+            }
           }
         }
       }
-    };
-    auto exp_tile = [&](float (&out)[kKeyTiles][kQTiles][4],
-                        const float (&in)[kKeyTiles][kQTiles][4]) {
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * quad_lane);
-#pragma unroll
-        for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            out[mt][nt][e] = ptx::Exp2(
-                fmaf(in[mt][nt][e], exp2_scale, -(e % 2 ? lse.y : lse.x) * lse2_scale));
-          }
-        }
-      }
-    };
-    if (!f.softcap) {
-      exp_tile(s, s);
-      store_tile(p_smem, s);
+      store_tile(ds_smem, dp);
+      __syncthreads();  // P^T and dS^T of the tile are complete
+      // Phase C. dV += P^T dO, dK += dS^T Q for 32 keys x head-dim part.
+      accumulate_dv();
+      accumulate_dk();
     } else {
-      float p[kKeyTiles][kQTiles][4];
-      exp_tile(p, s);
-      store_tile(p_smem, p);
-    }
-
-    // dP^T = V dO^T, dS^T = P^T (dP^T - D) into the dS^T tile.
-    float dp[kKeyTiles][kQTiles][4];
+      // Phase A, split: warps 0-3 S^T and P^T (and, with softcap, G = P^T (1 - tanh^2)), warps
+      // 4-7 dP^T, each for 32 keys x 32 queries.
+      float dp[kKeyTiles][kAQTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < kKeyTiles; ++mt) {
+      for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
+        for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
+        }
       }
-    }
-    WarpGemmABtM<Arch, Element, kKeyTiles, kQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
-        dp, v_rows + frag.a, do_st + half * kHalfM * kRowBytes + frag.b);
-    if (!f.softcap) {
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
+      const uint32_t pt_offset =
+          (a_key_part * 32 + group) * kDsRowBytes + (a_part * kAWarpM + 2 * quad_lane) * 2;
+      if (warp < 4) {
+        float s[kKeyTiles][kAQTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            dp[mt][nt][e] = s[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x));
+          for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+          }
+        }
+        WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes,
+                     kRowBytes>(s, k_rows + frag.a, q_st + a_part * kAWarpM * kRowBytes + frag.b);
+        if (f.softcap) {
+#pragma unroll
+          for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                s[mt][nt][e] = ptx::Tanh(s[mt][nt][e] * f.softcap_input_scale);
+              }
+            }
+          }
+        }
+        const int q_first = row0 + a_part * kAWarpM;
+        const bool mask = warp_key_first + 32 > len_k ||
+                          warp_key_first + 31 > q_first + offset + f.window_right ||
+                          warp_key_first < q_first + kAWarpM - 1 + offset - f.window_left;
+        if (mask) {
+#pragma unroll
+          for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int key = warp_key_first + mt * 16 + group + 8 * h;
+              const int base = q_first + 2 * quad_lane;
+              const int lo = key - offset - f.window_right - base;
+              const int hi = key < len_k ? key - offset + f.window_left - base : -1;
+#pragma unroll
+              for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const int c = nt * T::kMmaN + e;
+                  if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
+                }
+              }
+            }
+          }
+        }
+        const bool softcap = f.softcap;
+#pragma unroll
+        for (int nt = 0; nt < kAQTiles; ++nt) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * quad_lane);
+#pragma unroll
+          for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float p[2];
+              float g[2];
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float t = s[mt][nt][2 * h + e];  // tanh with softcap; -inf where masked
+                p[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
+                g[e] = p[e] * (1.0f - fminf(t * t, 1.0f));
+              }
+              const uint32_t at = pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16;
+              ptx::StoreShared32(p_smem + at, ptx::PackPair<Element>(p[0], p[1]));
+              if (softcap) ptx::StoreShared32(ds_smem + at, ptx::PackPair<Element>(g[0], g[1]));
+            }
+          }
+        }
+      } else {
+        WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes,
+                     kRowBytes>(dp, v_rows + frag.a,
+                                do_st + a_part * kAWarpM * kRowBytes + frag.b);
+      }
+      __syncthreads();  // P^T (and G) of the tile are complete
+      if (warp >= 4) {
+        // dS^T = G (dP^T - D), G = P^T (rounded; times 1 - tanh^2 with softcap), in place.
+        const uint32_t g_tile = f.softcap ? ds_smem : p_smem;
+#pragma unroll
+        for (int nt = 0; nt < kAQTiles; ++nt) {
+          const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
+#pragma unroll
+          for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t at = pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16;
+              const float2 g = ptx::UnpackPair<Element>(ptx::LoadShared32(g_tile + at));
+              ptx::StoreShared32(ds_smem + at,
+                                 ptx::PackPair<Element>(g.x * (dp[mt][nt][2 * h] - dsum.x),
+                                                        g.y * (dp[mt][nt][2 * h + 1] - dsum.y)));
+            }
           }
         }
       }
-    } else {
-      float p[kKeyTiles][kQTiles][4];
-      exp_tile(p, s);
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
-#pragma unroll
-        for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float t = s[mt][nt][e];  // -inf where masked: p = 0, the factor clamps to 0
-            dp[mt][nt][e] = p[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x)) *
-                            (1.0f - fminf(t * t, 1.0f));
-          }
-        }
-      }
+      // Phase C. dV += P^T dO (P^T is complete), then dK += dS^T Q once dS^T is.
+      accumulate_dv();
+      __syncthreads();  // dS^T of the tile is complete
+      accumulate_dk();
     }
-    store_tile(ds_smem, dp);
-    __syncthreads();  // P^T and dS^T of the tile are complete
-
-    // Phase C. dV += P^T dO, dK += dS^T Q for 32 keys x head-dim half.
-    const uint32_t key_rows_ds = (key_part * 32) * kDsRowBytes + frag_ds.a;
-    WarpGemmSmemAB<Arch, Element, kKeyTiles, kDHalfTiles, kBlockM / T::kMmaK, kDsRowBytes,
-                   kRowBytes, false>(dv, p_smem + key_rows_ds,
-                                     do_st + frag.a + half * kDHalfTiles * T::kMmaN * 2);
-    WarpGemmSmemAB<Arch, Element, kKeyTiles, kDHalfTiles, kBlockM / T::kMmaK, kDsRowBytes,
-                   kRowBytes, false>(dk, ds_smem + key_rows_ds,
-                                     q_st + frag.a + half * kDHalfTiles * T::kMmaN * 2);
     if constexpr (kAtomicDq) {
       // dQ = dS K: query rows 32 (w % parts) .. +31, column part w / parts; dS read transposed.
       const int dq_row0 = (warp % kDqRowParts) * 32;
-      float acc[2][kDqColTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int t = 0; t < kDqColTiles; ++t) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][t][e] = 0.0f;
-        }
-      }
       const int mat = lane / 8;
       const uint32_t a_frag = ds_smem + ((mat / 2) * 8 + lane % 8) * kDsRowBytes +
                               (dq_row0 + (mat % 2) * 8) * 2;
-      const int col0 = (warp / kDqRowParts) * kDqColTiles * T::kMmaN;
-      WarpGemmSmemAB<Arch, Element, 2, kDqColTiles, kBlockN / T::kMmaK, kDsRowBytes,
-                     kRowBytes, true>(acc, a_frag, k_smem + frag.a + col0 * 2);
       const int head = kv_head * f.head_group + it / m_count;
       float* dq = args.dq_accum + (int64_t{q_begin} + row0) * f.q_row_stride +
                   int64_t{head} * f.head_dim;
       const int rows_valid = len_q - row0;
       const bool odd = quad_lane & 1;
+#pragma unroll 1
+      for (int chunk = 0; chunk < kDqColTiles / kDqChunkTiles; ++chunk) {
+        float acc[2][kDqChunkTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const int row = dq_row0 + mt * 16 + group + (odd ? 8 : 0);
-        float* dst = dq + row * f.q_row_stride;
+        for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (int t = 0; t < kDqColTiles; ++t) {
-          // Lanes 2j, 2j+1 of a quad swap halves: one v4 reduction each per 8-column tile.
-          const float y0 = __shfl_xor_sync(0xffffffffu, odd ? acc[mt][t][0] : acc[mt][t][2], 1);
-          const float y1 = __shfl_xor_sync(0xffffffffu, odd ? acc[mt][t][1] : acc[mt][t][3], 1);
-          const int col = col0 + t * T::kMmaN + 4 * (quad_lane / 2);
-          if (row < rows_valid && col < f.head_dim) {
-            if (odd) {
-              ptx::AtomicAddQuad(dst + col, y0, y1, acc[mt][t][2], acc[mt][t][3]);
-            } else {
-              ptx::AtomicAddQuad(dst + col, acc[mt][t][0], acc[mt][t][1], y0, y1);
+          for (int t = 0; t < kDqChunkTiles; ++t) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][t][e] = 0.0f;
+          }
+        }
+        const int col0 = ((warp / kDqRowParts) * kDqColTiles + chunk * kDqChunkTiles) * T::kMmaN;
+        WarpGemmSmemAB<Arch, Element, 2, kDqChunkTiles, kBlockN / T::kMmaK, kDsRowBytes,
+                       kRowBytes, true>(acc, a_frag, k_smem + frag.a + col0 * 2);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int row = dq_row0 + mt * 16 + group + (odd ? 8 : 0);
+          float* dst = dq + row * f.q_row_stride;
+#pragma unroll
+          for (int t = 0; t < kDqChunkTiles; ++t) {
+            // Lanes 2j, 2j+1 of a quad swap halves: one v4 reduction each per 8-column tile.
+            const float y0 =
+                __shfl_xor_sync(0xffffffffu, odd ? acc[mt][t][0] : acc[mt][t][2], 1);
+            const float y1 =
+                __shfl_xor_sync(0xffffffffu, odd ? acc[mt][t][1] : acc[mt][t][3], 1);
+            const int col = col0 + t * T::kMmaN + 4 * (quad_lane / 2);
+            if (row < rows_valid && col < f.head_dim) {
+              if (odd) {
+                ptx::AtomicAddQuad(dst + col, y0, y1, acc[mt][t][2], acc[mt][t][3]);
+              } else {
+                ptx::AtomicAddQuad(dst + col, acc[mt][t][0], acc[mt][t][1], y0, y1);
+              }
             }
           }
         }
@@ -350,10 +508,10 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
 #pragma unroll
   for (int mt = 0; mt < kKeyTiles; ++mt) {
     const uint32_t offset_bytes =
-        (key_part * 32 + mt * 16) * kRowBytes + half * kDHalfTiles * T::kMmaN * 2;
-    StoreAccumulator<Element, kDHalfTiles, kRowBytes>(k_smem + offset_bytes, dk[mt],
+        (key_part * 32 + mt * 16) * kRowBytes + part * kDPartTiles * T::kMmaN * 2;
+    StoreAccumulator<Element, kDPartTiles, kRowBytes>(k_smem + offset_bytes, dk[mt],
                                                       args.grad_scale, lane);
-    StoreAccumulator<Element, kDHalfTiles, kRowBytes>(v_smem + offset_bytes, dv[mt], 1.0f, lane);
+    StoreAccumulator<Element, kDPartTiles, kRowBytes>(v_smem + offset_bytes, dv[mt], 1.0f, lane);
   }
   __syncthreads();
   const int64_t out_offset = (int64_t{k_begin} + key_first) * f.kv_row_stride +
@@ -366,11 +524,11 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
       vecs_valid, tid);
 }
 
-template <class Arch, DType kDType, int kHeadDim, int kWarps, bool kAtomicDq>
-__global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>::kThreads)
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
+__global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>::kThreads)
     FlashBackwardDkDvPairKernel(const __grid_constant__ BwdKernelArgs args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashBackwardDkDvPairCta<Arch, kDType, kHeadDim, kWarps, kAtomicDq>(args);
+    FlashBackwardDkDvPairCta<Arch, kDType, kHeadDim, kWide, kAtomicDq>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

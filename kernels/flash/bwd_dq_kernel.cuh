@@ -1,6 +1,7 @@
 // The backward's dQ pass: one CTA per (query block, head, sequence), the forward's geometry. Q,
 // dO, lse and D of the block stay resident; K and V tiles of the keys the block sees stream
-// through shared memory (two cp.async stages on Sm80, one register-staged stage on Sm75). Per
+// through shared memory (two cp.async stages on Sm80, one in the narrow variant at head dims
+// 192/256, one register-staged stage on Sm75). Per
 // key tile each warp, for its 16 query rows:
 //   S = Q K^T,  P = exp2(S * c - lse * log2 e),  dP = dO V^T,
 //   dS = P (dP - D) [(1 - tanh^2) with softcap],  dQ += dS K.
@@ -22,9 +23,9 @@
 namespace attnserve::kernels::flash {
 
 // One CTA's work; the kernel below is this, or a trap where the path's instructions don't exist.
-template <class Arch, DType kDType, int kHeadDim>
+template <class Arch, DType kDType, int kHeadDim, bool kWide>
 __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
-  using T = BwdDqTraits<Arch, kDType, kHeadDim>;
+  using T = BwdDqTraits<Arch, kDType, kHeadDim, kWide>;
   static_assert(T::kResidentRows == T::kStreamRows, "square 64 x 64 tiles");
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
@@ -118,7 +119,8 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
       load_stage(it);  // the previous iteration's closing barrier freed the one stage
     }
     ptx::CommitAsyncGroup<Arch>();
-    ptx::WaitAsyncGroups<Arch, 1>();
+    // Two stages: this tile's group landed, the next one's may be in flight; one: this tile's.
+    ptx::WaitAsyncGroups<Arch, T::kStages - 1>();
     __syncthreads();
 
     const int n = block.n_end - 1 - it;
@@ -204,11 +206,11 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
       vecs_valid, lane);
 }
 
-template <class Arch, DType kDType, int kHeadDim>
-__global__ void __launch_bounds__(BwdDqTraits<Arch, kDType, kHeadDim>::kThreads)
+template <class Arch, DType kDType, int kHeadDim, bool kWide>
+__global__ void __launch_bounds__(BwdDqTraits<Arch, kDType, kHeadDim, kWide>::kThreads)
     FlashBackwardDqKernel(const __grid_constant__ BwdKernelArgs args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashBackwardDqCta<Arch, kDType, kHeadDim>(args);
+    FlashBackwardDqCta<Arch, kDType, kHeadDim, kWide>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

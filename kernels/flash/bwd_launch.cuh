@@ -19,23 +19,22 @@ inline KernelStatus BackwardLaunchError(const char* what, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-// The backward with a dK/dV kernel of kWarps warps.
-template <class Arch, DType kDType, int kHeadDim, int kWarps>
+// The backward with the wide or the narrow dK/dV kernel (and the dQ pass of that variant).
+template <class Arch, DType kDType, int kHeadDim, bool kWide>
 KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
                                 cudaStream_t stream) {
-  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWarps>;
-  using TDq = BwdDqTraits<Arch, kDType, kHeadDim>;
+  using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>;
+  using TDq = BwdDqTraits<Arch, kDType, kHeadDim, kWide>;
   const bool atomic_dq = args.dq_accum != nullptr;
-  constexpr bool kPair = BackwardDkDvPairLayout<Arch>(kHeadDim, kWarps);
   void (*dkdv)(BwdKernelArgs);
-  if constexpr (kPair) {
-    dkdv = atomic_dq ? &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWarps, true>
-                     : &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWarps, false>;
+  if constexpr (T::kPair) {
+    dkdv = atomic_dq ? &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWide, true>
+                     : &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWide, false>;
   } else {
-    dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWarps, true>
-                     : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWarps, false>;
+    dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWide, true>
+                     : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWide, false>;
   }
-  const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim>;
+  const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim, kWide>;
   cudaError_t attr_err = cudaSuccess;
   if constexpr (T::kSmemBytes > kDefaultSmemLimit) {
     attr_err =
@@ -89,13 +88,12 @@ KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
 // Wide where the device holds it (H100: 227 KB per block), narrow elsewhere (A100, sm86/89).
 template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream) {
-  constexpr int kWide = BackwardDkDvWideWarps<Arch>();
-  if constexpr (kWide != kBackwardNarrowWarps) {
-    if (grid.smem_limit < BackwardSmemBytes<Arch>(kHeadDim, kWide)) {
-      return LaunchBackwardWith<Arch, kDType, kHeadDim, kBackwardNarrowWarps>(args, grid, stream);
+  if constexpr (BackwardHasNarrow<Arch>(kHeadDim)) {
+    if (grid.smem_limit < BackwardSmemBytes<Arch>(kHeadDim, true)) {
+      return LaunchBackwardWith<Arch, kDType, kHeadDim, false>(args, grid, stream);
     }
   }
-  return LaunchBackwardWith<Arch, kDType, kHeadDim, kWide>(args, grid, stream);
+  return LaunchBackwardWith<Arch, kDType, kHeadDim, true>(args, grid, stream);
 }
 
 }  // namespace attnserve::kernels::flash

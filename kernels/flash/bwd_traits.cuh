@@ -1,8 +1,9 @@
 // Compile-time geometry of the flash backward kernels (code path x element type x head dim x
-// warps): each warp owns 16 rows of a resident tile (kWarps x 16 rows), 64-row tiles of the other
-// side stream through shared-memory stages (two on Sm80, one on Sm75). Rows are padded as in the
-// forward. BwdDkDvTraits: the dK/dV kernel (8 warps on Sm80, 4 on Sm75; one dS^T tile per
-// stage); BwdDqTraits: the deterministic dQ pass (4 warps, no dS tile).
+// variant): a resident tile (keys or queries) and streamed tiles of the other side in shared-memory
+// stages (two on Sm80, one on Sm75 and in the narrow variant at head dims 192/256). Rows are
+// padded as in the forward. BwdDkDvTraits: the dK/dV kernel, wide or narrow
+// (BackwardDkDvShapeFor in tile_config.h); BwdDqTraits: the deterministic dQ pass (4 warps x 16
+// query rows, no dS tile).
 #pragma once
 
 #include "kernels/flash/fwd_traits.cuh"
@@ -10,8 +11,8 @@
 
 namespace attnserve::kernels::flash {
 
-template <class Arch_, DType kDType, int kHeadDim_, int kWarps_, int kStreamRows_,
-          int kDsBuffers_>
+template <class Arch_, DType kDType, int kHeadDim_, int kWarps_, int kResidentRows_,
+          int kStreamRows_, int kStages_, int kDsBuffers_>
 struct BwdTraits {
   using Arch = Arch_;
   using Element = typename ElementOf<kDType>::type;
@@ -22,7 +23,7 @@ struct BwdTraits {
   static constexpr int kMmaN = 8;
   static constexpr int kMmaK = 16;
   static constexpr int kWarpRows = kMmaM;
-  static constexpr int kResidentRows = kWarps * kWarpRows;  // resident rows per CTA
+  static constexpr int kResidentRows = kResidentRows_;  // resident rows per CTA
   static constexpr int kStreamRows = kStreamRows_;          // streamed rows per stage
   static constexpr int kSTiles = kStreamRows / kMmaN;  // 8-column tiles of a warp's score tile
   static constexpr int kDTiles = kHeadDim / kMmaN;     // 8-column tiles of a gradient row block
@@ -34,7 +35,7 @@ struct BwdTraits {
   static constexpr int kScalarBytes = kStreamRows * 4;  // lse or D of a query tile
   // Layout: resident tiles R0, R1; stage s: streamed tiles S0, S1, then (dK/dV kernel) lse, D;
   // then kDsBuffers dS^T tiles.
-  static constexpr int kStages = BackwardStages<Arch>();
+  static constexpr int kStages = kStages_;
   static constexpr int kStageBytes = 2 * kStreamTileBytes + 2 * kScalarBytes;
   // dS^T of a tile in 16 bits (resident keys x 64 queries, padded rows), for dQ = dS K.
   static constexpr int kDsBuffers = kDsBuffers_;
@@ -46,7 +47,10 @@ struct BwdTraits {
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kHeadDim % (2 * kMmaK) == 0, "head dim: whole pairs of ldmatrix k steps");
   static_assert(kHeadDim <= kMaxBackwardHeadDim, "dK + dV must fit in registers");
-  static_assert(kWarps == 4 || kWarps == 8, "4 warps (64 rows) or 8 warps (128 rows)");
+  static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
+  static_assert(kResidentRows == kWarps * kWarpRows || (kWarps == 8 && kResidentRows == 64),
+                "16 resident rows per warp, or 64 keys for 8 warps (pair layout)");
+  static_assert(kStages == 1 || kStages == 2, "one or two stages");
   static_assert(kStageBytes == BackwardStageBytes(kHeadDim, kStreamRows), "host and device agree");
   static_assert((kSmemRowBytes / 16) % 2 == 1, "odd 16-byte vectors per row: conflict-free");
   static_assert((kDsRowBytes / 16) % 2 == 1, "dS rows: odd 16-byte vectors: conflict-free");
@@ -54,18 +58,27 @@ struct BwdTraits {
   static_assert((kStreamRows * kRowVecs) % kThreads == 0, "tiles: whole vectors per thread");
   static_assert((kResidentRows * kRowVecs) % kThreads == 0, "tiles: whole vectors per thread");
   static_assert(kStreamRows * 2 <= kThreads, "lse and D of a tile: one float per thread");
-  static_assert(kSmemBytes == (kDsBuffers > 0 ? BackwardDkDvSmemBytes<Arch>(kHeadDim, kWarps)
-                                                : BackwardDqSmemBytes<Arch>(kHeadDim)),
-                "host and device agree");
   static_assert(ArchSupports<Arch, kDType, kHeadDim, kSmemBytes>(),
                 "Sm75: fp16, head dim <= 64, 64 KB of shared memory");
 };
 
-template <class Arch, DType kDType, int kHeadDim, int kWarps>
-using BwdDkDvTraits = BwdTraits<Arch, kDType, kHeadDim, kWarps,
-                                BackwardDkDvStreamRows<Arch>(kHeadDim, kWarps), BackwardStages<Arch>()>;
-template <class Arch, DType kDType, int kHeadDim>
-using BwdDqTraits =
-    BwdTraits<Arch, kDType, kHeadDim, kBackwardDqWarps, kBackwardStreamRows, 0>;
+template <class Arch, DType kDType, int kHeadDim, bool kWide>
+struct BwdDkDvTraits
+    : BwdTraits<Arch, kDType, kHeadDim, BackwardDkDvShapeFor<Arch>(kHeadDim, kWide).warps,
+                BackwardDkDvShapeFor<Arch>(kHeadDim, kWide).key_rows,
+                BackwardDkDvShapeFor<Arch>(kHeadDim, kWide).stream_rows,
+                BackwardDkDvShapeFor<Arch>(kHeadDim, kWide).stages,
+                BackwardDsBuffers(BackwardDkDvShapeFor<Arch>(kHeadDim, kWide))> {
+  static constexpr bool kPair = BackwardDkDvShapeFor<Arch>(kHeadDim, kWide).pair;
+  static_assert(BwdDkDvTraits::kSmemBytes == BackwardDkDvSmemBytes<Arch>(kHeadDim, kWide),
+                "host and device agree");
+};
+template <class Arch, DType kDType, int kHeadDim, bool kWide>
+struct BwdDqTraits
+    : BwdTraits<Arch, kDType, kHeadDim, kBackwardDqWarps, kBackwardDqWarps * 16,
+                kBackwardStreamRows, BackwardDkDvShapeFor<Arch>(kHeadDim, kWide).dq_stages, 0> {
+  static_assert(BwdDqTraits::kSmemBytes == BackwardDqSmemBytes<Arch>(kHeadDim, kWide),
+                "host and device agree");
+};
 
 }  // namespace attnserve::kernels::flash

@@ -9,7 +9,7 @@ dims listed in ATTN_HEAD_DIMS."""
 import pathlib
 
 HEAD_DIMS = [32, 64, 96, 128, 192, 256]  # keep in sync with kInstantiatedHeadDims
-BWD_HEAD_DIMS = [32, 64, 96, 128]  # backward: up to kMaxBackwardHeadDim
+BWD_HEAD_DIMS = [32, 64, 96, 128, 192, 256]  # backward: up to kMaxBackwardHeadDim
 DTYPES = {"fp16": "kFloat16", "bf16": "kBFloat16"}
 # Turing path: fp16 only (no bf16 mma on sm75), head dims up to 64 (keep in sync with
 # ATTN_FLASH_TURING_HEAD_DIMS in CMakeLists.txt and Sm75::kMaxHeadDim in arch.h).

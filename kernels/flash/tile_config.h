@@ -111,13 +111,14 @@ constexpr int ForwardSmemBytes(int head_dim) {
          ForwardSmemRowBytes(head_dim);
 }
 
-// Backward (bwd_*.cuh). Every warp of both main kernels owns 16 resident rows (keys for dK/dV,
-// queries for dQ) and multiplies them with 64-row tiles of the other side that stream through
-// shared memory. Per thread the dK/dV kernel holds dK and dV (2 x head_dim/2 floats at 16 rows
-// per warp) plus two 16 x 64 score tiles (S^T and dP^T, 32 floats each): at head dim 128 that is
-// ~200 registers, so 16-row warps and 64-wide streamed tiles are the limit; head dims above 128
-// (dK + dV alone would be 192-256 registers) are refused for now.
-inline constexpr int kMaxBackwardHeadDim = 128;
+// Backward (bwd_*.cuh). Every warp of the dQ pass and of the 16-keys-per-warp dK/dV kernel owns
+// 16 resident rows (keys for dK/dV, queries for dQ) and multiplies them with 64-row tiles of the
+// other side that stream through shared memory. Per thread the dK/dV kernel holds dK and dV plus
+// two score tiles (S^T and dP^T): at head dim 128 (128 dK/dV floats with 8 warps x 16 keys or the
+// pair layout's 32 keys x half the head dim) that is ~250 registers. Head dims 192 and 256 keep
+// dK/dV at 96-128 floats per thread by halving the key block (64 keys, 8 warps: 32 keys x a
+// quarter of the head dim per warp, FlashAttention-2's hdim-256 tiles).
+inline constexpr int kMaxBackwardHeadDim = 256;
 inline constexpr int kBackwardStreamRows = 64;  // streamed rows per stage (dQ pass; dK/dV below)
 inline constexpr int kBackwardDqWarps = 4;      // dQ pass: 64 resident query rows
 
@@ -129,44 +130,41 @@ inline constexpr int kBackwardDqWarps = 4;      // dQ pass: 64 resident query ro
 #ifndef ATTN_FLASH_BWD_DKDV_WARPS
 #define ATTN_FLASH_BWD_DKDV_WARPS 8
 #endif
-template <class Arch>
-constexpr int BackwardDkDvWideWarps() {
-  return Arch::kAsyncCopy ? ATTN_FLASH_BWD_DKDV_WARPS : 4;
-}
 // The variant for devices whose blocks cannot hold the wide one (an A100 gives 163 KB, the wide
 // kernel needs 173-178 KB at head dims 64 and 128; sm86/89 give 99 KB): 4 warps, 64 keys, 16
 // keys per warp. The dispatcher picks it at run time (bwd_launch.cuh).
 inline constexpr int kBackwardNarrowWarps = 4;
+// Head dims above this one take the 64-key pair layout (wide: two stages; narrow: one).
+inline constexpr int kBackwardLargeHeadDim = 128;
 
 // FlashAttention-2's warp layout for the dK/dV kernel (bwd_dkdv_pair_kernel.cuh) at head dims
-// 64 and 128 on Sm80: 32 keys per warp pair, P^T and dS^T through shared memory. (Benchmark
-// builds may define ATTN_FLASH_BWD_PAIR=0 to compare with 16 keys per warp everywhere, or
-// ATTN_FLASH_BWD_PAIR_HDIM64=0 at head dim 64 only.)
+// 64 and 128 on Sm80: 32 keys per warp pair, P^T and dS^T through shared memory; at 192 and 256
+// with 64-key blocks (always). (Benchmark builds may define ATTN_FLASH_BWD_PAIR=0 to compare
+// with 16 keys per warp at 64 and 128, or ATTN_FLASH_BWD_PAIR_HDIM64=0 at head dim 64 only.)
 #ifndef ATTN_FLASH_BWD_PAIR
 #define ATTN_FLASH_BWD_PAIR 1
 #endif
 #ifndef ATTN_FLASH_BWD_PAIR_HDIM64
 #define ATTN_FLASH_BWD_PAIR_HDIM64 1
 #endif
-template <class Arch>
-constexpr bool BackwardDkDvPairLayout(int head_dim, int warps) {
-  return ATTN_FLASH_BWD_PAIR && Arch::kAsyncCopy && warps == 8 &&
-         (head_dim == 128 || (ATTN_FLASH_BWD_PAIR_HDIM64 && head_dim == 64));
-}
-
-// Streamed query rows per stage of the dK/dV kernel: 64, and 128 for the pair layout at head dim
-// 64 (FlashAttention-2's 128 x 128 tile there: each warp's score tiles are 32 keys x 64 queries,
-// so every K/V fragment feeds twice the products; measured +6-10% over 64 rows, bench/RESULTS.md;
-// 252 registers, no spills). (Benchmark builds may define ATTN_FLASH_BWD_PAIR64_ROWS=64.)
+// Streamed query rows per stage of the pair layout at head dim 64 (FlashAttention-2's 128 x 128
+// tile there: each warp's score tiles are 32 keys x 64 queries, so every K/V fragment feeds twice
+// the products; measured +6-10% over 64 rows, bench/RESULTS.md; 252 registers, no spills).
+// (Benchmark builds may define ATTN_FLASH_BWD_PAIR64_ROWS=64.)
 #ifndef ATTN_FLASH_BWD_PAIR64_ROWS
 #define ATTN_FLASH_BWD_PAIR64_ROWS 128
 #endif
-template <class Arch>
-constexpr int BackwardDkDvStreamRows(int head_dim, int warps) {
-  return BackwardDkDvPairLayout<Arch>(head_dim, warps) && head_dim == 64
-             ? ATTN_FLASH_BWD_PAIR64_ROWS
-             : kBackwardStreamRows;
-}
+
+// Geometry of one dK/dV kernel variant: the wide one (where the block's shared memory holds it)
+// or the narrow one (A100, sm86/89).
+struct BackwardDkDvShape {
+  int warps;
+  int key_rows;     // resident keys per CTA
+  int stream_rows;  // streamed query rows per stage
+  int stages;       // stages of the streamed tiles
+  bool pair;        // bwd_dkdv_pair_kernel.cuh (else bwd_dkdv_kernel.cuh, 16 keys per warp)
+  int dq_stages;    // stages of the deterministic dQ pass's K/V tiles
+};
 
 // Stages of the streamed tiles: two with cp.async (the next tile lands under this one's math);
 // one on Sm75, whose register-staged copies are complete when issued, so a second stage would
@@ -176,47 +174,84 @@ constexpr int BackwardStages() {
   return Arch::kAsyncCopy ? 2 : 1;
 }
 
+template <class Arch>
+constexpr BackwardDkDvShape BackwardDkDvShapeFor(int head_dim, bool wide) {
+  constexpr int kStages = BackwardStages<Arch>();
+  if (Arch::kAsyncCopy && head_dim > kBackwardLargeHeadDim) {
+    // 192/256: 64 keys x 64 queries, 8 warps (FlashAttention-2's tiles); dK + dV are 96-128
+    // floats per thread. Wide: two stages (169 / 217 KB); narrow: one stage of the dK/dV
+    // kernel and of the dQ pass (119 / 150 KB, within an A100's 163 KB; the loads of a tile
+    // no longer overlap the previous tile's math there).
+    return {8, 64, kBackwardStreamRows, wide ? 2 : 1, true, wide ? 2 : 1};
+  }
+  const int warps = wide ? (Arch::kAsyncCopy ? ATTN_FLASH_BWD_DKDV_WARPS : 4)
+                         : kBackwardNarrowWarps;
+  const bool pair = ATTN_FLASH_BWD_PAIR && Arch::kAsyncCopy && warps == 8 &&
+                    (head_dim == 128 || (ATTN_FLASH_BWD_PAIR_HDIM64 && head_dim == 64));
+  const int stream_rows =
+      pair && head_dim == 64 ? ATTN_FLASH_BWD_PAIR64_ROWS : kBackwardStreamRows;
+  return {warps, warps * 16, stream_rows, kStages, pair, kStages};
+}
+
+// Whether the wide and narrow variants differ (not on Sm75).
+template <class Arch>
+constexpr bool BackwardHasNarrow(int head_dim) {
+  const BackwardDkDvShape w = BackwardDkDvShapeFor<Arch>(head_dim, true);
+  const BackwardDkDvShape n = BackwardDkDvShapeFor<Arch>(head_dim, false);
+  return w.warps != n.warps || w.key_rows != n.key_rows || w.stages != n.stages ||
+         w.dq_stages != n.dq_stages;
+}
+
 // Bytes of one stage: two streamed tiles of `rows` rows (Q, dO or K, V) with padded rows as in
 // the forward, and `rows` lse and D floats (the dK/dV kernel's per-query scalars).
 constexpr int BackwardStageBytes(int head_dim, int rows) {
   return 2 * rows * ForwardSmemRowBytes(head_dim) + 2 * rows * 4;
 }
 
-// dK/dV kernel: resident K and V, the stages, and as many padded (keys x streamed rows) 16-bit
-// tiles as stages: 16 keys per warp (bwd_dkdv_kernel.cuh): one dS^T tile per stage for the atomic
-// dQ product (with two, dS of tile i+1 is written while other warps still read dS of tile i, and
-// one barrier per tile suffices); pair layout (bwd_dkdv_pair_kernel.cuh): the P^T and dS^T tiles.
-// Sm80: 173 KB at head dim 128, 178 KB at 64 (128-row stages), 77 and 141 KB at 32 and 96 (one
-// 8-warp CTA per H100 SM everywhere: registers allow no second); Sm75: 46 KB at 64.
+// 16-bit (keys x streamed rows) tiles of the dK/dV kernel: 16 keys per warp
+// (bwd_dkdv_kernel.cuh): one dS^T tile per stage for the atomic dQ product (with two, dS of tile
+// i+1 is written while other warps still read dS of tile i, and one barrier per tile suffices);
+// pair layout (bwd_dkdv_pair_kernel.cuh): the P^T and dS^T tiles.
+constexpr int BackwardDsBuffers(const BackwardDkDvShape& shape) {
+  return shape.pair ? 2 : shape.stages;
+}
+
+// dK/dV kernel: resident K and V, the stages, the P^T / dS^T tiles.
+// Sm80 wide: 173 KB at head dim 128, 178 KB at 64 (128-row stages), 77 and 141 KB at 32 and 96,
+// 169 and 217 KB at 192 and 256 (one 8-warp CTA per H100 SM everywhere: registers allow no
+// second); narrow 192/256: 119 / 150 KB. Sm75: 46 KB at 64.
 template <class Arch>
-constexpr int BackwardDkDvSmemBytes(int head_dim, int warps) {
-  return 2 * warps * 16 * ForwardSmemRowBytes(head_dim) +
-         BackwardStages<Arch>() *
-             (BackwardStageBytes(head_dim, BackwardDkDvStreamRows<Arch>(head_dim, warps)) +
-              warps * 16 * ForwardSmemRowBytes(BackwardDkDvStreamRows<Arch>(head_dim, warps)));
+constexpr int BackwardDkDvSmemBytes(int head_dim, bool wide) {
+  const BackwardDkDvShape shape = BackwardDkDvShapeFor<Arch>(head_dim, wide);
+  return 2 * shape.key_rows * ForwardSmemRowBytes(head_dim) +
+         shape.stages * BackwardStageBytes(head_dim, shape.stream_rows) +
+         BackwardDsBuffers(shape) * shape.key_rows * ForwardSmemRowBytes(shape.stream_rows);
 }
 
 // dQ pass (deterministic mode): resident Q and dO (64 rows), the stages (K and V tiles).
-template <class Arch>
-constexpr int BackwardDqSmemBytes(int head_dim) {
+constexpr int BackwardDqSmemBytesFor(int head_dim, int stages) {
   return 2 * kBackwardDqWarps * 16 * ForwardSmemRowBytes(head_dim) +
-         BackwardStages<Arch>() * BackwardStageBytes(head_dim, kBackwardStreamRows);
+         stages * BackwardStageBytes(head_dim, kBackwardStreamRows);
+}
+template <class Arch>
+constexpr int BackwardDqSmemBytes(int head_dim, bool wide) {
+  return BackwardDqSmemBytesFor(head_dim, BackwardDkDvShapeFor<Arch>(head_dim, wide).dq_stages);
 }
 
-// The larger of the dK/dV kernel with `warps` and the dQ pass: what a device must give a block
-// to run the backward that way.
+// The larger of the dK/dV kernel and the dQ pass of one variant: what a device must give a
+// block to run the backward that way.
 template <class Arch>
-constexpr int BackwardSmemBytes(int head_dim, int warps) {
-  return BackwardDkDvSmemBytes<Arch>(head_dim, warps) > BackwardDqSmemBytes<Arch>(head_dim)
-             ? BackwardDkDvSmemBytes<Arch>(head_dim, warps)
-             : BackwardDqSmemBytes<Arch>(head_dim);
+constexpr int BackwardSmemBytes(int head_dim, bool wide) {
+  return BackwardDkDvSmemBytes<Arch>(head_dim, wide) > BackwardDqSmemBytes<Arch>(head_dim, wide)
+             ? BackwardDkDvSmemBytes<Arch>(head_dim, wide)
+             : BackwardDqSmemBytes<Arch>(head_dim, wide);
 }
 
 // The least a device must give a block to run the backward at all (the narrow variant): what
 // the dispatcher checks and the router compares with the device.
 template <class Arch>
 constexpr int BackwardSmemBytes(int head_dim) {
-  return BackwardSmemBytes<Arch>(head_dim, kBackwardNarrowWarps);
+  return BackwardSmemBytes<Arch>(head_dim, false);
 }
 
 }  // namespace attnserve::kernels::flash

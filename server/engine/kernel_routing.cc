@@ -60,8 +60,8 @@ constexpr Row kTable[] = {
      "FlashAttention-2-class kernels (sm80+ mma.sync m16n8k16): fp16/bf16, head_dim a multiple "
      "of 8 up to 256",
      kernels::flash::SharedMemoryBytes},
-    {"flash", 80, kAnyCc, kBwd, kF16 | kBF16, 8, 128, 8,
-     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 128",
+    {"flash", 80, kAnyCc, kBwd, kF16 | kBF16, 8, 256, 8,
+     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 256",
      kernels::flash::SharedMemoryBytes},
     {"flash", 75, 80, kFwd, kF16, 8, 64, 8,
      "flash on Turing (mma.sync m16n8k8, 64 KB shared memory): fp16, head_dim a multiple of 8 "
