@@ -91,6 +91,7 @@ QueueWorker::~QueueWorker() { Stop(); }
 
 void QueueWorker::StartLanes(int lanes) {
   lane_count_ = std::max(1, lanes);
+  answers_ = std::make_unique<AnswerPool>(lane_count_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     idle_lanes_ = lane_count_;
@@ -134,6 +135,7 @@ void QueueWorker::Stop() {
   for (std::thread& lane : lanes_) {
     if (lane.joinable()) lane.join();
   }
+  answers_.reset();  // delivers what the lanes posted, then joins
 }
 
 void QueueWorker::Loop(int lane) {
@@ -362,8 +364,20 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
                                   AttentionFlops(job.inputs));
       }
     }
-    job.done(std::move(answer));
+    Deliver(std::move(job.done), std::move(answer));
   }
+}
+
+template <typename Done, typename Answer>
+void QueueWorker::Deliver(Done done, Answer answer) {
+  const absl::Time posted = absl::Now();
+  answers_->Post([this, posted, done = std::move(done), answer = std::move(answer)]() mutable {
+    done(std::move(answer));
+    if (metrics_ != nullptr) {
+      metrics_->RecordLaunchPhase(device_.name, "answer",
+                                  absl::ToDoubleSeconds(absl::Now() - posted));
+    }
+  });
 }
 
 void QueueWorker::PublishLoad() {

@@ -4,18 +4,21 @@
 // waits while the device's memory budget cannot hold it next to the running jobs, and with
 // batching on adds compatible jobs (up to a token budget and an equal share of the backlog per
 // idle lane, waiting up to a maximum queue delay for company). Jobs whose deadline passed or whose
-// caller left are dropped, and every job is answered exactly once. Subclasses say how a request
-// (or a batch of them) executes on their device.
+// caller left are dropped, and every job is answered exactly once. Results are handed to answer
+// threads (answer_pool.h), so a lane does not wait for its answers to be serialized before its
+// next launch. Subclasses say how a request (or a batch of them) executes on their device.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <variant>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "server/engine/answer_pool.h"
 #include "server/engine/device_worker.h"
 #include "server/engine/engine_options.h"
 #include "server/metrics/server_metrics.h"
@@ -86,6 +89,9 @@ class QueueWorker : public DeviceWorker {
   void FinishLocked(const Queued& queued, bool reserved);
   template <typename Job>
   void RunBatch(std::vector<Queued>& batch, const char* rpc, int lane);
+  // Calls `done` with `answer` on an answer thread and records how long that took from now.
+  template <typename Done, typename Answer>
+  void Deliver(Done done, Answer answer);
   void PublishLoad();
 
   const devices::DeviceDescription device_;
@@ -104,6 +110,8 @@ class QueueWorker : public DeviceWorker {
   int lane_count_ = 1;  // set before the lanes start
   int idle_lanes_ = 0;  // lanes not running a batch
   std::vector<std::thread> lanes_;
+  // As many threads as lanes; stopped after the lanes, so it delivers every answer they post.
+  std::unique_ptr<AnswerPool> answers_;
 };
 
 }  // namespace attnserve::engine

@@ -117,8 +117,9 @@ ServerMetrics::ServerMetrics(const std::string& version)
                                    .Register(*registry_)),
       launch_phase_duration_(prometheus::BuildHistogram()
                                  .Name("attnserve_launch_phase_duration_seconds")
-                                 .Help("Time of each phase of a GPU launch: stage_in, device, "
-                                       "stage_out.")
+                                 .Help("Time of each phase of a launch: stage_in, device and "
+                                       "stage_out on a GPU lane; answer (encoding, "
+                                       "serializing and finishing the call) off the lane.")
                                  .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("attnserve_build_info")

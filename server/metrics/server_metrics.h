@@ -37,8 +37,10 @@ class ServerMetrics {
   void SetDeviceLoad(const std::string& device, double queued_seconds, double reserved_bytes);
   void RecordMemoryWait(const std::string& device);
   void RecordPriorityQueueDuration(const std::string& priority, double seconds);
-  // Where a GPU launch's time goes: "stage_in" (host tensors into pinned memory), "device"
-  // (transfers and kernels, waited for), "stage_out" (results out of pinned memory).
+  // Where a launch's time goes: on a GPU lane "stage_in" (host tensors into pinned memory),
+  // "device" (transfers and kernels, waited for), "stage_out" (results out of pinned memory);
+  // on every device "answer" (from the lane's hand-off until the answer thread has encoded and
+  // serialized the response and finished the call).
   void RecordLaunchPhase(const std::string& device, const std::string& phase, double seconds);
 
   // Authentication side: one call per refused call or HTTP request (reason: missing,
