@@ -130,7 +130,14 @@ PANELS = [
     timeseries("Compute time by kernel family and device",
                "Time executing on the device, from attnserve_compute_duration_seconds.",
                quantiles("attnserve_compute_duration_seconds", ["kernel", "device"],
-                         "{{kernel}} {{device}}", (0.5, 0.99)), "s", width=24),
+                         "{{kernel}} {{device}}", (0.5, 0.99)), "s"),
+    timeseries("Launch phases by device (mean per launch)",
+               "Where a launch's time goes: stage_in (request tensors into pinned memory), "
+               "device (copies and kernels), stage_out (answers out of pinned memory), on the "
+               "GPU lane; answer (encoding, serializing and finishing the call) on the answer "
+               "threads. A lane whose stage phases rival its device phase keeps the GPU idle.",
+               [mean("attnserve_launch_phase_duration_seconds", ["device", "phase"],
+                     "{{device}} {{phase}}")], "s"),
 
     row("Batching and kernels"),
     timeseries("Batch size", "Requests that shared one kernel launch.",
