@@ -14,8 +14,9 @@ inputs and PyTorch's memory-efficient attention (the kernel PyTorch runs on Turi
 
 Several --lib give one column per build (e.g. tile-size variants); the first is "ours" in the
 ratio columns. NAME=PATH@CC runs that library's code path for compute capability CC (e.g.
-ours-sm80=PATH@80 times the sm80 kernel on a Hopper GPU beside the sm90 one). Prints a markdown
-table; --markdown also writes it to FILE.
+ours-sm80=PATH@80 times the sm80 kernel on a Hopper GPU beside the sm90 one); NAME=PATH+VAR=VALUE
+sets an environment variable around that column's calls (e.g. ours-sm90bwd=PATH+ATTN_FLASH_BWD_SM90=1
+times the opt-in Hopper backward). Prints a markdown table; --markdown also writes it to FILE.
 """
 
 import argparse
@@ -300,8 +301,9 @@ def table(rows, names, kind="fwd"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", action="append", default=[],
-                        help="NAME=PATH[@CC] of a libattn_capi.so, optionally run as compute "
-                             "capability CC (default: ours=<found>)")
+                        help="NAME=PATH[@CC][+VAR=VALUE...] of a libattn_capi.so, optionally run "
+                             "as compute capability CC and with environment variables set "
+                             "around its calls (default: ours=<found>)")
     parser.add_argument("--backward", action="store_true",
                         help="time the backward (dq, dk, dv) instead of the forward")
     parser.add_argument("--warmup", type=int, default=5)
@@ -322,8 +324,10 @@ def main():
     libs = {}
     for spec in specs:
         name, _, path = spec.partition("=")
+        path, *variables = path.split("+")
         path, _, cc = path.partition("@")
-        libs[name] = attn_capi.AttnLibrary(path).family("flash", int(cc or 0))
+        environment = dict(v.split("=", 1) for v in variables)
+        libs[name] = attn_capi.AttnLibrary(path).family("flash", int(cc or 0), environment)
     head_dims = {int(x) for x in args.head_dims.split(",")}
 
     rows = []

@@ -4,8 +4,11 @@
 # (default /tmp/attn_gpu_out); the last lines printed are the test summary and the table.
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
-#                    [--variants] [--bwd-variant NAME=FLAGS]...
+#                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
 #
+# --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id). The
+# backward benchmark always has an ours-sm90bwd column: the same library with
+# ATTN_FLASH_BWD_SM90=1 (the opt-in Hopper backward; kernels/flash/NOTES.md).
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128) with FLAGS
@@ -22,14 +25,22 @@ run_bwd_bench=1
 variants=0
 bwd_variants=()
 expect_bwd_variant=0
+test_path=tests/kernels/gpu
+expect_test_path=0
 for arg in "$@"; do
   if ((expect_bwd_variant)); then
     bwd_variants+=("$arg")
     expect_bwd_variant=0
     continue
   fi
+  if ((expect_test_path)); then
+    test_path="$arg"
+    expect_test_path=0
+    continue
+  fi
   case "$arg" in
     --bwd-variant) expect_bwd_variant=1 ;;
+    --tests) expect_test_path=1 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
@@ -90,7 +101,7 @@ done
 status=0
 export ATTN_CAPI="$PWD/build-gpu/lib/libattn_capi.so"
 if ((run_tests)); then
-  python3 -m pytest tests/kernels/gpu -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
+  python3 -m pytest "$test_path" -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}
 fi
 wait
@@ -108,7 +119,7 @@ if ((run_bench && run_fwd_bench)); then
 fi
 if ((run_bench && run_bwd_bench)); then
   python3 bench/bench_flash.py --backward --head-dims 64,128,192,256 --lib "ours=$ATTN_CAPI" \
-    "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
+    --lib "ours-sm90bwd=$ATTN_CAPI+ATTN_FLASH_BWD_SM90=1" "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if ((run_tests)); then
   echo "pytest: $(tail -1 "$OUT/pytest.log")"

@@ -6,9 +6,11 @@ PyTorch's current stream, reading and writing the tensors' device memory directl
     lib = AttnLibrary(find_library())
     flash = lib.family("flash")                       # the device's own code path
     turing = lib.family("flash", compute_capability=75)
+    sm90bwd = lib.family("flash", environment={"ATTN_FLASH_BWD_SM90": "1"})  # opt-in paths
     out, lse = flash.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
 """
 
+import contextlib
 import ctypes
 import math
 import os
@@ -106,18 +108,34 @@ class AttnLibrary:
         """Names of the GPU kernel families built into the library."""
         return [f for f in self._lib.attn_capi_families().decode().split(",") if f]
 
-    def family(self, name, compute_capability=0):
+    def family(self, name, compute_capability=0, environment=None):
         """One family's entry points; compute_capability (major*10+minor, 0 = the device's own)
-        picks the code path, e.g. 75 runs Turing's on a newer GPU."""
-        return KernelFamily(self._lib, name, compute_capability)
+        picks the code path, e.g. 75 runs Turing's on a newer GPU. environment: variables set
+        in the process environment for the duration of each call (the library reads opt-in
+        switches such as ATTN_FLASH_BWD_SM90 per call), restored afterwards."""
+        return KernelFamily(self._lib, name, compute_capability, environment)
 
 
 class KernelFamily:
-    def __init__(self, lib, name, compute_capability):
+    def __init__(self, lib, name, compute_capability, environment=None):
         self._lib = lib
         self.name = name
         self.compute_capability = compute_capability
+        self.environment = dict(environment or {})
         self._name = name.encode()
+
+    @contextlib.contextmanager
+    def _environment(self):
+        saved = {key: os.environ.get(key) for key in self.environment}
+        os.environ.update(self.environment)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                 softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, out=None,
@@ -143,7 +161,9 @@ class KernelFamily:
         args.workspace = workspace.data_ptr()
         args.workspace_bytes = workspace.numel()
         err = ctypes.create_string_buffer(512)
-        if self._lib.attn_forward(self._name, ctypes.byref(args), err, len(err)) != 0:
+        with self._environment():
+            failed = self._lib.attn_forward(self._name, ctypes.byref(args), err, len(err)) != 0
+        if failed:
             raise KernelError(err.value.decode())
         return out, lse
 
@@ -174,7 +194,9 @@ class KernelFamily:
         args.workspace = workspace.data_ptr()
         args.workspace_bytes = workspace.numel()
         err = ctypes.create_string_buffer(512)
-        if self._lib.attn_backward(self._name, ctypes.byref(args), err, len(err)) != 0:
+        with self._environment():
+            failed = self._lib.attn_backward(self._name, ctypes.byref(args), err, len(err)) != 0
+        if failed:
             raise KernelError(err.value.decode())
         return dq, dk, dv
 

@@ -18,4 +18,11 @@ namespace attnserve::kernels::flash {
 template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream);
 
+// The Hopper (sm_90a) backward for kHeadDim (bwd_sm90_launch.cuh; atomic-dQ mode only, so
+// args.dq_accum must be set): preprocess, wgmma dK/dV kernel, dQ conversion. The caller has
+// checked that grid.smem_limit holds Sm90BackwardSmemBytes(kHeadDim).
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
+                                cudaStream_t stream);
+
 }  // namespace attnserve::kernels::flash

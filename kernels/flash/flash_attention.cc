@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -53,6 +54,12 @@ constexpr KernelEntry kSm90Kernels[] = {
 #include "kernels/flash/instantiations/sm90_kernel_table.inc"
     {0, nullptr, nullptr}};
 
+// The Hopper (sm90, wgmma) backward kernels this build holds (ATTN_HEAD_DIMS of 64 and 128, when
+// it targets sm_90), ascending head dim, then a sentinel that matches no head dim.
+constexpr BackwardKernelEntry kSm90BackwardKernels[] = {
+#include "kernels/flash/instantiations/sm90_bwd_kernel_table.inc"
+    {0, nullptr, nullptr}};
+
 struct TuringKernelEntry {
   int head_dim;
   LaunchFn forward;  // fp16
@@ -92,6 +99,24 @@ const KernelEntry* FindSm90Kernel(int head_dim) {
     if (entry.head_dim == head_dim) return &entry;
   }
   return nullptr;
+}
+
+// The sm90 backward for exactly `head_dim` (the sm80 backward's instantiated head dim), or null.
+const BackwardKernelEntry* FindSm90BackwardKernel(int head_dim) {
+  for (const BackwardKernelEntry& entry : kSm90BackwardKernels) {
+    if (entry.head_dim == head_dim) return &entry;
+  }
+  return nullptr;
+}
+
+// Whether the Hopper backward may run: only with ATTN_FLASH_BWD_SM90=1 in the environment. It
+// was written without a GPU and has not run yet (NOTES.md "Hopper backward (sm90), untested"),
+// so it stays off by default until the next GPU session has validated and measured it. Read per
+// call (one getenv, no allocation) rather than once, so that the GPU tests and the benchmark can
+// run both paths in one process by setting and clearing the variable.
+bool Sm90BackwardEnabled() {
+  const char* value = std::getenv("ATTN_FLASH_BWD_SM90");
+  return value != nullptr && value[0] == '1' && value[1] == '\0';
 }
 
 const TuringKernelEntry* FindTuringKernel(int head_dim) {
@@ -386,6 +411,17 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
+    // Hopper, when enabled (see Sm90BackwardEnabled): the wgmma dK/dV kernel where one is built
+    // for this head dim and fits the block's shared memory, in the atomic-dQ mode only (the
+    // deterministic mode keeps the sm80 path); 9.x devices only, as for the sm90 forward.
+    const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
+    if (!params.deterministic && sm90 != nullptr &&
+        target.compute_capability >= Sm90::kComputeCapability &&
+        target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 &&
+        Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit && Sm90BackwardEnabled()) {
+      launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
+      smem = Sm90BackwardSmemBytes(kernel_head_dim);
+    }
   }
   if (s.total_q > 0 && (params.dout == nullptr || params.dq == nullptr)) {
     return Error("dout and dq must be set");

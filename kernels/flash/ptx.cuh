@@ -233,6 +233,12 @@ __device__ __forceinline__ uint32_t LoadShared32(uint32_t smem) {
   return v;
 }
 
+__device__ __forceinline__ float2 LoadSharedFloat2(uint32_t smem) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem));
+  return v;
+}
+
 // The two 16-bit values of a PackPair register as floats (x: the low half).
 template <typename Element>
 __device__ __forceinline__ float2 UnpackPair(uint32_t v);

@@ -24,10 +24,11 @@ def library():
     return _library
 
 
-def load_family(name, compute_capability=0):
-    """One kernel family's entry points, or a module-level skip when it is not built."""
+def load_family(name, compute_capability=0, environment=None):
+    """One kernel family's entry points (with `environment` set around each call, for opt-in
+    paths), or a module-level skip when it is not built."""
     lib = library()
     if name not in lib.families():
         pytest.skip(f"kernel family {name!r} is not built into {lib.path}",
                     allow_module_level=True)
-    return lib.family(name, compute_capability)
+    return lib.family(name, compute_capability, environment)

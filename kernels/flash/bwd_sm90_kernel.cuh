@@ -1,0 +1,427 @@
+// The Hopper (sm_90a) backward dK/dV kernel on warpgroup MMA, FlashAttention-3's backward
+// structure without its producer warp (untested on a GPU so far: NOTES.md "Hopper backward").
+// One CTA per (128-key block, kv head, sequence), two warpgroups of 64 keys. K and V stay in
+// shared memory; for each query head of the kv head's group (GQA: dK/dV summed in registers) and
+// each query tile that sees a key of the block, Q, dO, lse and D stream through two cp.async
+// stages in wgmma's 128-byte swizzle (zero-filled past the sequence, as in the forward). Per
+// tile and warpgroup:
+//   S^T = K Q^T, dP^T = V dO^T          wgmma SS (K-major operands), 64 keys x kBlockM queries
+//   P^T = exp2(S^T c - lse log2 e)       registers (the sm80 kernel's masks and softcap)
+//   dV += P^T dO                         wgmma RS (P^T's accumulator layout is the A fragment;
+//                                        dO is the N-major B operand), under the dS^T math
+//   dS^T = P^T (dP^T - D)                registers, also rounded into a [key][query] tile
+//   dK += dS^T Q                         wgmma RS
+//   dQ (+)= dS K                         wgmma SS, both operands MN-major (dS^T tile, K),
+//                                        64 x 64 per warpgroup, added to the float32 dQ
+//                                        workspace with red.global.add.v4.f32
+// so only the deterministic-free (atomic dQ) mode exists here; the preprocess (D) and the dQ
+// conversion are the sm80 path's kernels. dK is scaled by softmax_scale at the end.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/flash/bwd_args.h"
+#include "kernels/flash/bwd_sm90_traits.cuh"
+#include "kernels/flash/fwd_sm90_kernel.cuh"
+#include "kernels/flash/ptx.cuh"
+#include "kernels/flash/ptx_sm90.cuh"
+
+namespace attnserve::kernels::flash {
+
+// Keeps the compiler from moving reads of wgmma accumulators above the wait that completed them
+// (ptx::WgmmaWait pins one array; dK and dV are read after the last wait of the loop).
+template <int kRows, int kCols>
+__device__ __forceinline__ void PinRegisters(float (&regs)[kRows][kCols]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) asm volatile("" : "+f"(regs[i][j])::"memory");
+  }
+}
+
+template <DType kDType, int kHeadDim>
+class BwdSm90BlockRunner {
+  using T = BwdSm90Traits<kDType, kHeadDim>;
+  using Element = typename T::Element;
+  using MmaScores = ptx::Wgmma<Element, T::kBlockM>;  // 64 keys x kBlockM queries
+  using MmaGrad = ptx::Wgmma<Element, kHeadDim>;      // 64 keys x head dim
+  using MmaDq = ptx::Wgmma<Element, T::kDqCols>;      // 64 queries x 64 columns
+
+ public:
+  // Per thread of warp w (of its warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
+  // 64 warpgroup + 16 w + l / 4 (+ 8), columns 8 t + 2 (l % 4) + {0, 1} of 8-column tile t.
+  __device__ __forceinline__ BwdSm90BlockRunner(const BwdKernelArgs& args, uint32_t smem,
+                                                int batch, int kv_head, int n_block)
+      : args_(args), f_(args.fwd), kv_head_(kv_head) {
+    k_smem_ = smem;
+    v_smem_ = smem + T::kKvBytes;
+    stage_smem_ = smem + 2 * T::kKvBytes;
+    ds_smem_ = stage_smem_ + 2 * T::kStageBytes;
+    k_begin_ = f_.cu_seqlens_k[batch];
+    len_k_ = f_.cu_seqlens_k[batch + 1] - k_begin_;
+    key_first_ = n_block * T::kBlockN;
+    q_begin_ = f_.cu_seqlens_q[batch];
+    len_q_ = f_.cu_seqlens_q[batch + 1] - q_begin_;
+    offset_ = len_k_ - len_q_;  // query row i's diagonal key is i + offset
+    vecs_valid_ = f_.head_dim / T::kVecElems;
+    // The query tiles whose rows see a key of the block (the sm80 pair kernel's range).
+    const int key_last = min(len_k_, key_first_ + T::kBlockN) - 1;
+    const int row_first = max(0, key_first_ - f_.window_right - offset_);
+    const int row_last = min(len_q_ - 1, key_last + f_.window_left - offset_);
+    m_begin_ = row_first / T::kBlockM;
+    m_count_ = row_first > row_last ? 0 : row_last / T::kBlockM - m_begin_ + 1;
+    iters_ = m_count_ * f_.head_group;
+  }
+
+  __device__ __forceinline__ bool Exists() const { return key_first_ < len_k_; }
+
+  // K, V and the first query tile.
+  __device__ __forceinline__ void Prologue() {
+    if (iters_ > 0) {
+      const int tid = threadIdx.x;
+      const int64_t kv_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
+                                int64_t{kv_head_} * f_.head_dim;
+      const int kv_stride = static_cast<int>(f_.kv_row_stride);
+      LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kThreads>(
+          k_smem_, static_cast<const Element*>(f_.k) + kv_offset, kv_stride,
+          len_k_ - key_first_, vecs_valid_, tid);
+      LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kThreads>(
+          v_smem_, static_cast<const Element*>(f_.v) + kv_offset, kv_stride,
+          len_k_ - key_first_, vecs_valid_, tid);
+      LoadStage(0);
+    }
+    ptx::CommitAsyncGroup<Sm80>();
+  }
+
+  // One query tile per iteration. Every wgmma of a tile is complete at the end of its Step, so
+  // the barrier at the top of the next iteration frees that tile's stage (which then takes the
+  // tile after the next) and the dS^T tile.
+  __device__ __forceinline__ void Run() {
+#pragma unroll
+    for (int nt = 0; nt < T::kDTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dk_[nt][e] = 0.0f;
+        dv_[nt][e] = 0.0f;
+      }
+    }
+    for (int it = 0; it < iters_; ++it) {
+      // Tile it has landed and is visible to the tensor cores; every warpgroup is done with
+      // tile it - 1, whose stage now takes tile it + 1.
+      ptx::WaitAsyncGroups<Sm80, 0>();
+      ptx::FenceProxyAsyncShared();
+      __syncthreads();
+      if (it + 1 < iters_) LoadStage(it + 1);
+      ptx::CommitAsyncGroup<Sm80>();
+      Step(it);
+    }
+  }
+
+  // dK (times softmax_scale) and dV through the K and V buffers (each warp its own 16 rows),
+  // then 16-byte stores of the rows that exist.
+  __device__ __forceinline__ void Epilogue() {
+    ptx::WaitAsyncGroups<Sm80, 0>();
+    __syncthreads();  // no wgmma reads K or V any more (dQ of both warpgroups reads all of K)
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int group = lane / 4;
+    const int quad_lane = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + group + 8 * h;
+#pragma unroll
+      for (int nt = 0; nt < T::kDTiles; ++nt) {
+        const uint32_t at = SwizzledOffset<T::kBlockN>(row, nt) + quad_lane * 4;
+        ptx::StoreShared32(k_smem_ + at,
+                           ptx::PackPair<Element>(dk_[nt][2 * h] * args_.grad_scale,
+                                                  dk_[nt][2 * h + 1] * args_.grad_scale));
+        ptx::StoreShared32(v_smem_ + at,
+                           ptx::PackPair<Element>(dv_[nt][2 * h], dv_[nt][2 * h + 1]));
+      }
+    }
+    __syncwarp();
+    const int64_t out_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
+                               int64_t{kv_head_} * f_.head_dim;
+    Element* dk = static_cast<Element*>(args_.dk) + out_offset;
+    Element* dv = static_cast<Element*>(args_.dv) + out_offset;
+    const int rows_valid = len_k_ - key_first_;
+    constexpr int kPerLane = 16 * T::kRowVecs / 32;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int idx = i * 32 + lane;
+      const int row = warp * 16 + idx / T::kRowVecs;
+      const int vec = idx % T::kRowVecs;
+      if (row < rows_valid && vec < vecs_valid_) {
+        const uint32_t at = SwizzledOffset<T::kBlockN>(row, vec);
+        const int64_t to = int64_t{row} * f_.kv_row_stride + vec * T::kVecElems;
+        *reinterpret_cast<uint4*>(dk + to) = ptx::LoadShared128(k_smem_ + at);
+        *reinterpret_cast<uint4*>(dv + to) = ptx::LoadShared128(v_smem_ + at);
+      }
+    }
+  }
+
+ private:
+  __device__ __forceinline__ uint32_t StageSmem(int it) const {
+    return stage_smem_ + (it % 2) * T::kStageBytes;
+  }
+  __device__ __forceinline__ int HeadOf(int it) const {
+    return kv_head_ * f_.head_group + it / m_count_;
+  }
+  __device__ __forceinline__ int Row0Of(int it) const {
+    return (m_begin_ + it % m_count_) * T::kBlockM;
+  }
+
+  // Q, dO, lse and D of query tile `it` into its stage. Rows past the sequence read 0 (their Q
+  // and dO are 0, so they contribute exactly nothing, and their dQ is never stored).
+  __device__ __forceinline__ void LoadStage(int it) {
+    const int tid = ptx::FreshThreadIdx();
+    const int head = HeadOf(it);
+    const int row0 = Row0Of(it);
+    const uint32_t st = StageSmem(it);
+    const int64_t q_offset = (int64_t{q_begin_} + row0) * f_.q_row_stride +
+                             int64_t{head} * f_.head_dim;
+    const int q_stride = static_cast<int>(f_.q_row_stride);
+    LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kThreads>(
+        st, static_cast<const Element*>(f_.q) + q_offset, q_stride, len_q_ - row0, vecs_valid_,
+        tid);
+    LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kThreads>(
+        st + T::kTileBytes, static_cast<const Element*>(args_.dout) + q_offset, q_stride,
+        len_q_ - row0, vecs_valid_, tid);
+    if (tid < 2 * T::kBlockM) {
+      const int row = row0 + tid % T::kBlockM;
+      const float* src = tid < T::kBlockM ? f_.lse : args_.dsum;
+      const int64_t index = int64_t{head} * f_.total_q + q_begin_ + row;
+      ptx::CopyAsync4<Sm80>(st + 2 * T::kTileBytes + tid * 4, src + (row < len_q_ ? index : 0),
+                            row < len_q_);
+    }
+  }
+
+  // Query tile `it`: the five products, with the P^T and dS^T math under the running wgmma.
+  __device__ __forceinline__ void Step(int it) {
+    const int tid = ptx::FreshThreadIdx();
+    const int warpgroup = tid / 128;
+    const int warp = tid % 128 / 32;
+    const int group = tid % 32 / 4;
+    const int quad_lane = tid % 4;
+    const int row0 = Row0Of(it);
+    const uint32_t q_st = StageSmem(it);
+    const uint32_t do_st = q_st + T::kTileBytes;
+    const uint32_t scalars = q_st + 2 * T::kTileBytes + 2 * quad_lane * 4;  // lse, then D
+
+    float s[T::kSTiles][4];
+    float dp[T::kSTiles][4];
+    ptx::WgmmaFence();
+    IssueScores(s, k_smem_ + warpgroup * 64 * 128, q_st);
+    IssueScores(dp, v_smem_ + warpgroup * 64 * 128, do_st);
+    ptx::WgmmaWait<1>(s);
+
+    if (f_.softcap) {
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = ptx::Tanh(s[nt][e] * f_.softcap_input_scale);
+      }
+    }
+    // Element-wise masking only where the warp's 16 keys x kBlockM queries cross a mask edge or
+    // the end of the keys (warp-uniform), with the sm80 kernel's bounds.
+    const int warp_key_first = key_first_ + warpgroup * 64 + warp * 16;
+    if (warp_key_first + 16 > len_k_ ||
+        warp_key_first + 15 > row0 + offset_ + f_.window_right ||
+        warp_key_first < row0 + T::kBlockM - 1 + offset_ - f_.window_left) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = warp_key_first + group + 8 * h;
+        const int base = row0 + 2 * quad_lane;
+        const int lo = key - offset_ - f_.window_right - base;
+        const int hi = key < len_k_ ? key - offset_ + f_.window_left - base : -1;
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = nt * 8 + e;
+            if (c < lo || c > hi) s[nt][2 * h + e] = -INFINITY;
+          }
+        }
+      }
+    }
+
+    // P^T, rounded into the A fragments of dV += P^T dO (the accumulator layout of two 8-query
+    // tiles is one k16 A fragment), and G = P^T (times 1 - tanh^2 with softcap; -inf masked
+    // scores clamp the factor to 0) for dS^T: in float32 in s, or rounded to 16 bits in g where
+    // registers are short (T::kPackedG).
+    uint32_t p[T::kGradSteps][4];
+    uint32_t g[T::kPackedG ? T::kGradSteps : 1][4];
+    const bool softcap = f_.softcap;
+    const float exp2_scale = f_.exp2_scale;
+    const float lse2_scale = args_.lse_log2_scale;
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt) {
+      const float2 lse = ptx::LoadSharedFloat2(scalars + nt * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float pe[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float t = s[nt][2 * h + e];
+          pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
+          s[nt][2 * h + e] = softcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
+        }
+        p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);
+        if constexpr (T::kPackedG) {
+          g[nt / 2][(nt % 2) * 2 + h] =
+              ptx::PackPair<Element>(s[nt][2 * h], s[nt][2 * h + 1]);
+        }
+      }
+    }
+    ptx::WgmmaFence();
+    IssueGrad(dv_, p, do_st);
+    // S^T and dP^T are done. dV runs on under the dS^T math where registers allow: its P^T
+    // fragments stay live until the group completes (T::kOverlapDv).
+    ptx::WgmmaWait<T::kOverlapDv ? 1 : 0>(dp);
+
+    // dS^T = G (dP^T - D): the A fragments of dK += dS^T Q, and the [key][query] tile of dQ.
+    uint32_t ds[T::kGradSteps][4];
+    const int key_row = warpgroup * 64 + warp * 16 + group;
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt) {
+      const float2 dsum = ptx::LoadSharedFloat2(scalars + T::kBlockM * 4 + nt * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float2 gv;
+        if constexpr (T::kPackedG) {
+          gv = ptx::UnpackPair<Element>(g[nt / 2][(nt % 2) * 2 + h]);
+        } else {
+          gv = make_float2(s[nt][2 * h], s[nt][2 * h + 1]);
+        }
+        const uint32_t packed = ptx::PackPair<Element>(gv.x * (dp[nt][2 * h] - dsum.x),
+                                                       gv.y * (dp[nt][2 * h + 1] - dsum.y));
+        ds[nt / 2][(nt % 2) * 2 + h] = packed;
+        ptx::StoreShared32(
+            ds_smem_ + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
+      }
+    }
+    ptx::WgmmaFence();
+    IssueGrad(dk_, ds, q_st);
+
+    // dQ = dS K once both warpgroups' dS^T rows are in shared memory (written by the generic
+    // proxy, read by the tensor cores: fence, then barrier).
+    ptx::FenceProxyAsyncShared();
+    __syncthreads();
+    float dq[T::kDqTiles][4];
+    const int q_block = T::kDqRowBlocks == 2 ? warpgroup : 0;  // 64 query rows
+    const int dq_col0 = T::kDqRowBlocks == 2 ? 0 : warpgroup * T::kDqCols;
+    // K's columns dq_col0.. : head-dim block dq_col0 / 64, byte (dq_col0 % 64) * 2 of its rows
+    // (N = 32 starts mid-row at 64 bytes; the swizzle comes from the address bits, as for the
+    // 32-byte k steps of the K-major operands).
+    const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
+    ptx::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < T::kDqSteps; ++kk) {
+      // 16 keys per step: 16 rows of 128 bytes in both MN-major tiles.
+      const uint64_t a = ptx::MatrixDescriptor128B(
+          ds_smem_ + q_block * T::kBlockN * 128 + kk * 16 * 128, T::kBlockN * 128, 1024);
+      const uint64_t b =
+          ptx::MatrixDescriptor128B(k_cols + kk * 16 * 128, T::kBlockN * 128, 1024);
+      MmaDq::SSTrans(dq, a, b, kk > 0);
+    }
+    ptx::WgmmaCommit();
+    ptx::WgmmaWait<0>(dq);
+    PinRegisters(dk_);
+    PinRegisters(dv_);
+    AddDq(dq, it, q_block * 64 + warp * 16 + group, dq_col0 + 4 * (quad_lane / 2),
+          quad_lane & 1);
+  }
+
+  // S^T = K Q^T (or dP^T = V dO^T) for this warpgroup's 64 keys, one committed group (the caller
+  // fences first): both K-major, the k16 step kk in head-dim block kk / 4 at 32 bytes per step.
+  __device__ __forceinline__ void IssueScores(float (&acc)[T::kSTiles][4], uint32_t keys,
+                                              uint32_t queries) {
+#pragma unroll
+    for (int kk = 0; kk < T::kScoreSteps; ++kk) {
+      const uint32_t step = (kk % 4) * 32;
+      const uint64_t a =
+          ptx::MatrixDescriptor128B(keys + (kk / 4) * T::kBlockN * 128 + step, 16, 1024);
+      const uint64_t b =
+          ptx::MatrixDescriptor128B(queries + (kk / 4) * T::kBlockM * 128 + step, 16, 1024);
+      MmaScores::SS(acc, a, b, kk > 0);
+    }
+    ptx::WgmmaCommit();
+  }
+
+  // acc += A (P^T or dS^T fragments) x B (dO or Q: the N-major operand, 64 head-dim columns per
+  // 128-byte row, query rows 128 bytes apart, head-dim blocks kBlockM * 128 bytes apart), one
+  // committed group (the caller fences first).
+  __device__ __forceinline__ void IssueGrad(float (&acc)[T::kDTiles][4],
+                                            const uint32_t (&a)[T::kGradSteps][4],
+                                            uint32_t rows) {
+#pragma unroll
+    for (int kk = 0; kk < T::kGradSteps; ++kk) {
+      const uint64_t b = ptx::MatrixDescriptor128B(rows + kk * 16 * 128, T::kBlockM * 128, 1024);
+      MmaGrad::RS(acc, a[kk], b, 1);
+    }
+    ptx::WgmmaCommit();
+  }
+
+  // Adds this warpgroup's dQ product into the float32 workspace: lanes 2j, 2j+1 of a quad swap
+  // halves (one shuffle per pair) so each adds 4 consecutive columns of one row with one v4
+  // reduction per 8-column tile (the sm80 kernel's scheme).
+  __device__ __forceinline__ void AddDq(const float (&dq)[T::kDqTiles][4], int it, int row,
+                                        int col0, bool odd) {
+    const int row0 = Row0Of(it);
+    const int q_row = row + (odd ? 8 : 0);
+    float* dst = args_.dq_accum + (int64_t{q_begin_} + row0 + q_row) * f_.q_row_stride +
+                 int64_t{HeadOf(it)} * f_.head_dim;
+    const bool row_valid = q_row < len_q_ - row0;
+#pragma unroll
+    for (int t = 0; t < T::kDqTiles; ++t) {
+      const float y0 = __shfl_xor_sync(0xffffffffu, odd ? dq[t][0] : dq[t][2], 1);
+      const float y1 = __shfl_xor_sync(0xffffffffu, odd ? dq[t][1] : dq[t][3], 1);
+      const int col = col0 + t * 8;
+      if (row_valid && col < f_.head_dim) {
+        if (odd) {
+          ptx::AtomicAddQuad(dst + col, y0, y1, dq[t][2], dq[t][3]);
+        } else {
+          ptx::AtomicAddQuad(dst + col, dq[t][0], dq[t][1], y0, y1);
+        }
+      }
+    }
+  }
+
+  const BwdKernelArgs& args_;
+  const FwdKernelArgs& f_;
+  int kv_head_;
+  int k_begin_, len_k_, key_first_, q_begin_, len_q_, offset_;
+  int vecs_valid_;
+  int m_begin_, m_count_, iters_;
+  uint32_t k_smem_, v_smem_, stage_smem_, ds_smem_;
+  float dk_[T::kDTiles][4];
+  float dv_[T::kDTiles][4];
+};
+
+template <DType kDType, int kHeadDim>
+__device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& args) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
+  const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
+  BwdSm90BlockRunner<kDType, kHeadDim> runner(args, base, blockIdx.z, blockIdx.y, blockIdx.x);
+  if (!runner.Exists()) return;
+  runner.Prologue();
+  runner.Run();
+  runner.Epilogue();
+}
+
+// Compiled only in sm_90a code (the instantiation files are built for that target alone); any
+// other pass sees a trap, never launched.
+template <DType kDType, int kHeadDim>
+__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim>::kThreads, 1)
+    FlashBackwardDkDvSm90Kernel(const __grid_constant__ BwdKernelArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  FlashBackwardDkDvSm90Cta<kDType, kHeadDim>(args);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace attnserve::kernels::flash

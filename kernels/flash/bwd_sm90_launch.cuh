@@ -1,0 +1,62 @@
+// Definition of LaunchBackwardSm90, included by the generated sm90 backward instantiation files
+// only: zero the float32 dQ workspace, the preprocess (D), the Hopper dK/dV kernel with atomic
+// dQ, the dQ conversion (the sm80 path's preprocess and conversion kernels, unchanged).
+#pragma once
+
+#include <string>
+
+#include "kernels/flash/bwd_launch.h"
+#include "kernels/flash/bwd_preprocess.cuh"
+#include "kernels/flash/bwd_sm90_kernel.cuh"
+
+namespace attnserve::kernels::flash {
+
+inline KernelStatus BackwardSm90LaunchError(const char* what, cudaError_t err) {
+  return KernelStatus::Error(std::string("flash: sm90 backward ") + what + " failed: " +
+                             cudaGetErrorString(err));
+}
+
+// The atomic-dQ mode only: the dispatcher runs the deterministic mode on the sm80 path.
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
+                                cudaStream_t stream) {
+  using T = BwdSm90Traits<kDType, kHeadDim>;
+  if (args.dq_accum == nullptr && args.fwd.total_q > 0) {
+    return KernelStatus::Error("flash: sm90 backward needs the dQ workspace (atomic mode)");
+  }
+  const auto dkdv = &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim>;
+  cudaError_t err =
+      cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (err != cudaSuccess) return BackwardSm90LaunchError("cudaFuncSetAttribute", err);
+  const int64_t pairs = args.fwd.total_q * args.fwd.num_heads;
+  const int64_t dq_elems = pairs * args.fwd.head_dim;
+  if (dq_elems > 0) {
+    err = cudaMemsetAsync(args.dq_accum, 0, static_cast<size_t>(dq_elems) * 4, stream);
+    if (err != cudaSuccess) return BackwardSm90LaunchError("cudaMemsetAsync", err);
+  }
+  if (pairs > 0) {
+    const int64_t blocks = (pairs + kPreprocessRowsPerBlock - 1) / kPreprocessRowsPerBlock;
+    FlashBackwardPreprocessKernel<kDType>
+        <<<static_cast<unsigned>(blocks), kPreprocessThreads, 0, stream>>>(args);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return BackwardSm90LaunchError("preprocess launch", err);
+  }
+  if (grid.max_seqlen_k > 0) {
+    const dim3 blocks((grid.max_seqlen_k + T::kBlockN - 1) / T::kBlockN,
+                      args.fwd.num_heads / args.fwd.head_group, grid.batch);
+    dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return BackwardSm90LaunchError("dK/dV launch", err);
+  }
+  if (dq_elems > 0) {
+    const int64_t blocks = (dq_elems / 8 + kConvertThreads - 1) / kConvertThreads;
+    FlashBackwardConvertDqKernel<kDType><<<static_cast<unsigned>(blocks), kConvertThreads, 0,
+                                           stream>>>(args.dq_accum, args.dq, dq_elems,
+                                                     args.grad_scale);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return BackwardSm90LaunchError("dQ conversion launch", err);
+  }
+  return KernelStatus::Ok();
+}
+
+}  // namespace attnserve::kernels::flash

@@ -1,0 +1,64 @@
+// Compile-time geometry of the Hopper (sm_90a) backward dK/dV kernel (element type x head dim):
+// 128 keys per CTA in two 64-key warpgroups, query tiles of kBlockM rows streamed through two
+// stages, and the shared-memory layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
+//   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D | dS^T.
+#pragma once
+
+#include "kernels/attention_params.h"
+#include "kernels/flash/fwd_traits.cuh"
+#include "kernels/flash/tile_config.h"
+
+namespace attnserve::kernels::flash {
+
+template <DType kDType, int kHeadDim_>
+struct BwdSm90Traits {
+  using Element = typename ElementOf<kDType>::type;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kSm90BackwardBlockN;          // keys per CTA
+  static constexpr int kBlockM = Sm90BackwardBlockM(kHeadDim);  // queries per streamed tile
+  static constexpr int kWarpgroups = kBlockN / 64;              // 64 keys each
+  static constexpr int kThreads = kWarpgroups * 128;
+
+  static constexpr int kSTiles = kBlockM / 8;      // 8-query tiles of S^T / dP^T per warp
+  static constexpr int kDTiles = kHeadDim / 8;     // 8-column tiles of dK / dV per warp
+  static constexpr int kScoreSteps = kHeadDim / 16;  // k16 steps of S^T = K Q^T, dP^T = V dO^T
+  static constexpr int kGradSteps = kBlockM / 16;    // k16 steps of dV += P^T dO, dK += dS^T Q
+  static constexpr int kDqSteps = kBlockN / 16;      // k16 steps of dQ = dS K
+  // dQ = dS K (kBlockM x kHeadDim) split over the warpgroups: 64 query rows each where the tile
+  // has 128, else the 64 rows x half the head dim (N = 32 at head dim 64, 64 at 128).
+  static constexpr int kDqRowBlocks = kBlockM / 64;
+  static constexpr int kDqCols = kHeadDim * kDqRowBlocks / kWarpgroups;
+  static constexpr int kDqTiles = kDqCols / 8;
+  // G = P^T (1 - tanh^2) for dS^T kept rounded to 16 bits instead of in float32: with 128-query
+  // tiles, float32 G (64) beside the P^T fragments of the running dV product (32), dP^T (64), dK
+  // and dV (64) spilled (84 bytes at 255 registers). Costs one more rounding of dS (the sm80
+  // kernel at head dims 192/256 does the same).
+  static constexpr bool kPackedG = kBlockM == 128;
+  // Whether dV += P^T dO runs on under the dS^T math (its 32 P^T fragment registers then stay
+  // live through dS^T, dK and dQ): at head dim 64 (128-query tiles) that spilled 8-48 bytes.
+  static constexpr bool kOverlapDv = kBlockM <= 64;
+
+  static constexpr int kVecElems = 16 / sizeof(Element);
+  static constexpr int kRowVecs = kHeadDim / kVecElems;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
+  static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
+  static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
+
+  static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim: 64 or 128 (whole swizzle rows)");
+  static_assert(kBlockN == 128 && kWarpgroups == 2, "two 64-key warpgroups");
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "query tile: whole 64-element swizzle rows");
+  static_assert(kDqCols % 32 == 0 && kDqRowBlocks * (kHeadDim / kDqCols) == kWarpgroups,
+                "dQ: one 64-row product of N = 32 or 64 per warpgroup");
+  static_assert(2 * kBlockM <= kThreads, "lse and D of a tile: one float per thread");
+  static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
+                    kDsBytes % 1024 == 0,
+                "every tile starts 1024-byte aligned (swizzle atoms)");
+  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
+  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBytes + 1024,
+                "host and device agree");
+};
+
+}  // namespace attnserve::kernels::flash
