@@ -5,8 +5,10 @@
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
 #                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
+#                    [--bwd-head-dims LIST]
 #
-# --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id). The
+# --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id);
+# --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows. The
 # backward benchmark always has an ours-sm90bwd column: the same library with
 # ATTN_FLASH_BWD_SM90=1 (the opt-in Hopper backward; kernels/flash/NOTES.md).
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
@@ -27,6 +29,8 @@ bwd_variants=()
 expect_bwd_variant=0
 test_path=tests/kernels/gpu
 expect_test_path=0
+bwd_head_dims=64,128,192,256
+expect_bwd_head_dims=0
 for arg in "$@"; do
   if ((expect_bwd_variant)); then
     bwd_variants+=("$arg")
@@ -38,9 +42,15 @@ for arg in "$@"; do
     expect_test_path=0
     continue
   fi
+  if ((expect_bwd_head_dims)); then
+    bwd_head_dims="$arg"
+    expect_bwd_head_dims=0
+    continue
+  fi
   case "$arg" in
     --bwd-variant) expect_bwd_variant=1 ;;
     --tests) expect_test_path=1 ;;
+    --bwd-head-dims) expect_bwd_head_dims=1 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
@@ -118,7 +128,7 @@ if ((run_bench && run_fwd_bench)); then
     --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 fi
 if ((run_bench && run_bwd_bench)); then
-  python3 bench/bench_flash.py --backward --head-dims 64,128,192,256 --lib "ours=$ATTN_CAPI" \
+  python3 bench/bench_flash.py --backward --head-dims "$bwd_head_dims" --lib "ours=$ATTN_CAPI" \
     --lib "ours-sm90bwd=$ATTN_CAPI+ATTN_FLASH_BWD_SM90=1" "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if ((run_tests)); then

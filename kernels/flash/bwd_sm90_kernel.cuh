@@ -248,11 +248,9 @@ class BwdSm90BlockRunner {
     }
 
     // P^T, rounded into the A fragments of dV += P^T dO (the accumulator layout of two 8-query
-    // tiles is one k16 A fragment), and G = P^T (times 1 - tanh^2 with softcap; -inf masked
-    // scores clamp the factor to 0) for dS^T: in float32 in s, or rounded to 16 bits in g where
-    // registers are short (T::kPackedG).
+    // tiles is one k16 A fragment); s keeps G = P^T in float32 (times 1 - tanh^2 with softcap;
+    // -inf masked scores clamp the factor to 0) for dS^T.
     uint32_t p[T::kGradSteps][4];
-    uint32_t g[T::kPackedG ? T::kGradSteps : 1][4];
     const bool softcap = f_.softcap;
     const float exp2_scale = f_.exp2_scale;
     const float lse2_scale = args_.lse_log2_scale;
@@ -269,17 +267,13 @@ class BwdSm90BlockRunner {
           s[nt][2 * h + e] = softcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
         }
         p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);
-        if constexpr (T::kPackedG) {
-          g[nt / 2][(nt % 2) * 2 + h] =
-              ptx::PackPair<Element>(s[nt][2 * h], s[nt][2 * h + 1]);
-        }
       }
     }
     ptx::WgmmaFence();
     IssueGrad(dv_, p, do_st);
-    // S^T and dP^T are done. dV runs on under the dS^T math where registers allow: its P^T
-    // fragments stay live until the group completes (T::kOverlapDv).
-    ptx::WgmmaWait<T::kOverlapDv ? 1 : 0>(dp);
+    // S^T and dP^T are done; dV runs on under the dS^T math (its P^T fragments stay live until
+    // the last wait of the tile).
+    ptx::WgmmaWait<1>(dp);
 
     // dS^T = G (dP^T - D): the A fragments of dK += dS^T Q, and the [key][query] tile of dQ.
     uint32_t ds[T::kGradSteps][4];
@@ -289,14 +283,9 @@ class BwdSm90BlockRunner {
       const float2 dsum = ptx::LoadSharedFloat2(scalars + T::kBlockM * 4 + nt * 32);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float2 gv;
-        if constexpr (T::kPackedG) {
-          gv = ptx::UnpackPair<Element>(g[nt / 2][(nt % 2) * 2 + h]);
-        } else {
-          gv = make_float2(s[nt][2 * h], s[nt][2 * h + 1]);
-        }
-        const uint32_t packed = ptx::PackPair<Element>(gv.x * (dp[nt][2 * h] - dsum.x),
-                                                       gv.y * (dp[nt][2 * h + 1] - dsum.y));
+        const uint32_t packed =
+            ptx::PackPair<Element>(s[nt][2 * h] * (dp[nt][2 * h] - dsum.x),
+                                   s[nt][2 * h + 1] * (dp[nt][2 * h + 1] - dsum.y));
         ds[nt / 2][(nt % 2) * 2 + h] = packed;
         ptx::StoreShared32(
             ds_smem_ + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
@@ -402,7 +391,7 @@ class BwdSm90BlockRunner {
 
 template <DType kDType, int kHeadDim>
 __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& args) {
-  extern __shared__ __align__(1024) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
   BwdSm90BlockRunner<kDType, kHeadDim> runner(args, base, blockIdx.z, blockIdx.y, blockIdx.x);

@@ -29,14 +29,6 @@ struct BwdSm90Traits {
   static constexpr int kDqRowBlocks = kBlockM / 64;
   static constexpr int kDqCols = kHeadDim * kDqRowBlocks / kWarpgroups;
   static constexpr int kDqTiles = kDqCols / 8;
-  // G = P^T (1 - tanh^2) for dS^T kept rounded to 16 bits instead of in float32: with 128-query
-  // tiles, float32 G (64) beside the P^T fragments of the running dV product (32), dP^T (64), dK
-  // and dV (64) spilled (84 bytes at 255 registers). Costs one more rounding of dS (the sm80
-  // kernel at head dims 192/256 does the same).
-  static constexpr bool kPackedG = kBlockM == 128;
-  // Whether dV += P^T dO runs on under the dS^T math (its 32 P^T fragment registers then stay
-  // live through dS^T, dK and dQ): at head dim 64 (128-query tiles) that spilled 8-48 bytes.
-  static constexpr bool kOverlapDv = kBlockM <= 64;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;

@@ -112,7 +112,7 @@ constexpr int Sm90BackwardBlockM(int head_dim) {
   // head dim 64 / 128); each warpgroup's dQ = dS K is the 64 rows x half the head dim. 128-query
   // tiles at head dim 64 (FlashAttention-3's) spilled 8-132 bytes at 255 registers (S^T and dP^T
   // 64 floats each in flight beside P^T, G, dK and dV), with every arrangement tried.
-  return head_dim > 0 ? 64 : 0;
+  return head_dim <= 128 ? 64 : 0;  // (no instantiation above 128)
 }
 // Q and dO of a query tile plus its lse and D, rounded up to whole 1 KB swizzle atoms.
 constexpr int Sm90BackwardStageBytes(int head_dim) {

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""CPU-side self-check of the Hopper backward's index maps (bwd_sm90_kernel.cuh), written while
+no GPU was available: it emulates, in Python, what each thread of the kernel stores and reads
+and asserts the properties the kernel relies on. Run: python3 kernels/flash/check_sm90_bwd_layouts.py
+
+  1. SwizzledOffset is a bijection of (row, 16-byte vector) onto the tile and equals wgmma's
+     128-byte swizzle of the canonical K-major address (K, V, Q, dO tiles).
+  2. The dS^T tile as stored by the threads (32-bit pairs from the S^T accumulator layout) is
+     exactly what the MN-major A descriptor of dQ = dS K reads for every (query, key), and K
+     read through the MN-major B descriptor (N = 32 or 64 columns from column c0) is K.
+  3. The accumulator layout of wgmma (m64nN) packed as the kernel packs P^T / dS^T is the
+     register A fragment layout of wgmma m64k16 (RS), per k16 step.
+  4. The dQ reductions (lane pairs swap halves, v4 adds) cover every element of each
+     warpgroup's dQ product exactly once, with the right value.
+  5. The epilogue copy-out: each warp reads back exactly the 16 rows it wrote.
+  6. Masking: the per-warp decision never skips a tile that has an element to hide, and the
+     element-wise bounds hide exactly the (key, query) pairs the contract hides; the query-tile
+     range of a key block holds every row that sees one of its keys.
+"""
+
+import random
+
+BLOCK_N = 128
+
+
+def swizzled_offset(rows, row, vec):
+    return (vec // 8) * (rows * 128) + row * 128 + (((vec % 8) ^ (row % 8)) * 16)
+
+
+def hw_swizzle(addr):
+    """wgmma's 128-byte swizzle: address bits [4:6] ^= bits [7:9] (tiles 1024-byte aligned)."""
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def check_tiles():
+    for rows, d in ((128, 64), (128, 128), (64, 64), (64, 128)):
+        vecs = d // 8
+        seen = set()
+        for r in range(rows):
+            for v in range(vecs):
+                off = swizzled_offset(rows, r, v)
+                assert off % 16 == 0 and 0 <= off < rows * d * 2
+                seen.add(off)
+                # K-major canonical layout: head-dim block v // 8 of rows * 128 bytes, row r at
+                # r * 128 (8-row groups 1024 apart), then the hardware swizzle.
+                canonical = (v // 8) * rows * 128 + r * 128 + (v % 8) * 16
+                assert hw_swizzle(canonical) == off
+        assert len(seen) == rows * vecs
+
+
+def accumulator_coords(t, i):
+    """wgmma m64nN fp32 accumulator register i (= 4 * tile + e) of thread t of the warpgroup."""
+    warp, lane = t // 32, t % 32
+    row = 16 * warp + lane // 4 + 8 * ((i % 4) // 2)
+    col = 8 * (i // 4) + 2 * (lane % 4) + i % 2
+    return row, col
+
+
+def a_fragment_coords(t, reg, half):
+    """wgmma m64k16 register A fragment: 32-bit register reg (0..3), 16-bit half of thread t."""
+    warp, lane = t // 32, t % 32
+    row = 16 * warp + lane // 4 + 8 * (reg % 2)
+    col = 2 * (lane % 4) + half + 8 * (reg // 2)
+    return row, col
+
+
+def check_fragments(block_m):
+    s_tiles = block_m // 8
+    for t in range(128):
+        for nt in range(s_tiles):
+            for h in range(2):
+                # The kernel: p[nt / 2][(nt % 2) * 2 + h] = pack(s[nt][2h], s[nt][2h + 1]).
+                kk, reg = nt // 2, (nt % 2) * 2 + h
+                for half in range(2):
+                    acc = accumulator_coords(t, 4 * nt + 2 * h + half)
+                    frag = a_fragment_coords(t, reg, half)
+                    assert acc == (frag[0], frag[1] + 16 * kk), (t, nt, h, half)
+
+
+def check_ds_tile_and_dq_operands(head_dim, block_m):
+    # Stores: thread t of warpgroup wg writes the pair (key, query 8 nt + 2 (t % 4) + {0, 1}) at
+    # SwizzledOffset<128>(key, nt) + (t % 4) * 4, key = 64 wg + 16 warp + group + 8 h.
+    memory = {}
+    for wg in range(2):
+        for t in range(128):
+            for nt in range(block_m // 8):
+                for h in range(2):
+                    row, col = accumulator_coords(t, 4 * nt + 2 * h)
+                    key = 64 * wg + row
+                    assert col == 8 * nt + 2 * (t % 4)
+                    base = swizzled_offset(BLOCK_N, key, nt) + (t % 4) * 4
+                    for half in range(2):
+                        addr = base + 2 * half
+                        assert addr not in memory
+                        memory[addr] = (key, col + half)
+    assert len(memory) == BLOCK_N * block_m
+    # dQ: A = dS (M = 64 queries of block q_block, K = keys), MN-major, start
+    # ds + q_block * 128 * 128 + kk * 16 * 128, LBO = 128 * 128, SBO = 1024.
+    row_blocks = block_m // 64
+    dq_cols = head_dim * row_blocks // 2
+    for wg in range(2):
+        q_block = wg if row_blocks == 2 else 0
+        for kk in range(BLOCK_N // 16):
+            start = q_block * BLOCK_N * 128 + kk * 16 * 128
+            for m in range(64):
+                for k in range(16):
+                    canonical = start + (m // 64) * BLOCK_N * 128 + (k // 8) * 1024 + \
+                        (k % 8) * 128 + (m % 64) * 2
+                    assert memory[hw_swizzle(canonical)] == (kk * 16 + k, 64 * q_block + m)
+        # B = K (K = keys, N = dq_cols head-dim columns from col0), MN-major.
+        col0 = 0 if row_blocks == 2 else wg * dq_cols
+        k_cols = (col0 // 64) * BLOCK_N * 128 + (col0 % 64) * 2
+        for kk in range(BLOCK_N // 16):
+            start = k_cols + kk * 16 * 128
+            for n in range(dq_cols):
+                for k in range(16):
+                    canonical = start + (n // 64) * BLOCK_N * 128 + (k // 8) * 1024 + \
+                        (k % 8) * 128 + (n % 64) * 2
+                    key, col = kk * 16 + k, col0 + n
+                    stored = swizzled_offset(BLOCK_N, key, col // 8) + (col % 8) * 2
+                    assert hw_swizzle(canonical) == stored, (wg, kk, n, k)
+
+
+def check_dq_reductions(dq_cols):
+    tiles = dq_cols // 8
+    for warp in range(4):
+        written = {}
+        regs = {lane: [[(16 * warp + lane // 4 + 8 * (e // 2), 8 * t + 2 * (lane % 4) + e % 2)
+                        for e in range(4)] for t in range(tiles)] for lane in range(32)}
+        for lane in range(32):
+            q = lane % 4
+            odd = q & 1
+            partner = lane ^ 1
+            row = 16 * warp + lane // 4 + (8 if odd else 0)
+            for t in range(tiles):
+                mine = regs[lane][t]
+                theirs = regs[partner][t]
+                y0 = theirs[0] if (partner % 4) & 1 else theirs[2]  # the partner's selection
+                y1 = theirs[1] if (partner % 4) & 1 else theirs[3]
+                values = [y0, y1, mine[2], mine[3]] if odd else [mine[0], mine[1], y0, y1]
+                col = 8 * t + 4 * (q // 2)
+                for j, value in enumerate(values):
+                    assert value == (row, col + j), (lane, t, j, value)
+                    assert (row, col + j) not in written
+                    written[(row, col + j)] = True
+        assert len(written) == 16 * dq_cols
+
+
+def check_epilogue(head_dim):
+    row_vecs = head_dim // 8
+    for warp in range(8):
+        reads = set()
+        for lane in range(32):
+            for i in range(16 * row_vecs // 32):
+                idx = i * 32 + lane
+                reads.add((warp * 16 + idx // row_vecs, idx % row_vecs))
+        writes = set()
+        for lane in range(32):
+            for h in range(2):
+                for nt in range(row_vecs):
+                    writes.add((warp * 16 + lane // 4 + 8 * h, nt))
+        assert reads == writes and len(reads) == 16 * row_vecs
+
+
+def visible(i, j, len_q, len_k, wl, wr):
+    d = i + len_k - len_q
+    return j < len_k and d - wl <= j <= d + wr
+
+
+def check_masks(block_m, trials=40):
+    rng = random.Random(1)
+    unbounded = 1 << 29
+    for _ in range(trials):
+        len_q, len_k = rng.randint(1, 200), rng.randint(1, 200)
+        kind = rng.choice(("none", "causal", "window", "left"))
+        wl, wr = unbounded, unbounded
+        if kind == "causal":
+            wr = 0
+        elif kind == "window":
+            wl, wr = rng.randint(0, 80), rng.randint(0, 80)
+        elif kind == "left":
+            wl, wr = rng.randint(0, 80), 0
+        offset = len_k - len_q
+        for key_first in range(0, len_k, BLOCK_N):
+            key_last = min(len_k, key_first + BLOCK_N) - 1
+            row_first = max(0, key_first - wr - offset)
+            row_last = min(len_q - 1, key_last + wl - offset)
+            m_begin = row_first // block_m
+            m_count = 0 if row_first > row_last else row_last // block_m - m_begin + 1
+            tiles = set(range(m_begin, m_begin + m_count))
+            for i in range(len_q):
+                if any(visible(i, j, len_q, len_k, wl, wr)
+                       for j in range(key_first, key_last + 1)):
+                    assert i // block_m in tiles
+            for m in tiles:
+                row0 = m * block_m
+                for wk in range(8):
+                    warp_key_first = key_first + 16 * wk
+                    masked_tile = (warp_key_first + 16 > len_k or
+                                   warp_key_first + 15 > row0 + offset + wr or
+                                   warp_key_first < row0 + block_m - 1 + offset - wl)
+                    for key in range(warp_key_first, warp_key_first + 16):
+                        for c in range(block_m):
+                            i = row0 + c
+                            if i >= len_q:
+                                continue  # zero Q, dO, lse, D: contributes nothing
+                            vis = visible(i, key, len_q, len_k, wl, wr)
+                            if not masked_tile:
+                                assert vis
+                                continue
+                            base = row0 + 2 * (c % 8 // 2)
+                            e = c % 2
+                            nt = c // 8
+                            lo = key - offset - wr - base
+                            hi = key - offset + wl - base if key < len_k else -1
+                            col = nt * 8 + e
+                            assert (col < lo or col > hi) == (not vis), (key, i)
+
+
+def main():
+    check_tiles()
+    for head_dim, block_m in ((64, 64), (128, 64), (64, 128)):
+        check_fragments(block_m)
+        check_ds_tile_and_dq_operands(head_dim, block_m)
+        check_dq_reductions(head_dim * (block_m // 64) // 2)
+    check_epilogue(64)
+    check_epilogue(128)
+    check_masks(64)
+    print("sm90 backward layouts: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
