@@ -14,9 +14,10 @@ inputs and PyTorch's memory-efficient attention (the kernel PyTorch runs on Turi
 
 Several --lib give one column per build (e.g. tile-size variants); the first is "ours" in the
 ratio columns. NAME=PATH@CC runs that library's code path for compute capability CC (e.g.
-ours-sm80=PATH@80 times the sm80 kernel on a Hopper GPU beside the sm90 one); NAME=PATH+VAR=VALUE
-sets an environment variable around that column's calls (e.g. ours-sm90bwd=PATH+ATTN_FLASH_BWD_SM90=1
-times the opt-in Hopper backward). Prints a markdown table; --markdown also writes it to FILE.
+ours-sm80=PATH@80 times the sm80 kernel on a Hopper GPU beside the sm90 one);
+NAME=PATH+VAR=VALUE sets an environment variable around that column's calls (e.g.
+ours-sm90bwd=PATH+ATTN_FLASH_BWD_SM90=1 times the opt-in Hopper backward). Prints a markdown
+table; --markdown also writes it to FILE.
 """
 
 import argparse

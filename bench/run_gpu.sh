@@ -14,8 +14,8 @@
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128) with FLAGS
-# added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME as
-# columns of the backward benchmark.
+# added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME (and
+# NAME-sm90bwd, the same build with ATTN_FLASH_BWD_SM90=1) as columns of the backward benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attn_gpu_out}"
@@ -105,7 +105,8 @@ for spec in "${bwd_variants[@]}"; do
   dir="build-gpu-bwd-$name"
   configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="64;128" \
     "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
-  bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
+  bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so"
+                    "--lib" "$name-sm90bwd=$dir/lib/libattn_capi.so+ATTN_FLASH_BWD_SM90=1")
 done
 
 status=0

@@ -5,17 +5,18 @@
 // each query tile that sees a key of the block, Q, dO, lse and D stream through two cp.async
 // stages in wgmma's 128-byte swizzle (zero-filled past the sequence, as in the forward). Per
 // tile and warpgroup:
-//   S^T = K Q^T, dP^T = V dO^T          wgmma SS (K-major operands), 64 keys x kBlockM queries
+//   S^T = K Q^T, dP^T = V dO^T          wgmma SS (K-major operands), 64 keys x 64 queries
 //   P^T = exp2(S^T c - lse log2 e)       registers (the sm80 kernel's masks and softcap)
 //   dV += P^T dO                         wgmma RS (P^T's accumulator layout is the A fragment;
 //                                        dO is the N-major B operand), under the dS^T math
 //   dS^T = P^T (dP^T - D)                registers, also rounded into a [key][query] tile
 //   dK += dS^T Q                         wgmma RS
 //   dQ (+)= dS K                         wgmma SS, both operands MN-major (dS^T tile, K),
-//                                        64 x 64 per warpgroup, added to the float32 dQ
-//                                        workspace with red.global.add.v4.f32
-// so only the deterministic-free (atomic dQ) mode exists here; the preprocess (D) and the dQ
-// conversion are the sm80 path's kernels. dK is scaled by softmax_scale at the end.
+//                                        64 queries x half the head dim per warpgroup, added
+//                                        to the float32 dQ workspace (red.global.add.v4.f32)
+// so only the atomic-dQ mode exists here (the deterministic one stays on the sm80 path); the
+// preprocess (D) and the dQ conversion are the sm80 path's kernels. dK is scaled by
+// softmax_scale at the end.
 #pragma once
 
 #include <cmath>
@@ -46,7 +47,7 @@ class BwdSm90BlockRunner {
   using Element = typename T::Element;
   using MmaScores = ptx::Wgmma<Element, T::kBlockM>;  // 64 keys x kBlockM queries
   using MmaGrad = ptx::Wgmma<Element, kHeadDim>;      // 64 keys x head dim
-  using MmaDq = ptx::Wgmma<Element, T::kDqCols>;      // 64 queries x 64 columns
+  using MmaDq = ptx::Wgmma<Element, T::kDqCols>;      // 64 queries x 32 or 64 columns
 
  public:
   // Per thread of warp w (of its warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
@@ -294,23 +295,29 @@ class BwdSm90BlockRunner {
     ptx::WgmmaFence();
     IssueGrad(dk_, ds, q_st);
 
-    // dQ = dS K once both warpgroups' dS^T rows are in shared memory (written by the generic
-    // proxy, read by the tensor cores: fence, then barrier).
+    // dQ = dS K once the dS^T rows it reads are in shared memory (written by the generic proxy,
+    // read by the tensor cores: fence, then barrier): both warpgroups' rows, or with kDqByKeys
+    // only this warpgroup's own (its barrier of 128 threads).
     ptx::FenceProxyAsyncShared();
-    __syncthreads();
+    if constexpr (T::kDqByKeys) {
+      ptx::NamedBarrierSync<128>(1 + warpgroup);
+    } else {
+      __syncthreads();
+    }
     float dq[T::kDqTiles][4];
-    const int q_block = T::kDqRowBlocks == 2 ? warpgroup : 0;  // 64 query rows
-    const int dq_col0 = T::kDqRowBlocks == 2 ? 0 : warpgroup * T::kDqCols;
+    const int dq_col0 = T::kDqByKeys ? 0 : warpgroup * T::kDqCols;
+    const uint32_t key_rows = T::kDqByKeys ? warpgroup * 64 * 128 : 0;
     // K's columns dq_col0.. : head-dim block dq_col0 / 64, byte (dq_col0 % 64) * 2 of its rows
     // (N = 32 starts mid-row at 64 bytes; the swizzle comes from the address bits, as for the
     // 32-byte k steps of the K-major operands).
-    const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
+    const uint32_t k_cols =
+        k_smem_ + key_rows + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
     ptx::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < T::kDqSteps; ++kk) {
       // 16 keys per step: 16 rows of 128 bytes in both MN-major tiles.
-      const uint64_t a = ptx::MatrixDescriptor128B(
-          ds_smem_ + q_block * T::kBlockN * 128 + kk * 16 * 128, T::kBlockN * 128, 1024);
+      const uint64_t a = ptx::MatrixDescriptor128B(ds_smem_ + key_rows + kk * 16 * 128,
+                                                   T::kBlockN * 128, 1024);
       const uint64_t b =
           ptx::MatrixDescriptor128B(k_cols + kk * 16 * 128, T::kBlockN * 128, 1024);
       MmaDq::SSTrans(dq, a, b, kk > 0);
@@ -319,7 +326,7 @@ class BwdSm90BlockRunner {
     ptx::WgmmaWait<0>(dq);
     PinRegisters(dk_);
     PinRegisters(dv_);
-    AddDq(dq, it, q_block * 64 + warp * 16 + group, dq_col0 + 4 * (quad_lane / 2),
+    AddDq(dq, it, warp * 16 + group, dq_col0 + 4 * (quad_lane / 2),
           quad_lane & 1);
   }
 

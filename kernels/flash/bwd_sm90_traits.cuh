@@ -8,6 +8,10 @@
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/tile_config.h"
 
+#ifndef ATTN_FLASH_SM90_BWD_DQ_BY_KEYS
+#define ATTN_FLASH_SM90_BWD_DQ_BY_KEYS 0
+#endif
+
 namespace attnserve::kernels::flash {
 
 template <DType kDType, int kHeadDim_>
@@ -23,11 +27,14 @@ struct BwdSm90Traits {
   static constexpr int kDTiles = kHeadDim / 8;     // 8-column tiles of dK / dV per warp
   static constexpr int kScoreSteps = kHeadDim / 16;  // k16 steps of S^T = K Q^T, dP^T = V dO^T
   static constexpr int kGradSteps = kBlockM / 16;    // k16 steps of dV += P^T dO, dK += dS^T Q
-  static constexpr int kDqSteps = kBlockN / 16;      // k16 steps of dQ = dS K
-  // dQ = dS K (kBlockM x kHeadDim) split over the warpgroups: 64 query rows each where the tile
-  // has 128, else the 64 rows x half the head dim (N = 32 at head dim 64, 64 at 128).
-  static constexpr int kDqRowBlocks = kBlockM / 64;
-  static constexpr int kDqCols = kHeadDim * kDqRowBlocks / kWarpgroups;
+  // dQ = dS K (64 queries x head dim) split over the warpgroups by head-dim halves (N = 32 at
+  // head dim 64, 64 at 128; one reduction per dQ element). Benchmark/debug switch
+  // ATTN_FLASH_SM90_BWD_DQ_BY_KEYS=1 (head dim 64 only): by keys instead, each warpgroup its own
+  // 64 keys with N = 64 (no CTA barrier before dQ, no mid-row operand start, but two reductions
+  // per element); NOTES.md "Hopper backward".
+  static constexpr bool kDqByKeys = ATTN_FLASH_SM90_BWD_DQ_BY_KEYS && kHeadDim == 64;
+  static constexpr int kDqCols = kDqByKeys ? kHeadDim : kHeadDim / kWarpgroups;
+  static constexpr int kDqSteps = (kDqByKeys ? 64 : kBlockN) / 16;  // k16 steps (keys)
   static constexpr int kDqTiles = kDqCols / 8;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
@@ -41,9 +48,8 @@ struct BwdSm90Traits {
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim: 64 or 128 (whole swizzle rows)");
   static_assert(kBlockN == 128 && kWarpgroups == 2, "two 64-key warpgroups");
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "query tile: whole 64-element swizzle rows");
-  static_assert(kDqCols % 32 == 0 && kDqRowBlocks * (kHeadDim / kDqCols) == kWarpgroups,
-                "dQ: one 64-row product of N = 32 or 64 per warpgroup");
+  static_assert(kBlockM == 64, "dQ: one 64-query product per warpgroup");
+  static_assert(kDqCols == 32 || kDqCols == 64, "dQ: a wgmma N of 32 or 64");
   static_assert(2 * kBlockM <= kThreads, "lse and D of a tile: one float per thread");
   static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
                     kDsBytes % 1024 == 0,

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """CPU-side self-check of the Hopper backward's index maps (bwd_sm90_kernel.cuh), written while
 no GPU was available: it emulates, in Python, what each thread of the kernel stores and reads
-and asserts the properties the kernel relies on. Run: python3 kernels/flash/check_sm90_bwd_layouts.py
+and asserts the properties the kernel relies on.
+Run: python3 kernels/flash/check_sm90_bwd_layouts.py
 
   1. SwizzledOffset is a bijection of (row, 16-byte vector) onto the tile and equals wgmma's
      128-byte swizzle of the canonical K-major address (K, V, Q, dO tiles).
   2. The dS^T tile as stored by the threads (32-bit pairs from the S^T accumulator layout) is
      exactly what the MN-major A descriptor of dQ = dS K reads for every (query, key), and K
-     read through the MN-major B descriptor (N = 32 or 64 columns from column c0) is K.
+     read through the MN-major B descriptor (N = 32 or 64 columns from column c0) is K, for
+     both dQ splits (head-dim halves, and by keys: ATTN_FLASH_SM90_BWD_DQ_BY_KEYS).
   3. The accumulator layout of wgmma (m64nN) packed as the kernel packs P^T / dS^T is the
      register A fragment layout of wgmma m64k16 (RS), per k16 step.
   4. The dQ reductions (lane pairs swap halves, v4 adds) cover every element of each
@@ -77,7 +79,7 @@ def check_fragments(block_m):
                     assert acc == (frag[0], frag[1] + 16 * kk), (t, nt, h, half)
 
 
-def check_ds_tile_and_dq_operands(head_dim, block_m):
+def check_ds_tile_and_dq_operands(head_dim, block_m, by_keys=False):
     # Stores: thread t of warpgroup wg writes the pair (key, query 8 nt + 2 (t % 4) + {0, 1}) at
     # SwizzledOffset<128>(key, nt) + (t % 4) * 4, key = 64 wg + 16 warp + group + 8 h.
     memory = {}
@@ -94,29 +96,31 @@ def check_ds_tile_and_dq_operands(head_dim, block_m):
                         assert addr not in memory
                         memory[addr] = (key, col + half)
     assert len(memory) == BLOCK_N * block_m
-    # dQ: A = dS (M = 64 queries of block q_block, K = keys), MN-major, start
-    # ds + q_block * 128 * 128 + kk * 16 * 128, LBO = 128 * 128, SBO = 1024.
-    row_blocks = block_m // 64
-    dq_cols = head_dim * row_blocks // 2
+    # dQ = dS K per warpgroup: A = dS (M = the 64 queries, K = keys), MN-major, start
+    # ds + key_rows + kk * 16 * 128, SBO = 1024; B = K (K = keys, N = dq_cols head-dim columns
+    # from col0), MN-major. Split by head-dim halves (all 128 keys), or by keys (kDqByKeys:
+    # each warpgroup its own 64 keys, the whole head dim).
+    assert block_m == 64
     for wg in range(2):
-        q_block = wg if row_blocks == 2 else 0
-        for kk in range(BLOCK_N // 16):
-            start = q_block * BLOCK_N * 128 + kk * 16 * 128
+        if by_keys:
+            key0, steps, dq_cols, col0 = 64 * wg, 4, head_dim, 0
+        else:
+            key0, steps, dq_cols, col0 = 0, BLOCK_N // 16, head_dim // 2, wg * head_dim // 2
+        key_rows = key0 * 128
+        for kk in range(steps):
+            start = key_rows + kk * 16 * 128
             for m in range(64):
                 for k in range(16):
-                    canonical = start + (m // 64) * BLOCK_N * 128 + (k // 8) * 1024 + \
-                        (k % 8) * 128 + (m % 64) * 2
-                    assert memory[hw_swizzle(canonical)] == (kk * 16 + k, 64 * q_block + m)
-        # B = K (K = keys, N = dq_cols head-dim columns from col0), MN-major.
-        col0 = 0 if row_blocks == 2 else wg * dq_cols
-        k_cols = (col0 // 64) * BLOCK_N * 128 + (col0 % 64) * 2
-        for kk in range(BLOCK_N // 16):
+                    canonical = start + (k // 8) * 1024 + (k % 8) * 128 + m * 2
+                    assert memory[hw_swizzle(canonical)] == (key0 + kk * 16 + k, m)
+        k_cols = key_rows + (col0 // 64) * BLOCK_N * 128 + (col0 % 64) * 2
+        for kk in range(steps):
             start = k_cols + kk * 16 * 128
             for n in range(dq_cols):
                 for k in range(16):
                     canonical = start + (n // 64) * BLOCK_N * 128 + (k // 8) * 1024 + \
                         (k % 8) * 128 + (n % 64) * 2
-                    key, col = kk * 16 + k, col0 + n
+                    key, col = key0 + kk * 16 + k, col0 + n
                     stored = swizzled_offset(BLOCK_N, key, col // 8) + (col % 8) * 2
                     assert hw_swizzle(canonical) == stored, (wg, kk, n, k)
 
@@ -219,10 +223,12 @@ def check_masks(block_m, trials=40):
 
 def main():
     check_tiles()
-    for head_dim, block_m in ((64, 64), (128, 64), (64, 128)):
-        check_fragments(block_m)
-        check_ds_tile_and_dq_operands(head_dim, block_m)
-        check_dq_reductions(head_dim * (block_m // 64) // 2)
+    check_fragments(64)
+    for head_dim in (64, 128):
+        check_ds_tile_and_dq_operands(head_dim, 64)
+        check_dq_reductions(head_dim // 2)
+    check_ds_tile_and_dq_operands(64, 64, by_keys=True)
+    check_dq_reductions(64)
     check_epilogue(64)
     check_epilogue(128)
     check_masks(64)

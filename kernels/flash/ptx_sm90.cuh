@@ -39,6 +39,12 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Barrier `id` (1-15; 0 is __syncthreads') among `kThreads` threads, e.g. one warpgroup.
+template <int kThreads>
+__device__ __forceinline__ void NamedBarrierSync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
 // Shared-memory matrix descriptor of wgmma with the 128-byte swizzle (layout type 1, bits
 // 62-63): start address, leading and stride byte offsets, each in 16-byte units (14 bits). The
 // swizzle pattern is taken from address bits, so every 8-row x 128-byte atom must start

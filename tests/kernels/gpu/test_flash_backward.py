@@ -36,7 +36,8 @@ BACKWARD_LIBS = [("device", LIB)]
 if torch.cuda.get_device_capability() > (8, 0):
     BACKWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
 # The Hopper backward, off by default until validated here (kernels/flash/NOTES.md).
-SM90_BACKWARD = ("sm90 backward", load_family("flash", environment={"ATTN_FLASH_BWD_SM90": "1"}))
+SM90_BACKWARD = ("sm90 backward",
+                 load_family("flash", environment={"ATTN_FLASH_BWD_SM90": "1"}))
 if torch.cuda.get_device_capability()[0] == 9:
     BACKWARD_LIBS.append(SM90_BACKWARD)
 
