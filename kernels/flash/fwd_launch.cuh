@@ -11,27 +11,36 @@ namespace attnserve::kernels::flash {
 // Shared memory a kernel may use without opting in.
 inline constexpr int kDefaultSmemLimit = 48 * 1024;
 
-template <class Arch, DType kDType, int kHeadDim>
-KernelStatus LaunchForward(const FwdKernelArgs& args, const FwdGrid& grid, cudaStream_t stream) {
-  using T = FwdTraits<Arch, kDType, kHeadDim>;
-  const auto kernel = &FlashForwardKernel<Arch, kDType, kHeadDim>;
-  if constexpr (T::kSmemBytes > kDefaultSmemLimit) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+// Launches `kernel` on one CTA per (query block, head, sequence), opting in to its dynamic
+// shared memory where it needs more than the default; `what` names it in errors. The sm80/sm75
+// and the Hopper forward launchers share it.
+template <typename Kernel>
+KernelStatus LaunchForwardGrid(Kernel kernel, const FwdKernelArgs& args, const FwdGrid& grid,
+                               int block_m, int threads, int smem_bytes, cudaStream_t stream,
+                               const char* what) {
+  if (smem_bytes > kDefaultSmemLimit) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) {
       return KernelStatus::Error(std::string("flash: cudaFuncSetAttribute failed: ") +
                                  cudaGetErrorString(err));
     }
   }
-  const dim3 blocks((grid.max_seqlen_q + T::kBlockM - 1) / T::kBlockM, args.num_heads,
-                    grid.batch);
-  kernel<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
+  const dim3 blocks((grid.max_seqlen_q + block_m - 1) / block_m, args.num_heads, grid.batch);
+  kernel<<<blocks, threads, smem_bytes, stream>>>(args);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
-    return KernelStatus::Error(std::string("flash: forward launch failed: ") +
+    return KernelStatus::Error(std::string("flash: ") + what + " launch failed: " +
                                cudaGetErrorString(err));
   }
   return KernelStatus::Ok();
+}
+
+template <class Arch, DType kDType, int kHeadDim>
+KernelStatus LaunchForward(const FwdKernelArgs& args, const FwdGrid& grid, cudaStream_t stream) {
+  using T = FwdTraits<Arch, kDType, kHeadDim>;
+  return LaunchForwardGrid(&FlashForwardKernel<Arch, kDType, kHeadDim>, args, grid, T::kBlockM,
+                           T::kThreads, T::kSmemBytes, stream, "forward");
 }
 
 }  // namespace attnserve::kernels::flash

@@ -28,9 +28,10 @@ TEST(AnswerPoolTest, DestructionDeliversEveryPostedAnswerExactlyOnce) {
 }
 
 TEST(AnswerPoolTest, OneSlowAnswerDoesNotHoldTheOthers) {
-  AnswerPool pool(2);
+  // Declared before the pool, so they outlive its threads (the pool joins in its destructor).
   std::atomic<bool> release{false};
   std::atomic<int> fast_done{0};
+  AnswerPool pool(2);
   pool.Post([&release] {
     while (!release.load()) std::this_thread::yield();
   });

@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/main/allocator_config.h"
 #include "server/main/server_app.h"
 #ifdef ATTN_WITH_CUDA
 #include "server/devices/cuda_devices.h"
@@ -227,6 +228,7 @@ int main(int argc, char** argv) {
       "attnserve: serves varlen attention forward and backward over gRPC, with health, "
       "readiness, metrics and server info over HTTP.");
   absl::ParseCommandLine(argc, argv);
+  attnserve::ConfigureAllocator();
   absl::StatusOr<attnserve::ServerConfig> config = ConfigFromFlags();
   if (!config.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", std::string(config.status().message()).c_str());
