@@ -29,12 +29,6 @@
 
 namespace attnserve::kernels::flash {
 
-// (Benchmark builds may define ATTN_FLASH_BWD_SPLIT_SCORES=0 to compare with 32 x 16 score
-// tiles per warp at head dims 192/256.)
-#ifndef ATTN_FLASH_BWD_SPLIT_SCORES
-#define ATTN_FLASH_BWD_SPLIT_SCORES 1
-#endif
-
 template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
 __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& args) {
   using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>;
@@ -49,10 +43,10 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
   static_assert(T::kDsBuffers == 2, "P^T and dS^T tiles");
   constexpr int kKeyTiles = 2;                    // 32 keys per warp
   constexpr int kParts = 8 / (kBlockN / 32);      // warps sharing 32 keys
-  // Phase A with 64-key blocks: 32 x 16 score tiles per warp read 0.75 fragments per mma;
-  // splitting S^T (warps 0-3) from dP^T (warps 4-7) gives each warp a 32 x 32 tile (0.5).
-  constexpr bool kSplitScores = ATTN_FLASH_BWD_SPLIT_SCORES && kBlockN == 64;
-  constexpr int kAWarpM = kSplitScores ? 32 : kBlockM / kParts;  // queries per warp (phase A)
+  // Phase A: every warp computes both S^T and dP^T for its 32 keys x kAWarpM queries. (At
+  // 64-key blocks, splitting S^T and dP^T across warps measured no faster and rounds G once
+  // more.)
+  constexpr int kAWarpM = kBlockM / kParts;  // queries per warp (phase A)
   constexpr int kAQTiles = kAWarpM / 8;
   constexpr int kDPartTiles = T::kDTiles / kParts;  // head-dim part (phase C)
   constexpr int kDqRowParts = kBlockM / 32;       // dQ: 32 query rows x 1 / (8 / parts) of d
@@ -92,9 +86,6 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
   const int quad_lane = lane % 4;
   const int key_part = warp / kParts;  // keys 32 key_part .. +31 (C)
   const int part = warp % kParts;      // head-dim part (C)
-  // Phase A: the same split, or (kSplitScores) warps 0-3 S^T, 4-7 dP^T for 32 x 32 each.
-  const int a_key_part = kSplitScores ? (warp % 4) / 2 : key_part;
-  const int a_part = kSplitScores ? warp % 2 : part;
   const int vecs_valid = f.head_dim / T::kVecElems;
   const uint32_t k_smem = ptx::SharedAddress(smem);
   const uint32_t v_smem = k_smem + T::kResidentTileBytes;
@@ -103,9 +94,9 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
   const uint32_t ds_smem = p_smem + T::kDsBytes;                     // dS^T [key][query]
   const FragOffsets frag = FragOffsets::For<kRowBytes>(lane);
   const FragOffsets frag_ds = FragOffsets::For<kDsRowBytes>(lane);
-  const int warp_key_first = key_first + a_key_part * 32;
-  const uint32_t k_rows = k_smem + a_key_part * 32 * kRowBytes;
-  const uint32_t v_rows = v_smem + a_key_part * 32 * kRowBytes;
+  const int warp_key_first = key_first + key_part * 32;
+  const uint32_t k_rows = k_smem + key_part * 32 * kRowBytes;
+  const uint32_t v_rows = v_smem + key_part * 32 * kRowBytes;
 
   const int64_t kv_offset = (int64_t{k_begin} + key_first) * f.kv_row_stride +
                             int64_t{kv_head} * f.head_dim;
@@ -186,7 +177,7 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
     const uint32_t do_st = q_st + T::kStreamTileBytes;
     const float* lse_st =
         reinterpret_cast<const float*>(smem + (q_st - k_smem) + 2 * T::kStreamTileBytes) +
-        a_part * kAWarpM;
+        part * kAWarpM;
     const float* d_st = lse_st + kBlockM;
 
     const uint32_t key_rows_ds = (key_part * 32) * kDsRowBytes + frag_ds.a;
@@ -199,258 +190,143 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
       WarpGemmSmemAB<Arch, Element, kKeyTiles, kDPartTiles, kBlockM / T::kMmaK, kDsRowBytes,
                      kRowBytes, false>(dk, ds_smem + key_rows_ds, q_st + frag.a + d_cols);
     };
-    if constexpr (!kSplitScores) {
-      // Phase A. S^T = K Q^T for 32 keys x kAWarpM queries.
-      float s[kKeyTiles][kAQTiles][4];
+    // Phase A. S^T = K Q^T for 32 keys x kAWarpM queries.
+    float s[kKeyTiles][kAQTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+      }
+    }
+    WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
+        s, k_rows + frag.a, q_st + part * kAWarpM * kRowBytes + frag.b);
+    if (f.softcap) {
 #pragma unroll
       for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) {
+            s[mt][nt][e] = ptx::Tanh(s[mt][nt][e] * f.softcap_input_scale);
+          }
         }
       }
-      WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
-          s, k_rows + frag.a, q_st + a_part * kAWarpM * kRowBytes + frag.b);
-      if (f.softcap) {
+    }
+    // Element-wise masking only where the warp's 32 x kAWarpM tile crosses a mask edge or the
+    // end of the keys (warp-uniform).
+    const int q_first = row0 + part * kAWarpM;
+    const bool mask = warp_key_first + 32 > len_k ||
+                      warp_key_first + 31 > q_first + offset + f.window_right ||
+                      warp_key_first < q_first + kAWarpM - 1 + offset - f.window_left;
+    if (mask) {
 #pragma unroll
-        for (int mt = 0; mt < kKeyTiles; ++mt) {
+      for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = warp_key_first + mt * 16 + group + 8 * h;
+          const int base = q_first + 2 * quad_lane;
+          const int lo = key - offset - f.window_right - base;
+          const int hi = key < len_k ? key - offset + f.window_left - base : -1;
 #pragma unroll
           for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[mt][nt][e] = ptx::Tanh(s[mt][nt][e] * f.softcap_input_scale);
+            for (int e = 0; e < 2; ++e) {
+              const int c = nt * T::kMmaN + e;
+              if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
             }
           }
         }
       }
-      // Element-wise masking only where the warp's 32 x kAWarpM tile crosses a mask edge or the
-      // end of the keys (warp-uniform).
-      const int q_first = row0 + a_part * kAWarpM;
-      const bool mask = warp_key_first + 32 > len_k ||
-                        warp_key_first + 31 > q_first + offset + f.window_right ||
-                        warp_key_first < q_first + kAWarpM - 1 + offset - f.window_left;
-      if (mask) {
+    }
+    // P^T = exp2(S^T c - lse log2 e): in place without softcap; with it s keeps tanh for the
+    // chain rule and P^T is recomputed for dS^T. Rounded into the P^T tile.
+    const uint32_t pt_offset =
+        (key_part * 32 + group) * kDsRowBytes + (part * kAWarpM + 2 * quad_lane) * 2;
+    auto store_tile = [&](uint32_t tile, const float (&x)[kKeyTiles][kAQTiles][4]) {
 #pragma unroll
-        for (int mt = 0; mt < kKeyTiles; ++mt) {
+      for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int key = warp_key_first + mt * 16 + group + 8 * h;
-            const int base = q_first + 2 * quad_lane;
-            const int lo = key - offset - f.window_right - base;
-            const int hi = key < len_k ? key - offset + f.window_left - base : -1;
-#pragma unroll
-            for (int nt = 0; nt < kAQTiles; ++nt) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int c = nt * T::kMmaN + e;
-                if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
-              }
-            }
+            ptx::StoreShared32(tile + pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16,
+                               ptx::PackPair<Element>(x[mt][nt][2 * h], x[mt][nt][2 * h + 1]));
           }
         }
       }
-      // P^T = exp2(S^T c - lse log2 e): in place without softcap; with it s keeps tanh for the
-      // chain rule and P^T is recomputed for dS^T. Rounded into the P^T tile.
-      const uint32_t pt_offset =
-          (a_key_part * 32 + group) * kDsRowBytes + (a_part * kAWarpM + 2 * quad_lane) * 2;
-      auto store_tile = [&](uint32_t tile, const float (&x)[kKeyTiles][kAQTiles][4]) {
+    };
+    auto exp_tile = [&](float (&out)[kKeyTiles][kAQTiles][4],
+                        const float (&in)[kKeyTiles][kAQTiles][4]) {
+#pragma unroll
+      for (int nt = 0; nt < kAQTiles; ++nt) {
+        const float2 lse = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * quad_lane);
 #pragma unroll
         for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-          for (int nt = 0; nt < kAQTiles; ++nt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              ptx::StoreShared32(tile + pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16,
-                                 ptx::PackPair<Element>(x[mt][nt][2 * h], x[mt][nt][2 * h + 1]));
-            }
-          }
-        }
-      };
-      auto exp_tile = [&](float (&out)[kKeyTiles][kAQTiles][4],
-                          const float (&in)[kKeyTiles][kAQTiles][4]) {
-#pragma unroll
-        for (int nt = 0; nt < kAQTiles; ++nt) {
-          const float2 lse = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * quad_lane);
-#pragma unroll
-          for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              out[mt][nt][e] = ptx::Exp2(
-                  fmaf(in[mt][nt][e], exp2_scale, -(e % 2 ? lse.y : lse.x) * lse2_scale));
-            }
-          }
-        }
-      };
-      if (!f.softcap) {
-        exp_tile(s, s);
-        store_tile(p_smem, s);
-      } else {
-        float p[kKeyTiles][kAQTiles][4];
-        exp_tile(p, s);
-        store_tile(p_smem, p);
-      }
-
-      // dP^T = V dO^T, dS^T = P^T (dP^T - D) into the dS^T tile.
-      float dp[kKeyTiles][kAQTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < kAQTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
-        }
-      }
-      WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
-          dp, v_rows + frag.a, do_st + a_part * kAWarpM * kRowBytes + frag.b);
-      if (!f.softcap) {
-#pragma unroll
-        for (int nt = 0; nt < kAQTiles; ++nt) {
-          const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
-#pragma unroll
-          for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              dp[mt][nt][e] = s[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x));
-            }
-          }
-        }
-      } else {
-        float p[kKeyTiles][kAQTiles][4];
-        exp_tile(p, s);
-#pragma unroll
-        for (int nt = 0; nt < kAQTiles; ++nt) {
-          const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
-#pragma unroll
-          for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float t = s[mt][nt][e];  // -inf where masked: p = 0, the factor clamps to 0
-              dp[mt][nt][e] = p[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x)) *
-                              (1.0f - fminf(t * t, 1.0f));
-            }
+          for (int e = 0; e < 4; ++e) {
+            out[mt][nt][e] = ptx::Exp2(
+                fmaf(in[mt][nt][e], exp2_scale, -(e % 2 ? lse.y : lse.x) * lse2_scale));
           }
         }
       }
-      store_tile(ds_smem, dp);
-      __syncthreads();  // P^T and dS^T of the tile are complete
-      // Phase C. dV += P^T dO, dK += dS^T Q for 32 keys x head-dim part.
-      accumulate_dv();
-      accumulate_dk();
+    };
+    if (!f.softcap) {
+      exp_tile(s, s);
+      store_tile(p_smem, s);
     } else {
-      // Phase A, split: warps 0-3 S^T and P^T (and, with softcap, G = P^T (1 - tanh^2)), warps
-      // 4-7 dP^T, each for 32 keys x 32 queries.
-      float dp[kKeyTiles][kAQTiles][4];
+      float p[kKeyTiles][kAQTiles][4];
+      exp_tile(p, s);
+      store_tile(p_smem, p);
+    }
+
+    // dP^T = V dO^T, dS^T = P^T (dP^T - D) into the dS^T tile.
+    float dp[kKeyTiles][kAQTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < kKeyTiles; ++mt) {
+    for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < kAQTiles; ++nt) {
+      for (int nt = 0; nt < kAQTiles; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
-        }
+        for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
       }
-      const uint32_t pt_offset =
-          (a_key_part * 32 + group) * kDsRowBytes + (a_part * kAWarpM + 2 * quad_lane) * 2;
-      if (warp < 4) {
-        float s[kKeyTiles][kAQTiles][4];
+    }
+    WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
+        dp, v_rows + frag.a, do_st + part * kAWarpM * kRowBytes + frag.b);
+    if (!f.softcap) {
+#pragma unroll
+      for (int nt = 0; nt < kAQTiles; ++nt) {
+        const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
 #pragma unroll
         for (int mt = 0; mt < kKeyTiles; ++mt) {
 #pragma unroll
-          for (int nt = 0; nt < kAQTiles; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
-          }
-        }
-        WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes,
-                     kRowBytes>(s, k_rows + frag.a, q_st + a_part * kAWarpM * kRowBytes + frag.b);
-        if (f.softcap) {
-#pragma unroll
-          for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < kAQTiles; ++nt) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                s[mt][nt][e] = ptx::Tanh(s[mt][nt][e] * f.softcap_input_scale);
-              }
-            }
-          }
-        }
-        const int q_first = row0 + a_part * kAWarpM;
-        const bool mask = warp_key_first + 32 > len_k ||
-                          warp_key_first + 31 > q_first + offset + f.window_right ||
-                          warp_key_first < q_first + kAWarpM - 1 + offset - f.window_left;
-        if (mask) {
-#pragma unroll
-          for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int key = warp_key_first + mt * 16 + group + 8 * h;
-              const int base = q_first + 2 * quad_lane;
-              const int lo = key - offset - f.window_right - base;
-              const int hi = key < len_k ? key - offset + f.window_left - base : -1;
-#pragma unroll
-              for (int nt = 0; nt < kAQTiles; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const int c = nt * T::kMmaN + e;
-                  if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
-                }
-              }
-            }
-          }
-        }
-        const bool softcap = f.softcap;
-#pragma unroll
-        for (int nt = 0; nt < kAQTiles; ++nt) {
-          const float2 lse = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * quad_lane);
-#pragma unroll
-          for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float p[2];
-              float g[2];
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const float t = s[mt][nt][2 * h + e];  // tanh with softcap; -inf where masked
-                p[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
-                g[e] = p[e] * (1.0f - fminf(t * t, 1.0f));
-              }
-              const uint32_t at = pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16;
-              ptx::StoreShared32(p_smem + at, ptx::PackPair<Element>(p[0], p[1]));
-              if (softcap) ptx::StoreShared32(ds_smem + at, ptx::PackPair<Element>(g[0], g[1]));
-            }
-          }
-        }
-      } else {
-        WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes,
-                     kRowBytes>(dp, v_rows + frag.a,
-                                do_st + a_part * kAWarpM * kRowBytes + frag.b);
-      }
-      __syncthreads();  // P^T (and G) of the tile are complete
-      if (warp >= 4) {
-        // dS^T = G (dP^T - D), G = P^T (rounded; times 1 - tanh^2 with softcap), in place.
-        const uint32_t g_tile = f.softcap ? ds_smem : p_smem;
-#pragma unroll
-        for (int nt = 0; nt < kAQTiles; ++nt) {
-          const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
-#pragma unroll
-          for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t at = pt_offset + (mt * 16 + 8 * h) * kDsRowBytes + nt * 16;
-              const float2 g = ptx::UnpackPair<Element>(ptx::LoadShared32(g_tile + at));
-              ptx::StoreShared32(ds_smem + at,
-                                 ptx::PackPair<Element>(g.x * (dp[mt][nt][2 * h] - dsum.x),
-                                                        g.y * (dp[mt][nt][2 * h + 1] - dsum.y)));
-            }
+          for (int e = 0; e < 4; ++e) {
+            dp[mt][nt][e] = s[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x));
           }
         }
       }
-      // Phase C. dV += P^T dO (P^T is complete), then dK += dS^T Q once dS^T is.
-      accumulate_dv();
-      __syncthreads();  // dS^T of the tile is complete
-      accumulate_dk();
+    } else {
+      float p[kKeyTiles][kAQTiles][4];
+      exp_tile(p, s);
+#pragma unroll
+      for (int nt = 0; nt < kAQTiles; ++nt) {
+        const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float t = s[mt][nt][e];  // -inf where masked: p = 0, the factor clamps to 0
+            dp[mt][nt][e] = p[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? dsum.y : dsum.x)) *
+                            (1.0f - fminf(t * t, 1.0f));
+          }
+        }
+      }
     }
+    store_tile(ds_smem, dp);
+    __syncthreads();  // P^T and dS^T of the tile are complete
+    // Phase C. dV += P^T dO, dK += dS^T Q for 32 keys x head-dim part.
+    accumulate_dv();
+    accumulate_dk();
     if constexpr (kAtomicDq) {
       // dQ = dS K: query rows 32 (w % parts) .. +31, column part w / parts; dS read transposed.
       const int dq_row0 = (warp % kDqRowParts) * 32;
