@@ -16,7 +16,7 @@ Several --lib give one column per build (e.g. tile-size variants); the first is 
 ratio columns. NAME=PATH@CC runs that library's code path for compute capability CC (e.g.
 ours-sm80=PATH@80 times the sm80 kernel on a Hopper GPU beside the sm90 one);
 NAME=PATH+VAR=VALUE sets an environment variable around that column's calls (e.g.
-ours-sm90bwd=PATH+ATTN_FLASH_BWD_SM90=1 times the opt-in Hopper backward). Prints a markdown
+ours-sm80bwd=PATH+ATTN_FLASH_BWD_SM90=0 times the sm80 backward on a Hopper GPU). Prints a markdown
 table; --markdown also writes it to FILE.
 """
 

@@ -8,14 +8,12 @@
 #                    [--bwd-head-dims LIST]
 #
 # --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id);
-# --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows. The
-# backward benchmark always has an ours-sm90bwd column: the same library with
-# ATTN_FLASH_BWD_SM90=1 (the opt-in Hopper backward; kernels/flash/NOTES.md).
+# --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows.
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128) with FLAGS
-# added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME (and
-# NAME-sm90bwd, the same build with ATTN_FLASH_BWD_SM90=1) as columns of the backward benchmark.
+# added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME as
+# columns of the backward benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attn_gpu_out}"
@@ -105,8 +103,7 @@ for spec in "${bwd_variants[@]}"; do
   dir="build-gpu-bwd-$name"
   configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="64;128" \
     "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
-  bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so"
-                    "--lib" "$name-sm90bwd=$dir/lib/libattn_capi.so+ATTN_FLASH_BWD_SM90=1")
+  bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
 done
 
 status=0
@@ -130,7 +127,7 @@ if ((run_bench && run_fwd_bench)); then
 fi
 if ((run_bench && run_bwd_bench)); then
   python3 bench/bench_flash.py --backward --head-dims "$bwd_head_dims" --lib "ours=$ATTN_CAPI" \
-    --lib "ours-sm90bwd=$ATTN_CAPI+ATTN_FLASH_BWD_SM90=1" "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
+    "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
 fi
 if ((run_tests)); then
   echo "pytest: $(tail -1 "$OUT/pytest.log")"

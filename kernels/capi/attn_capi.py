@@ -6,7 +6,7 @@ PyTorch's current stream, reading and writing the tensors' device memory directl
     lib = AttnLibrary(find_library())
     flash = lib.family("flash")                       # the device's own code path
     turing = lib.family("flash", compute_capability=75)
-    sm90bwd = lib.family("flash", environment={"ATTN_FLASH_BWD_SM90": "1"})  # opt-in paths
+    sm80bwd = lib.family("flash", environment={"ATTN_FLASH_BWD_SM90": "0"})  # switches
     out, lse = flash.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
 """
 
@@ -111,7 +111,7 @@ class AttnLibrary:
     def family(self, name, compute_capability=0, environment=None):
         """One family's entry points; compute_capability (major*10+minor, 0 = the device's own)
         picks the code path, e.g. 75 runs Turing's on a newer GPU. environment: variables set
-        in the process environment for the duration of each call (the library reads opt-in
+        in the process environment for the duration of each call (the library reads
         switches such as ATTN_FLASH_BWD_SM90 per call), restored afterwards."""
         return KernelFamily(self._lib, name, compute_capability, environment)
 

@@ -2,8 +2,8 @@
 // take one, so one source builds both paths; the dispatcher picks the path from the effective
 // compute capability (ExecutionContext.compute_capability, else the device's own).
 //   Sm80: mma.sync m16n8k16 (fp16 and bf16), cp.async, up to 227 KB of shared memory per block.
-//   Sm90 (Hopper, sm_90a): kernels of their own (fwd_sm90_kernel.cuh, and the opt-in backward
-//   dK/dV kernel bwd_sm90_kernel.cuh: wgmma, two warpgroups per CTA); the tag names the path for
+//   Sm90 (Hopper, sm_90a): kernels of their own (fwd_sm90_kernel.cuh, and the backward dK/dV
+//   kernel bwd_sm90_kernel.cuh: wgmma, two warpgroups per CTA); the tag names the path for
 //   the dispatcher.
 //   Sm75 (Turing): mma.sync m16n8k8 only (fp16), no cp.async (tiles go through registers with
 //   16-byte loads and st.shared), 64 KB of shared memory per block.

@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) backward dK/dV kernel on warpgroup MMA, FlashAttention-3's backward
-// structure without its producer warp (untested on a GPU so far: NOTES.md "Hopper backward").
+// structure without its producer warp (NOTES.md "Hopper backward").
 // One CTA per (128-key block, kv head, sequence), two warpgroups of 64 keys. K and V stay in
 // shared memory; for each query head of the kv head's group (GQA: dK/dV summed in registers) and
 // each query tile that sees a key of the block, Q, dO, lse and D stream through two cp.async

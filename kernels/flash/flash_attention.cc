@@ -109,14 +109,13 @@ const BackwardKernelEntry* FindSm90BackwardKernel(int head_dim) {
   return nullptr;
 }
 
-// Whether the Hopper backward may run: only with ATTN_FLASH_BWD_SM90=1 in the environment. It
-// was written without a GPU and has not run yet (NOTES.md "Hopper backward (sm90), untested"),
-// so it stays off by default until the next GPU session has validated and measured it. Read per
-// call (one getenv, no allocation) rather than once, so that the GPU tests and the benchmark can
-// run both paths in one process by setting and clearing the variable.
+// Whether the Hopper backward may run: yes unless ATTN_FLASH_BWD_SM90=0 is in the environment,
+// an off switch for operators (and the GPU tests, which run the sm80 kernels on the same device
+// with it). Read per call (one getenv, no allocation) rather than once, so that the tests and
+// the benchmark can run both paths in one process by setting and clearing the variable.
 bool Sm90BackwardEnabled() {
   const char* value = std::getenv("ATTN_FLASH_BWD_SM90");
-  return value != nullptr && value[0] == '1' && value[1] == '\0';
+  return !(value != nullptr && value[0] == '0' && value[1] == '\0');
 }
 
 const TuringKernelEntry* FindTuringKernel(int head_dim) {
@@ -411,7 +410,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper, when enabled (see Sm90BackwardEnabled): the wgmma dK/dV kernel where one is built
+    // Hopper, unless switched off (see Sm90BackwardEnabled): the wgmma dK/dV kernel where one is built
     // for this head dim and fits the block's shared memory, in the atomic-dQ mode only (the
     // deterministic mode keeps the sm80 path); 9.x devices only, as for the sm90 forward.
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);

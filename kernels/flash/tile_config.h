@@ -102,8 +102,7 @@ constexpr int Sm90ForwardSmemBytes(int head_dim) {
   return (Sm90ForwardBlockM(head_dim) + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
 }
 
-// Hopper (sm_90a) backward dK/dV kernel (bwd_sm90_kernel.cuh), untested (NOTES.md "Hopper
-// backward"): 128 keys per CTA (two warpgroups of 64 keys, FlashAttention-3's hdim-64/128
+// Hopper (sm_90a) backward dK/dV kernel (bwd_sm90_kernel.cuh; NOTES.md "Hopper backward"): 128 keys per CTA (two warpgroups of 64 keys, FlashAttention-3's hdim-64/128
 // block), query tiles streamed in two stages.
 inline constexpr int kSm90BackwardHeadDims[] = {64, 128};
 inline constexpr int kSm90BackwardBlockN = 128;

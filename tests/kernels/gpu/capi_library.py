@@ -25,8 +25,8 @@ def library():
 
 
 def load_family(name, compute_capability=0, environment=None):
-    """One kernel family's entry points (with `environment` set around each call, for opt-in
-    paths), or a module-level skip when it is not built."""
+    """One kernel family's entry points (with `environment` set around each call, for
+    switches such as ATTN_FLASH_BWD_SM90), or a module-level skip when it is not built."""
     lib = library()
     if name not in lib.families():
         pytest.skip(f"kernel family {name!r} is not built into {lib.path}",

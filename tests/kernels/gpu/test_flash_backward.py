@@ -8,10 +8,10 @@ plus a small floor, under an absolute cap. Rows that see no key (lse = +inf) and
 sees get exactly zero gradients. Deterministic mode is bitwise reproducible. On a GPU newer
 than sm80 every case also runs the sm80 code path as an A100 would (compute_capability 80:
 163 KB of shared memory per block, so the narrow dK/dV kernel instead of the wide one: 4 warps
-at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU every case also runs
-with ATTN_FLASH_BWD_SM90=1, the opt-in Hopper (wgmma) dK/dV kernel at head dims 64 and 128
-(atomic mode; its deterministic mode is the sm80 path's), and test_sm90_backward_runs checks
-that it is the kernel that ran.
+at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU the device path runs the
+Hopper (wgmma) dK/dV kernel at head dims 64 and 128 (atomic mode; the deterministic mode is the
+sm80 kernels'), so every case also runs with ATTN_FLASH_BWD_SM90=0, the sm80 kernels on the same
+device, and test_sm90_backward_runs checks which kernel ran.
 Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
 
@@ -35,11 +35,11 @@ from test_flash_forward import (DTYPES, LIB, MASKS, VARLEN_K, VARLEN_Q, make_inp
 BACKWARD_LIBS = [("device", LIB)]
 if torch.cuda.get_device_capability() > (8, 0):
     BACKWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
-# The Hopper backward, off by default until validated here (kernels/flash/NOTES.md).
-SM90_BACKWARD = ("sm90 backward",
-                 load_family("flash", environment={"ATTN_FLASH_BWD_SM90": "1"}))
+# The sm80 kernels on a Hopper GPU (its own path runs the wgmma dK/dV kernel at 64 and 128).
+SM80_ON_HOPPER = ("sm90 backward off",
+                  load_family("flash", environment={"ATTN_FLASH_BWD_SM90": "0"}))
 if torch.cuda.get_device_capability()[0] == 9:
-    BACKWARD_LIBS.append(SM90_BACKWARD)
+    BACKWARD_LIBS.append(SM80_ON_HOPPER)
 
 GRAD_FLOOR = {torch.float16: 2e-4, torch.bfloat16: 1e-3}
 GRAD_CAP = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -82,8 +82,8 @@ def check(request, q, k, v, cu_q, cu_k, opts):
     rows, keys = seen_rows_and_keys(q, k, cu_q, cu_k, opts)
     for path, lib in BACKWARD_LIBS:
         for deterministic in (False, True):
-            if deterministic and lib is SM90_BACKWARD[1]:
-                continue  # the sm80 path's deterministic mode, tested above
+            if deterministic and lib is SM80_ON_HOPPER[1]:
+                continue  # the device path's deterministic mode is this one, tested above
             grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
             check_grads(grads, refs, theirs, rows, keys, deterministic, path)
 
@@ -224,16 +224,23 @@ def test_error_workspace_too_small():
 @pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="needs a 9.x GPU")
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_sm90_backward_runs(head_dim):
-    """With ATTN_FLASH_BWD_SM90=1 the wgmma dK/dV kernel is the one that runs (when this build
-    has it: sm_90 in CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS)."""
+    """On a 9.x GPU the wgmma dK/dV kernel is the one that runs (when this build has it: sm_90 in
+    CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS), and ATTN_FLASH_BWD_SM90=0
+    switches it off."""
     from torch.profiler import ProfilerActivity, profile
 
     kwargs = _backward_call(head_dim=head_dim)
-    lib = SM90_BACKWARD[1]
-    lib.backward(**kwargs)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+    def kernels_run(lib):
         lib.backward(**kwargs)
         torch.cuda.synchronize()
-    names = [event.key for event in prof.key_averages()]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            lib.backward(**kwargs)
+            torch.cuda.synchronize()
+        return [event.key for event in prof.key_averages()]
+
+    names = kernels_run(LIB)
     assert any("FlashBackwardDkDvSm90Kernel" in name for name in names), names
+    names = kernels_run(SM80_ON_HOPPER[1])
+    assert not any("Sm90" in name for name in names), names
+    assert any("FlashBackwardDkDv" in name for name in names), names
