@@ -109,13 +109,16 @@ const BackwardKernelEntry* FindSm90BackwardKernel(int head_dim) {
   return nullptr;
 }
 
-// Whether the Hopper backward may run: yes unless ATTN_FLASH_BWD_SM90=0 is in the environment,
-// an off switch for operators (and the GPU tests, which run the sm80 kernels on the same device
-// with it). Read per call (one getenv, no allocation) rather than once, so that the tests and
-// the benchmark can run both paths in one process by setting and clearing the variable.
-bool Sm90BackwardEnabled() {
-  const char* value = std::getenv("ATTN_FLASH_BWD_SM90");
-  return !(value != nullptr && value[0] == '0' && value[1] == '\0');
+// An environment switch over a Hopper kernel: "0" never runs it, "1" runs it wherever it is
+// built and fits, anything else (unset) leaves the choice to the dispatcher. For operators, and
+// for the GPU tests and benchmarks, which run every path on one device. Read per call (one
+// getenv, no allocation) rather than once, so one process can set and clear it between calls.
+enum class Sm90Switch { kAuto, kOff, kOn };
+Sm90Switch ReadSm90Switch(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || value[0] == '\0' || value[1] != '\0') return Sm90Switch::kAuto;
+  if (value[0] == '0') return Sm90Switch::kOff;
+  return value[0] == '1' ? Sm90Switch::kOn : Sm90Switch::kAuto;
 }
 
 const TuringKernelEntry* FindTuringKernel(int head_dim) {
@@ -355,16 +358,21 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = ForwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper: the wgmma kernel where one is built for this head dim and fits the block's shared
-    // memory (every feature is supported there); otherwise the sm80 kernel. Its sm_90a code runs
-    // on compute capability 9.x devices only (arch-specific features are not forward
-    // compatible), so newer GPUs keep the sm80 kernel.
+    // Hopper: the wgmma kernel where one is built for this head dim, fits the block's shared
+    // memory (every feature is supported there) and is the faster one at these lengths
+    // (Sm90ForwardPays; ATTN_FLASH_FWD_SM90=0/1 overrides); otherwise the sm80 kernel. Its
+    // sm_90a code runs on compute capability 9.x devices only (arch-specific features are not
+    // forward compatible), so newer GPUs keep the sm80 kernel.
     const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
     if (target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 && sm90 != nullptr &&
         Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit) {
-      launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
-      smem = Sm90ForwardSmemBytes(kernel_head_dim);
+      const Sm90Switch choice = ReadSm90Switch("ATTN_FLASH_FWD_SM90");
+      if (choice == Sm90Switch::kOn ||
+          (choice == Sm90Switch::kAuto && Sm90ForwardPays(kernel_head_dim, s.max_seqlen_k))) {
+        launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
+        smem = Sm90ForwardSmemBytes(kernel_head_dim);
+      }
     }
   }
   if (s.total_q == 0) return KernelStatus::Ok();
@@ -410,14 +418,15 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper, unless switched off (see Sm90BackwardEnabled): the wgmma dK/dV kernel where one is built
+    // Hopper, unless ATTN_FLASH_BWD_SM90=0: the wgmma dK/dV kernel where one is built
     // for this head dim and fits the block's shared memory, in the atomic-dQ mode only (the
     // deterministic mode keeps the sm80 path); 9.x devices only, as for the sm90 forward.
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
     if (!params.deterministic && sm90 != nullptr &&
         target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 &&
-        Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit && Sm90BackwardEnabled()) {
+        Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
+        ReadSm90Switch("ATTN_FLASH_BWD_SM90") != Sm90Switch::kOff) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);
     }

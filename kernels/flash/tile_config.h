@@ -97,6 +97,16 @@ constexpr int Sm90ForwardBlockN(int head_dim) {
   // 64-key tiles keep shared memory at 192 KB and S at 32 floats.
   return head_dim <= 128 ? 128 : 64;
 }
+// Whether the Hopper forward runs rather than the sm80 kernel on a 9.x device. At head dim 64 it
+// is one 8-warp CTA per SM (167 registers), the sm80 kernel two 4-warp CTAs (255 registers) that
+// hide each other's prologue (Q and first K/V loads) and epilogue; the wgmma kernel only pays
+// once every CTA streams many keys. Measured side by side (H100, bf16, bench/RESULTS.md "Hopper
+// forward at head dim 64: sm90 or sm80"): sm80 ahead by 3-10% up to 8x2048 and on the varlen
+// batch (longest 6384), sm90 ahead by 1-6% at 2x8192 and 1x16384.
+inline constexpr int kSm90ForwardHdim64MinKeys = 8192;
+constexpr bool Sm90ForwardPays(int head_dim, int max_seqlen_k) {
+  return head_dim > 64 || max_seqlen_k >= kSm90ForwardHdim64MinKeys;
+}
 // Q, two stages of K and V, and 1 KB to align the tiles to the swizzle atoms.
 constexpr int Sm90ForwardSmemBytes(int head_dim) {
   return (Sm90ForwardBlockM(head_dim) + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
