@@ -5,10 +5,13 @@
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
 #                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
-#                    [--bwd-head-dims LIST]
+#                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-env-column NAME=VAR=VALUE]...
 #
 # --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id);
 # --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows.
+# --head-dims LIST (e.g. "192;256") builds only those head dims (ATTN_HEAD_DIMS; a shorter build).
+# --bwd-env-column NAME=VAR=VALUE (repeatable) adds a backward benchmark column NAME: the same
+# build with VAR=VALUE set around its calls (e.g. ours-sm80bwd=ATTN_FLASH_BWD_SM90=0).
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128) with FLAGS
@@ -29,6 +32,10 @@ test_path=tests/kernels/gpu
 expect_test_path=0
 bwd_head_dims=64,128,192,256
 expect_bwd_head_dims=0
+build_head_dims=()
+expect_head_dims=0
+bwd_env_columns=()
+expect_bwd_env_column=0
 for arg in "$@"; do
   if ((expect_bwd_variant)); then
     bwd_variants+=("$arg")
@@ -40,6 +47,16 @@ for arg in "$@"; do
     expect_test_path=0
     continue
   fi
+  if ((expect_head_dims)); then
+    build_head_dims=("-DATTN_HEAD_DIMS=$arg")
+    expect_head_dims=0
+    continue
+  fi
+  if ((expect_bwd_env_column)); then
+    bwd_env_columns+=("$arg")
+    expect_bwd_env_column=0
+    continue
+  fi
   if ((expect_bwd_head_dims)); then
     bwd_head_dims="$arg"
     expect_bwd_head_dims=0
@@ -49,6 +66,8 @@ for arg in "$@"; do
     --bwd-variant) expect_bwd_variant=1 ;;
     --tests) expect_test_path=1 ;;
     --bwd-head-dims) expect_bwd_head_dims=1 ;;
+    --head-dims) expect_head_dims=1 ;;
+    --bwd-env-column) expect_bwd_env_column=1 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
@@ -74,7 +93,7 @@ configure_and_build() {  # build_dir log [extra cmake args...]
 }
 
 start=$(date +%s)
-if ! configure_and_build build-gpu "$OUT/build.log"; then
+if ! configure_and_build build-gpu "$OUT/build.log" "${build_head_dims[@]}"; then
   tail -50 "$OUT/build.log"
   echo "BUILD FAILED"
   exit 1
@@ -108,6 +127,9 @@ done
 
 status=0
 export ATTN_CAPI="$PWD/build-gpu/lib/libattn_capi.so"
+for spec in "${bwd_env_columns[@]}"; do
+  bwd_variant_libs+=("--lib" "${spec%%=*}=$ATTN_CAPI+${spec#*=}")
+done
 if ((run_tests)); then
   python3 -m pytest "$test_path" -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}

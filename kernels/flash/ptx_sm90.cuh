@@ -45,6 +45,13 @@ __device__ __forceinline__ void NamedBarrierSync(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
+// Signals barrier `id` among `kThreads` threads without waiting (a producer's half: the
+// consumers bar.sync on the same id, producers + consumers = kThreads).
+template <int kThreads>
+__device__ __forceinline__ void NamedBarrierArrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
 // Shared-memory matrix descriptor of wgmma with the 128-byte swizzle (layout type 1, bits
 // 62-63): start address, leading and stride byte offsets, each in 16-byte units (14 bits). The
 // swizzle pattern is taken from address bits, so every 8-row x 128-byte atom must start

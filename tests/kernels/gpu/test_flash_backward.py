@@ -11,7 +11,9 @@ than sm80 every case also runs the sm80 code path as an A100 would (compute_capa
 at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU the device path runs the
 Hopper (wgmma) dK/dV kernel at head dims 64 and 128 (atomic mode; the deterministic mode is the
 sm80 kernels'), so every case also runs with ATTN_FLASH_BWD_SM90=0, the sm80 kernels on the same
-device, and test_sm90_backward_runs checks which kernel ran.
+device, and test_sm90_backward_runs checks which kernel ran. At head dims 192 / 256 the Hopper
+kernel (bwd_sm90_wide_kernel.cuh) runs only with ATTN_FLASH_BWD_SM90_WIDE=1 for now: its own
+path, unless the run sets that switch for every path.
 Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
 
@@ -40,6 +42,13 @@ SM80_ON_HOPPER = ("sm90 backward off",
                   load_family("flash", environment={"ATTN_FLASH_BWD_SM90": "0"}))
 if torch.cuda.get_device_capability()[0] == 9:
     BACKWARD_LIBS.append(SM80_ON_HOPPER)
+# The wgmma kernel at head dims 192 / 256 (bwd_sm90_wide_kernel.cuh), on only with
+# ATTN_FLASH_BWD_SM90_WIDE=1 until its first GPU run passes: its own path here, unless the whole
+# run has the switch set already (then the device path is this one).
+SM90_WIDE = ("sm90 wide", load_family("flash", environment={"ATTN_FLASH_BWD_SM90_WIDE": "1"}))
+if (torch.cuda.get_device_capability()[0] == 9 and
+        os.environ.get("ATTN_FLASH_BWD_SM90_WIDE") != "1"):
+    BACKWARD_LIBS.append(SM90_WIDE)
 
 GRAD_FLOOR = {torch.float16: 2e-4, torch.bfloat16: 1e-3}
 GRAD_CAP = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -81,8 +90,10 @@ def check(request, q, k, v, cu_q, cu_k, opts):
     theirs = pytorch_low_precision_grads(q, k, v, dout, cu_q, cu_k, opts)
     rows, keys = seen_rows_and_keys(q, k, cu_q, cu_k, opts)
     for path, lib in BACKWARD_LIBS:
+        if lib is SM90_WIDE[1] and q.shape[2] <= 128:
+            continue  # the device path
         for deterministic in (False, True):
-            if deterministic and lib is SM80_ON_HOPPER[1]:
+            if deterministic and lib in (SM80_ON_HOPPER[1], SM90_WIDE[1]):
                 continue  # the device path's deterministic mode is this one, tested above
             grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
             check_grads(grads, refs, theirs, rows, keys, deterministic, path)
@@ -222,7 +233,7 @@ def test_error_workspace_too_small():
 
 
 @pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="needs a 9.x GPU")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_sm90_backward_runs(head_dim):
     """On a 9.x GPU the wgmma dK/dV kernel is the one that runs (when this build has it: sm_90 in
     CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS), and ATTN_FLASH_BWD_SM90=0
@@ -239,8 +250,10 @@ def test_sm90_backward_runs(head_dim):
             torch.cuda.synchronize()
         return [event.key for event in prof.key_averages()]
 
-    names = kernels_run(LIB)
-    assert any("FlashBackwardDkDvSm90Kernel" in name for name in names), names
+    wide = head_dim > 128
+    expected = "FlashBackwardDkDvSm90WideKernel" if wide else "FlashBackwardDkDvSm90Kernel"
+    names = kernels_run(SM90_WIDE[1] if wide else LIB)
+    assert any(expected in name for name in names), names
     names = kernels_run(SM80_ON_HOPPER[1])
     assert not any("Sm90" in name for name in names), names
     assert any("FlashBackwardDkDv" in name for name in names), names
