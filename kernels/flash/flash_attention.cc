@@ -118,15 +118,6 @@ bool Sm90BackwardEnabled() {
   return !(value != nullptr && value[0] == '0' && value[1] == '\0');
 }
 
-// Head dims 192 / 256 (the wide Hopper kernel, bwd_sm90_wide_kernel.cuh): on only with
-// ATTN_FLASH_BWD_SM90_WIDE=1 in the environment until its first GPU test run passes (read per
-// call, as above).
-bool Sm90WideBackwardEnabled(int kernel_head_dim) {
-  if (kernel_head_dim <= 128) return true;
-  const char* value = std::getenv("ATTN_FLASH_BWD_SM90_WIDE");
-  return value != nullptr && value[0] == '1' && value[1] == '\0';
-}
-
 const TuringKernelEntry* FindTuringKernel(int head_dim) {
   for (const TuringKernelEntry& entry : kTuringKernels) {
     if (entry.head_dim >= head_dim) return &entry;
@@ -426,8 +417,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     if (!params.deterministic && sm90 != nullptr &&
         target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 &&
-        Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit && Sm90BackwardEnabled() &&
-        Sm90WideBackwardEnabled(kernel_head_dim)) {
+        Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit && Sm90BackwardEnabled()) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);
     }

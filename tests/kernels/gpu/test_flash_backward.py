@@ -9,11 +9,10 @@ sees get exactly zero gradients. Deterministic mode is bitwise reproducible. On 
 than sm80 every case also runs the sm80 code path as an A100 would (compute_capability 80:
 163 KB of shared memory per block, so the narrow dK/dV kernel instead of the wide one: 4 warps
 at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU the device path runs the
-Hopper (wgmma) dK/dV kernel at head dims 64 and 128 (atomic mode; the deterministic mode is the
-sm80 kernels'), so every case also runs with ATTN_FLASH_BWD_SM90=0, the sm80 kernels on the same
-device, and test_sm90_backward_runs checks which kernel ran. At head dims 192 / 256 the Hopper
-kernel (bwd_sm90_wide_kernel.cuh) runs only with ATTN_FLASH_BWD_SM90_WIDE=1 for now: its own
-path, unless the run sets that switch for every path.
+Hopper (wgmma) dK/dV kernels (atomic mode; the deterministic mode is the sm80 kernels'; head dims
+64 / 128: bwd_sm90_kernel.cuh, 192 / 256: bwd_sm90_wide_kernel.cuh), so every case also runs with
+ATTN_FLASH_BWD_SM90=0, the sm80 kernels on the same device, and test_sm90_backward_runs checks
+which kernel ran.
 Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
 
@@ -42,13 +41,6 @@ SM80_ON_HOPPER = ("sm90 backward off",
                   load_family("flash", environment={"ATTN_FLASH_BWD_SM90": "0"}))
 if torch.cuda.get_device_capability()[0] == 9:
     BACKWARD_LIBS.append(SM80_ON_HOPPER)
-# The wgmma kernel at head dims 192 / 256 (bwd_sm90_wide_kernel.cuh), on only with
-# ATTN_FLASH_BWD_SM90_WIDE=1 until its first GPU run passes: its own path here, unless the whole
-# run has the switch set already (then the device path is this one).
-SM90_WIDE = ("sm90 wide", load_family("flash", environment={"ATTN_FLASH_BWD_SM90_WIDE": "1"}))
-if (torch.cuda.get_device_capability()[0] == 9 and
-        os.environ.get("ATTN_FLASH_BWD_SM90_WIDE") != "1"):
-    BACKWARD_LIBS.append(SM90_WIDE)
 
 GRAD_FLOOR = {torch.float16: 2e-4, torch.bfloat16: 1e-3}
 GRAD_CAP = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -90,10 +82,8 @@ def check(request, q, k, v, cu_q, cu_k, opts):
     theirs = pytorch_low_precision_grads(q, k, v, dout, cu_q, cu_k, opts)
     rows, keys = seen_rows_and_keys(q, k, cu_q, cu_k, opts)
     for path, lib in BACKWARD_LIBS:
-        if lib is SM90_WIDE[1] and q.shape[2] <= 128:
-            continue  # the device path
         for deterministic in (False, True):
-            if deterministic and lib in (SM80_ON_HOPPER[1], SM90_WIDE[1]):
+            if deterministic and lib is SM80_ON_HOPPER[1]:
                 continue  # the device path's deterministic mode is this one, tested above
             grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
             check_grads(grads, refs, theirs, rows, keys, deterministic, path)
@@ -252,7 +242,7 @@ def test_sm90_backward_runs(head_dim):
 
     wide = head_dim > 128
     expected = "FlashBackwardDkDvSm90WideKernel" if wide else "FlashBackwardDkDvSm90Kernel"
-    names = kernels_run(SM90_WIDE[1] if wide else LIB)
+    names = kernels_run(LIB)
     assert any(expected in name for name in names), names
     names = kernels_run(SM80_ON_HOPPER[1])
     assert not any("Sm90" in name for name in names), names
