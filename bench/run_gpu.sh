@@ -14,7 +14,7 @@
 # build with VAR=VALUE set around its calls (e.g. ours-sm80bwd=ATTN_FLASH_BWD_SM90=0).
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
-# --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128) with FLAGS
+# --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128, or --head-dims) with FLAGS
 # added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME as
 # columns of the backward benchmark.
 set -uo pipefail
@@ -33,6 +33,7 @@ expect_test_path=0
 bwd_head_dims=64,128,192,256
 expect_bwd_head_dims=0
 build_head_dims=()
+variant_head_dims="64;128"
 expect_head_dims=0
 bwd_env_columns=()
 expect_bwd_env_column=0
@@ -49,6 +50,7 @@ for arg in "$@"; do
   fi
   if ((expect_head_dims)); then
     build_head_dims=("-DATTN_HEAD_DIMS=$arg")
+    variant_head_dims="$arg"
     expect_head_dims=0
     continue
   fi
@@ -120,7 +122,7 @@ for spec in "${bwd_variants[@]}"; do
   name="${spec%%=*}"
   flags="${spec#*=}"
   dir="build-gpu-bwd-$name"
-  configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="64;128" \
+  configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="$variant_head_dims" \
     "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
   bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
 done

@@ -9,6 +9,13 @@
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/tile_config.h"
 
+// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256"): 1 adds dQ of a tile
+// into the workspace with one bulk reduction per row (cp.reduce.async.bulk, staged in the
+// tile's own stage) instead of red.global.add.v4.f32 from registers.
+#ifndef ATTN_FLASH_SM90_BWD_DQ_BULK
+#define ATTN_FLASH_SM90_BWD_DQ_BULK 0
+#endif
+
 namespace attnserve::kernels::flash {
 
 template <DType kDType, int kHeadDim_>
@@ -38,6 +45,12 @@ struct BwdSm90WideTraits {
     return kHeadDim == 256 ? warpgroup * 128 + 64 : 64 + warpgroup * 32;
   }
 
+  // ATTN_FLASH_SM90_BWD_DQ_BULK: float32 dQ rows (64 x d) staged in the tile's stage once every
+  // wgmma has read it, rows kDqPitch bytes apart (16 bytes of padding: float2 stores of a warp's
+  // 8 rows hit each bank twice, the minimum for 256 bytes); exactly the stage's size.
+  static constexpr bool kDqBulk = ATTN_FLASH_SM90_BWD_DQ_BULK != 0;
+  static constexpr int kDqPitch = kHeadDim * 4 + 16;
+
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
@@ -59,6 +72,7 @@ struct BwdSm90WideTraits {
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
   static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBytes + kExchangeBytes + 1024,
                 "host and device agree");
+  static_assert(kBlockM * kDqPitch <= kStageBytes, "bulk dQ staging fits a stage");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
 };
 
