@@ -5,13 +5,16 @@
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
 #                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
-#                    [--bwd-head-dims LIST]
+#                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-env-column NAME=VAR=VALUE]...
 #
 # --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id);
 # --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows.
+# --head-dims LIST (e.g. "192;256") builds only those head dims (ATTN_HEAD_DIMS; a shorter build).
+# --bwd-env-column NAME=VAR=VALUE (repeatable) adds a backward benchmark column NAME: the same
+# build with VAR=VALUE set around its calls (e.g. ours-sm80bwd=ATTN_FLASH_BWD_SM90=0).
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
-# --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128) with FLAGS
+# --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128, or --head-dims) with FLAGS
 # added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME as
 # columns of the backward benchmark.
 set -uo pipefail
@@ -29,6 +32,11 @@ test_path=tests/kernels/gpu
 expect_test_path=0
 bwd_head_dims=64,128,192,256
 expect_bwd_head_dims=0
+build_head_dims=()
+variant_head_dims="64;128"
+expect_head_dims=0
+bwd_env_columns=()
+expect_bwd_env_column=0
 for arg in "$@"; do
   if ((expect_bwd_variant)); then
     bwd_variants+=("$arg")
@@ -40,6 +48,17 @@ for arg in "$@"; do
     expect_test_path=0
     continue
   fi
+  if ((expect_head_dims)); then
+    build_head_dims=("-DATTN_HEAD_DIMS=$arg")
+    variant_head_dims="$arg"
+    expect_head_dims=0
+    continue
+  fi
+  if ((expect_bwd_env_column)); then
+    bwd_env_columns+=("$arg")
+    expect_bwd_env_column=0
+    continue
+  fi
   if ((expect_bwd_head_dims)); then
     bwd_head_dims="$arg"
     expect_bwd_head_dims=0
@@ -49,6 +68,8 @@ for arg in "$@"; do
     --bwd-variant) expect_bwd_variant=1 ;;
     --tests) expect_test_path=1 ;;
     --bwd-head-dims) expect_bwd_head_dims=1 ;;
+    --head-dims) expect_head_dims=1 ;;
+    --bwd-env-column) expect_bwd_env_column=1 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
@@ -74,7 +95,7 @@ configure_and_build() {  # build_dir log [extra cmake args...]
 }
 
 start=$(date +%s)
-if ! configure_and_build build-gpu "$OUT/build.log"; then
+if ! configure_and_build build-gpu "$OUT/build.log" "${build_head_dims[@]}"; then
   tail -50 "$OUT/build.log"
   echo "BUILD FAILED"
   exit 1
@@ -101,13 +122,16 @@ for spec in "${bwd_variants[@]}"; do
   name="${spec%%=*}"
   flags="${spec#*=}"
   dir="build-gpu-bwd-$name"
-  configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="64;128" \
+  configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="$variant_head_dims" \
     "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
   bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
 done
 
 status=0
 export ATTN_CAPI="$PWD/build-gpu/lib/libattn_capi.so"
+for spec in "${bwd_env_columns[@]}"; do
+  bwd_variant_libs+=("--lib" "${spec%%=*}=$ATTN_CAPI+${spec#*=}")
+done
 if ((run_tests)); then
   python3 -m pytest "$test_path" -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}

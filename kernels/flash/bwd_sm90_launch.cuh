@@ -1,6 +1,7 @@
 // Definition of LaunchBackwardSm90, included by the generated sm90 backward instantiation files
 // only: zero the float32 dQ workspace, the preprocess (D), the Hopper dK/dV kernel with atomic
-// dQ, the dQ conversion (the sm80 path's preprocess and conversion kernels, unchanged).
+// dQ (bwd_sm90_kernel.cuh at head dims 64 / 128, bwd_sm90_wide_kernel.cuh at 192 / 256), the dQ
+// conversion (the sm80 path's preprocess and conversion kernels, unchanged).
 #pragma once
 
 #include <string>
@@ -8,6 +9,7 @@
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/bwd_preprocess.cuh"
 #include "kernels/flash/bwd_sm90_kernel.cuh"
+#include "kernels/flash/bwd_sm90_wide_kernel.cuh"
 
 namespace attnserve::kernels::flash {
 
@@ -16,15 +18,14 @@ inline KernelStatus BackwardSm90LaunchError(const char* what, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-// The atomic-dQ mode only: the dispatcher runs the deterministic mode on the sm80 path.
-template <DType kDType, int kHeadDim>
-KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
-                                cudaStream_t stream) {
-  using T = BwdSm90Traits<kDType, kHeadDim>;
+// The atomic-dQ mode only: the dispatcher runs the deterministic mode on the sm80 path. T: the
+// dK/dV kernel's traits (kBlockN keys per CTA, kThreads, kSmemBytes).
+template <class T, DType kDType>
+KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernelArgs& args,
+                                    const BwdGrid& grid, cudaStream_t stream) {
   if (args.dq_accum == nullptr && args.fwd.total_q > 0) {
     return KernelStatus::Error("flash: sm90 backward needs the dQ workspace (atomic mode)");
   }
-  const auto dkdv = &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim>;
   cudaError_t err =
       cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) return BackwardSm90LaunchError("cudaFuncSetAttribute", err);
@@ -57,6 +58,18 @@ KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
     if (err != cudaSuccess) return BackwardSm90LaunchError("dQ conversion launch", err);
   }
   return KernelStatus::Ok();
+}
+
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
+                                cudaStream_t stream) {
+  if constexpr (kHeadDim > 128) {
+    return LaunchBackwardSm90With<BwdSm90WideTraits<kDType, kHeadDim>, kDType>(
+        &FlashBackwardDkDvSm90WideKernel<kDType, kHeadDim>, args, grid, stream);
+  } else {
+    return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim>, kDType>(
+        &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim>, args, grid, stream);
+  }
 }
 
 }  // namespace attnserve::kernels::flash

@@ -18,7 +18,7 @@ template <DType kDType, int kHeadDim_>
 struct BwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockN = kSm90BackwardBlockN;          // keys per CTA
+  static constexpr int kBlockN = Sm90BackwardBlockN(kHeadDim);  // keys per CTA
   static constexpr int kBlockM = Sm90BackwardBlockM(kHeadDim);  // queries per streamed tile
   static constexpr int kWarpgroups = kBlockN / 64;              // 64 keys each
   static constexpr int kThreads = kWarpgroups * 128;

@@ -18,6 +18,13 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
   6. Masking: the per-warp decision never skips a tile that has an element to hide, and the
      element-wise bounds hide exactly the (key, query) pairs the contract hides; the query-tile
      range of a key block holds every row that sees one of its keys.
+  7. The wide kernel (bwd_sm90_wide_kernel.cuh, head dims 192 / 256, 64 keys per CTA): the flat
+     cp.async loader covers every vector of a tile once; the exchange tile hands warpgroup 1's
+     thread t the G of exactly the elements its dP^T holds; warpgroup 1's dS^T tile is what the
+     dQ descriptors read, K read through the B descriptors of the two dQ products of each
+     warpgroup (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the head
+     dim once; the dQ reductions (and the bulk variant's staged rows), epilogue and masks of 4
+     warps x 16 keys.
 """
 
 import random
@@ -35,7 +42,7 @@ def hw_swizzle(addr):
 
 
 def check_tiles():
-    for rows, d in ((128, 64), (128, 128), (64, 64), (64, 128)):
+    for rows, d in ((128, 64), (128, 128), (64, 64), (64, 128), (64, 192), (64, 256)):
         vecs = d // 8
         seen = set()
         for r in range(rows):
@@ -150,9 +157,9 @@ def check_dq_reductions(dq_cols):
         assert len(written) == 16 * dq_cols
 
 
-def check_epilogue(head_dim):
+def check_epilogue(head_dim, warps=8):
     row_vecs = head_dim // 8
-    for warp in range(8):
+    for warp in range(warps):
         reads = set()
         for lane in range(32):
             for i in range(16 * row_vecs // 32):
@@ -166,12 +173,100 @@ def check_epilogue(head_dim):
         assert reads == writes and len(reads) == 16 * row_vecs
 
 
+def wide_dq_cols(head_dim, wg):
+    """BwdSm90WideTraits::DqColA / DqColB with their N."""
+    col_b = wg * 128 + 64 if head_dim == 256 else 64 + wg * 32
+    return [(wg * 128, 64), (col_b, head_dim // 2 - 64)]
+
+
+def check_wide(head_dim):
+    block_n, block_m, row_vecs = 64, 64, head_dim // 8
+    # The flat loader: thread tid, pass i takes vector idx = tid + 256 i of the row-major order.
+    seen = set()
+    for tid in range(256):
+        for i in range((block_n * row_vecs + 255) // 256):
+            idx = tid + 256 * i
+            if idx < block_n * row_vecs:
+                off = swizzled_offset(block_n, idx // row_vecs, idx % row_vecs)
+                assert off not in seen
+                seen.add(off)
+    assert len(seen) == block_n * row_vecs
+    # Exchange: warpgroup 0's thread t stores s[nt][0..3] at (nt * 128 + t) * 16; warpgroup 1's
+    # thread t reads the same address for dp[nt][0..3]; the accumulator layouts agree.
+    exchange = {}
+    for t in range(128):
+        for nt in range(block_m // 8):
+            for e in range(4):
+                exchange[(nt * 128 + t) * 16 + 4 * e] = accumulator_coords(t, 4 * nt + e)
+    assert len(exchange) == 128 * block_m // 8 * 4
+    for t in range(128):
+        for nt in range(block_m // 8):
+            for e in range(4):
+                assert exchange[(nt * 128 + t) * 16 + 4 * e] == accumulator_coords(t, 4 * nt + e)
+    # dS^T tile: warpgroup 1 alone writes all 64 keys, SwizzledOffset<64>(key, nt).
+    memory = {}
+    for t in range(128):
+        for nt in range(block_m // 8):
+            for h in range(2):
+                key, col = accumulator_coords(t, 4 * nt + 2 * h)
+                base = swizzled_offset(block_n, key, nt) + (t % 4) * 4
+                for half in range(2):
+                    assert base + 2 * half not in memory
+                    memory[base + 2 * half] = (key, col + half)
+    assert len(memory) == block_n * block_m
+    covered = []
+    for wg in range(2):
+        for col0, n_cols in wide_dq_cols(head_dim, wg):
+            assert n_cols in (32, 64) and col0 % 64 + n_cols <= 64  # ends inside its block
+            covered += range(col0, col0 + n_cols)
+            for kk in range(block_n // 16):
+                start = kk * 16 * 128
+                for m in range(64):
+                    for k in range(16):
+                        canonical = start + (k // 8) * 1024 + (k % 8) * 128 + m * 2
+                        assert memory[hw_swizzle(canonical)] == (kk * 16 + k, m)
+                start = (col0 // 64) * block_n * 128 + (col0 % 64) * 2 + kk * 16 * 128
+                for n in range(n_cols):
+                    for k in range(16):
+                        canonical = start + (n // 64) * block_n * 128 + (k // 8) * 1024 + \
+                            (k % 8) * 128 + (n % 64) * 2
+                        key, col = kk * 16 + k, col0 + n
+                        stored = swizzled_offset(block_n, key, col // 8) + (col % 8) * 2
+                        assert hw_swizzle(canonical) == stored, (wg, col0, kk, n, k)
+            check_dq_reductions(n_cols)
+    assert sorted(covered) == list(range(head_dim))
+    # ATTN_FLASH_SM90_BWD_DQ_BULK: both warpgroups' dQ products stored as float2 at
+    # row * pitch + col * 4 fill rows 0..63 x [0, d) of the stage exactly once, and the bulk
+    # reduction of row r (threads 0..31 of each warpgroup: rows 32 wg + lane) reads exactly them.
+    pitch = head_dim * 4 + 16
+    stage_bytes = (2 * block_m * head_dim * 2 + 2 * block_m * 4 + 1023) // 1024 * 1024
+    assert block_m * pitch <= stage_bytes
+    staged = {}
+    for wg in range(2):
+        for col0, n_cols in wide_dq_cols(head_dim, wg):
+            for t in range(128):
+                for i in range(n_cols // 4):  # register pairs (tile, h)
+                    row, col = accumulator_coords(t, 2 * i)
+                    addr = row * pitch + (col0 + col) * 4
+                    for e in range(2):
+                        assert addr + 4 * e not in staged
+                        staged[addr + 4 * e] = (row, col0 + col + e)
+    rows_issued = sorted(32 * wg + lane for wg in range(2) for lane in range(32))
+    assert rows_issued == list(range(block_m))
+    for r in rows_issued:
+        assert [staged[r * pitch + 4 * c] for c in range(head_dim)] == \
+            [(r, c) for c in range(head_dim)]
+    assert len(staged) == block_m * head_dim
+    check_epilogue(head_dim, warps=4)
+    check_masks(block_m, block_n=block_n, warps=4)
+
+
 def visible(i, j, len_q, len_k, wl, wr):
     d = i + len_k - len_q
     return j < len_k and d - wl <= j <= d + wr
 
 
-def check_masks(block_m, trials=40):
+def check_masks(block_m, trials=40, block_n=BLOCK_N, warps=8):
     rng = random.Random(1)
     unbounded = 1 << 29
     for _ in range(trials):
@@ -185,8 +280,8 @@ def check_masks(block_m, trials=40):
         elif kind == "left":
             wl, wr = rng.randint(0, 80), 0
         offset = len_k - len_q
-        for key_first in range(0, len_k, BLOCK_N):
-            key_last = min(len_k, key_first + BLOCK_N) - 1
+        for key_first in range(0, len_k, block_n):
+            key_last = min(len_k, key_first + block_n) - 1
             row_first = max(0, key_first - wr - offset)
             row_last = min(len_q - 1, key_last + wl - offset)
             m_begin = row_first // block_m
@@ -198,7 +293,7 @@ def check_masks(block_m, trials=40):
                     assert i // block_m in tiles
             for m in tiles:
                 row0 = m * block_m
-                for wk in range(8):
+                for wk in range(warps):
                     warp_key_first = key_first + 16 * wk
                     masked_tile = (warp_key_first + 16 > len_k or
                                    warp_key_first + 15 > row0 + offset + wr or
@@ -232,6 +327,8 @@ def main():
     check_epilogue(64)
     check_epilogue(128)
     check_masks(64)
+    for head_dim in (192, 256):
+        check_wide(head_dim)
     print("sm90 backward layouts: all checks passed")
 
 

@@ -112,26 +112,39 @@ constexpr int Sm90ForwardSmemBytes(int head_dim) {
   return (Sm90ForwardBlockM(head_dim) + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
 }
 
-// Hopper (sm_90a) backward dK/dV kernel (bwd_sm90_kernel.cuh; NOTES.md "Hopper backward"): 128 keys per CTA (two warpgroups of 64 keys, FlashAttention-3's hdim-64/128
-// block), query tiles streamed in two stages.
-inline constexpr int kSm90BackwardHeadDims[] = {64, 128};
-inline constexpr int kSm90BackwardBlockN = 128;
+// Hopper (sm_90a) backward dK/dV kernels (NOTES.md "Hopper backward"), query tiles of 64 rows
+// streamed in two stages:
+// - head dims 64 and 128 (bwd_sm90_kernel.cuh): 128 keys per CTA, two warpgroups of 64 keys
+//   (FlashAttention-3's hdim-64/128 block);
+// - head dims 192 and 256 (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, the warpgroups split by
+//   role (S^T/P^T/dV and dP^T/dS^T/dK), since 128 keys would need 192-256 dK + dV floats per
+//   thread.
+inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 192, 256};
+constexpr int Sm90BackwardBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 constexpr int Sm90BackwardBlockM(int head_dim) {
   // 64-query tiles: S^T and dP^T 32 floats each per thread beside dK + dV (64 / 128 floats at
-  // head dim 64 / 128); each warpgroup's dQ = dS K is the 64 rows x half the head dim. 128-query
-  // tiles at head dim 64 (FlashAttention-3's) spilled 8-132 bytes at 255 registers (S^T and dP^T
-  // 64 floats each in flight beside P^T, G, dK and dV), with every arrangement tried.
-  return head_dim <= 128 ? 64 : 0;  // (no instantiation above 128)
+  // head dim 64 / 128; at 192 / 256 one of dK, dV per warpgroup: 96 / 128 floats); each
+  // warpgroup's dQ = dS K is the 64 rows x half the head dim. 128-query tiles at head dim 64
+  // (FlashAttention-3's) spilled 8-132 bytes at 255 registers (S^T and dP^T 64 floats each in
+  // flight beside P^T, G, dK and dV), with every arrangement tried.
+  return head_dim <= 256 ? 64 : 0;  // (no instantiation above 256)
 }
 // Q and dO of a query tile plus its lse and D, rounded up to whole 1 KB swizzle atoms.
 constexpr int Sm90BackwardStageBytes(int head_dim) {
   return (2 * Sm90BackwardBlockM(head_dim) * head_dim * 2 + 2 * Sm90BackwardBlockM(head_dim) * 4 +
           1023) / 1024 * 1024;
 }
-// K and V (resident), two stages, the dS^T tile (keys x queries, 16 bits), 1 KB for alignment.
+// Head dims 192 / 256 only: the float32 exchange tile (G = dS^T / (dP^T - D), keys x queries)
+// that the S^T warpgroup hands to the dP^T warpgroup.
+constexpr int Sm90BackwardExchangeBytes(int head_dim) {
+  return head_dim <= 128 ? 0 : Sm90BackwardBlockN(head_dim) * Sm90BackwardBlockM(head_dim) * 4;
+}
+// K and V (resident), two stages, the dS^T tile (keys x queries, 16 bits), the exchange tile
+// (192 / 256), 1 KB for alignment: 83 / 147 / 171 / 219 KB at head dim 64 / 128 / 192 / 256.
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
-  return 2 * kSm90BackwardBlockN * head_dim * 2 + 2 * Sm90BackwardStageBytes(head_dim) +
-         kSm90BackwardBlockN * Sm90BackwardBlockM(head_dim) * 2 + 1024;
+  return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 + 2 * Sm90BackwardStageBytes(head_dim) +
+         Sm90BackwardBlockN(head_dim) * Sm90BackwardBlockM(head_dim) * 2 +
+         Sm90BackwardExchangeBytes(head_dim) + 1024;
 }
 
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows

@@ -9,9 +9,10 @@ sees get exactly zero gradients. Deterministic mode is bitwise reproducible. On 
 than sm80 every case also runs the sm80 code path as an A100 would (compute_capability 80:
 163 KB of shared memory per block, so the narrow dK/dV kernel instead of the wide one: 4 warps
 at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU the device path runs the
-Hopper (wgmma) dK/dV kernel at head dims 64 and 128 (atomic mode; the deterministic mode is the
-sm80 kernels'), so every case also runs with ATTN_FLASH_BWD_SM90=0, the sm80 kernels on the same
-device, and test_sm90_backward_runs checks which kernel ran.
+Hopper (wgmma) dK/dV kernels (atomic mode; the deterministic mode is the sm80 kernels'; head dims
+64 / 128: bwd_sm90_kernel.cuh, 192 / 256: bwd_sm90_wide_kernel.cuh), so every case also runs with
+ATTN_FLASH_BWD_SM90=0, the sm80 kernels on the same device, and test_sm90_backward_runs checks
+which kernel ran.
 Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
 
@@ -222,7 +223,7 @@ def test_error_workspace_too_small():
 
 
 @pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="needs a 9.x GPU")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_sm90_backward_runs(head_dim):
     """On a 9.x GPU the wgmma dK/dV kernel is the one that runs (when this build has it: sm_90 in
     CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS), and ATTN_FLASH_BWD_SM90=0
@@ -239,8 +240,10 @@ def test_sm90_backward_runs(head_dim):
             torch.cuda.synchronize()
         return [event.key for event in prof.key_averages()]
 
+    wide = head_dim > 128
+    expected = "FlashBackwardDkDvSm90WideKernel" if wide else "FlashBackwardDkDvSm90Kernel"
     names = kernels_run(LIB)
-    assert any("FlashBackwardDkDvSm90Kernel" in name for name in names), names
+    assert any(expected in name for name in names), names
     names = kernels_run(SM80_ON_HOPPER[1])
     assert not any("Sm90" in name for name in names), names
     assert any("FlashBackwardDkDv" in name for name in names), names

@@ -1,0 +1,508 @@
+// The Hopper (sm_90a) backward dK/dV kernel at head dims 192 and 256 (NOTES.md "Hopper backward
+// at head dims 192 and 256"). At 128 keys per CTA (the hdim-64/128 kernel's block) dK + dV would
+// be 192-256 floats per thread, so here one CTA takes 64 keys and its two warpgroups split the
+// work by role instead of by keys; each holds one of dK, dV for the 64 keys x the whole head dim
+// (96 / 128 floats per thread). Per query tile (64 rows, streamed through two cp.async stages in
+// wgmma's 128-byte swizzle, zero-filled past the sequence, as in the hdim-64/128 kernel):
+//   warpgroup 0                              warpgroup 1
+//   S^T = K Q^T      (SS, 64 x 64, K = d)    dP^T = V dO^T     (SS, 64 x 64, K = d)
+//   P^T = exp2(S^T c - lse log2 e)           (waits on barrier 1)
+//   G = P^T (1 - tanh^2) -> exchange tile
+//   (arrives on barrier 1)                   dS^T = G (dP^T - D) -> dS^T tile
+//   dV += P^T dO     (RS, N = d)             dK += dS^T Q      (RS, N = d)
+//   ---------------- fence.proxy.async + barrier (the dS^T tile) ----------------
+//   dQ (+)= dS K for half the head dim each (SS, MN-major: SSTrans), into the float32 dQ
+//   workspace (red.global.add.v4.f32)
+// P^T and dS^T come out of the 64-key accumulators in the RS A-fragment layout (keys as the M
+// side, as in the hdim-64/128 kernel), so neither product reads them from shared memory; the
+// exchange tile keeps G in float32 (dS from P rounded to 16 bits cost the sm80 role split 5-30x
+// the dq error, NOTES.md "Backward at head dims 192 and 256"). The masks, softcap, tile range,
+// GQA sums and the dQ reductions are the hdim-64/128 kernel's.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/flash/bwd_args.h"
+#include "kernels/flash/bwd_sm90_kernel.cuh"
+#include "kernels/flash/bwd_sm90_wide_traits.cuh"
+#include "kernels/flash/fwd_sm90_kernel.cuh"
+#include "kernels/flash/ptx.cuh"
+#include "kernels/flash/ptx_sm90.cuh"
+
+namespace attnserve::kernels::flash {
+
+// Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
+// wait), zero-filling rows at or past rows_valid and vectors at or past vecs_valid (nothing is
+// read for them). Unlike LoadSwizzledAsync each thread takes vectors kThreads apart in the flat
+// (row, vector) order, so a row of 24 vectors (head dim 192) needs no whole rows per pass.
+template <int kRows, int kRowVecs, int kThreads, typename Element>
+__device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Element* src,
+                                                      int row_stride, int rows_valid,
+                                                      int vecs_valid, int tid) {
+  constexpr int kVecElems = 16 / sizeof(Element);
+  constexpr int kVecs = kRows * kRowVecs;
+  constexpr int kPasses = (kVecs + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int idx = tid + i * kThreads;
+    if (kVecs % kThreads == 0 || idx < kVecs) {
+      const int row = idx / kRowVecs;
+      const int vec = idx % kRowVecs;
+      ptx::CopyAsync16(smem + SwizzledOffset<kRows>(row, vec),
+                       src + row * row_stride + vec * kVecElems,
+                       row < rows_valid && vec < vecs_valid);
+    }
+  }
+}
+
+template <DType kDType, int kHeadDim>
+class BwdSm90WideBlockRunner {
+  using T = BwdSm90WideTraits<kDType, kHeadDim>;
+  using Element = typename T::Element;
+  using MmaScores = ptx::Wgmma<Element, T::kBlockM>;  // 64 keys x 64 queries
+  using MmaGrad = ptx::Wgmma<Element, kHeadDim>;      // 64 keys x head dim
+  using MmaDqA = ptx::Wgmma<Element, T::kDqColsA>;    // 64 queries x 64 columns
+  using MmaDqB = ptx::Wgmma<Element, T::kDqColsB>;    // 64 queries x 32 or 64 columns
+
+ public:
+  // Per thread of warp w (of its warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
+  // 16 w + l / 4 (+ 8), columns 8 t + 2 (l % 4) + {0, 1} of 8-column tile t; dQ rows (queries)
+  // likewise.
+  __device__ __forceinline__ BwdSm90WideBlockRunner(const BwdKernelArgs& args, uint32_t smem,
+                                                    int batch, int kv_head, int n_block)
+      : args_(args), f_(args.fwd), kv_head_(kv_head) {
+    k_smem_ = smem;
+    v_smem_ = smem + T::kKvBytes;
+    stage_smem_ = smem + 2 * T::kKvBytes;
+    ds_smem_ = stage_smem_ + 2 * T::kStageBytes;
+    g_smem_ = ds_smem_ + T::kDsBytes;
+    k_begin_ = f_.cu_seqlens_k[batch];
+    len_k_ = f_.cu_seqlens_k[batch + 1] - k_begin_;
+    key_first_ = n_block * T::kBlockN;
+    q_begin_ = f_.cu_seqlens_q[batch];
+    len_q_ = f_.cu_seqlens_q[batch + 1] - q_begin_;
+    offset_ = len_k_ - len_q_;  // query row i's diagonal key is i + offset
+    vecs_valid_ = f_.head_dim / T::kVecElems;
+    // The query tiles whose rows see a key of the block (the sm80 pair kernel's range).
+    const int key_last = min(len_k_, key_first_ + T::kBlockN) - 1;
+    const int row_first = max(0, key_first_ - f_.window_right - offset_);
+    const int row_last = min(len_q_ - 1, key_last + f_.window_left - offset_);
+    m_begin_ = row_first / T::kBlockM;
+    m_count_ = row_first > row_last ? 0 : row_last / T::kBlockM - m_begin_ + 1;
+    iters_ = m_count_ * f_.head_group;
+  }
+
+  __device__ __forceinline__ bool Exists() const { return key_first_ < len_k_; }
+
+  // K, V and the first query tile.
+  __device__ __forceinline__ void Prologue() {
+    if (iters_ > 0) {
+      const int tid = threadIdx.x;
+      const int64_t kv_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
+                                int64_t{kv_head_} * f_.head_dim;
+      const int kv_stride = static_cast<int>(f_.kv_row_stride);
+      LoadSwizzledFlatAsync<T::kBlockN, T::kRowVecs, T::kThreads>(
+          k_smem_, static_cast<const Element*>(f_.k) + kv_offset, kv_stride,
+          len_k_ - key_first_, vecs_valid_, tid);
+      LoadSwizzledFlatAsync<T::kBlockN, T::kRowVecs, T::kThreads>(
+          v_smem_, static_cast<const Element*>(f_.v) + kv_offset, kv_stride,
+          len_k_ - key_first_, vecs_valid_, tid);
+      LoadStage(0);
+    }
+    ptx::CommitAsyncGroup<Sm80>();
+  }
+
+  // One query tile per iteration. Every wgmma of a tile is complete at the end of its Step, so
+  // the barrier at the top of the next iteration frees that tile's stage (which then takes the
+  // tile after the next), the dS^T tile and the exchange tile.
+  __device__ __forceinline__ void Run() {
+#pragma unroll
+    for (int nt = 0; nt < T::kDTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) grad_[nt][e] = 0.0f;
+    }
+    for (int it = 0; it < iters_; ++it) {
+      ptx::WaitAsyncGroups<Sm80, 0>();
+      // (kDqBulk) tile it - 1's dQ rows, staged in the stage tile it + 1 now takes, are read.
+      if constexpr (T::kDqBulk) ptx::BulkWaitRead();
+      ptx::FenceProxyAsyncShared();
+      __syncthreads();
+      if (it + 1 < iters_) LoadStage(it + 1);
+      ptx::CommitAsyncGroup<Sm80>();
+      Step(it);
+    }
+  }
+
+  // dV (warpgroup 0) or dK times softmax_scale (warpgroup 1) through the V or K buffer (each
+  // warp its own 16 rows), then 16-byte stores of the rows that exist.
+  __device__ __forceinline__ void Epilogue() {
+    ptx::WaitAsyncGroups<Sm80, 0>();
+    if constexpr (T::kDqBulk) ptx::BulkWaitRead();  // before the CTA's shared memory goes
+    __syncthreads();  // no wgmma reads K or V any more (dQ of both warpgroups reads all of K)
+    const int tid = threadIdx.x;
+    const bool is_dv = tid < 128;
+    const int warp = tid % 128 / 32;
+    const int lane = tid % 32;
+    const int group = lane / 4;
+    const int quad_lane = lane % 4;
+    const float scale = is_dv ? 1.0f : args_.grad_scale;
+    const uint32_t buffer = is_dv ? v_smem_ : k_smem_;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + group + 8 * h;
+#pragma unroll
+      for (int nt = 0; nt < T::kDTiles; ++nt) {
+        ptx::StoreShared32(buffer + SwizzledOffset<T::kBlockN>(row, nt) + quad_lane * 4,
+                           ptx::PackPair<Element>(grad_[nt][2 * h] * scale,
+                                                  grad_[nt][2 * h + 1] * scale));
+      }
+    }
+    __syncwarp();
+    const int64_t out_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
+                               int64_t{kv_head_} * f_.head_dim;
+    Element* out = static_cast<Element*>(is_dv ? args_.dv : args_.dk) + out_offset;
+    const int rows_valid = len_k_ - key_first_;
+    constexpr int kPerLane = 16 * T::kRowVecs / 32;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int idx = i * 32 + lane;
+      const int row = warp * 16 + idx / T::kRowVecs;
+      const int vec = idx % T::kRowVecs;
+      if (row < rows_valid && vec < vecs_valid_) {
+        *reinterpret_cast<uint4*>(out + int64_t{row} * f_.kv_row_stride + vec * T::kVecElems) =
+            ptx::LoadShared128(buffer + SwizzledOffset<T::kBlockN>(row, vec));
+      }
+    }
+  }
+
+ private:
+  __device__ __forceinline__ uint32_t StageSmem(int it) const {
+    return stage_smem_ + (it % 2) * T::kStageBytes;
+  }
+  __device__ __forceinline__ int HeadOf(int it) const {
+    return kv_head_ * f_.head_group + it / m_count_;
+  }
+  __device__ __forceinline__ int Row0Of(int it) const {
+    return (m_begin_ + it % m_count_) * T::kBlockM;
+  }
+
+  // Q, dO, lse and D of query tile `it` into its stage. Rows past the sequence read 0 (their Q
+  // and dO are 0, so they contribute exactly nothing, and their dQ is never stored).
+  __device__ __forceinline__ void LoadStage(int it) {
+    const int tid = ptx::FreshThreadIdx();
+    const int head = HeadOf(it);
+    const int row0 = Row0Of(it);
+    const uint32_t st = StageSmem(it);
+    const int64_t q_offset = (int64_t{q_begin_} + row0) * f_.q_row_stride +
+                             int64_t{head} * f_.head_dim;
+    const int q_stride = static_cast<int>(f_.q_row_stride);
+    LoadSwizzledFlatAsync<T::kBlockM, T::kRowVecs, T::kThreads>(
+        st, static_cast<const Element*>(f_.q) + q_offset, q_stride, len_q_ - row0, vecs_valid_,
+        tid);
+    LoadSwizzledFlatAsync<T::kBlockM, T::kRowVecs, T::kThreads>(
+        st + T::kTileBytes, static_cast<const Element*>(args_.dout) + q_offset, q_stride,
+        len_q_ - row0, vecs_valid_, tid);
+    if (tid < 2 * T::kBlockM) {
+      const int row = row0 + tid % T::kBlockM;
+      const float* src = tid < T::kBlockM ? f_.lse : args_.dsum;
+      const int64_t index = int64_t{head} * f_.total_q + q_begin_ + row;
+      ptx::CopyAsync4<Sm80>(st + 2 * T::kTileBytes + tid * 4, src + (row < len_q_ ? index : 0),
+                            row < len_q_);
+    }
+  }
+
+  // Query tile `it`. The two warpgroups run the same wgmma instructions on different operands
+  // (warpgroup-uniform selects), so only the element-wise math between them branches.
+  __device__ __forceinline__ void Step(int it) {
+    const int tid = ptx::FreshThreadIdx();
+    // Warp-uniform as far as the compiler can see (broadcast from lane 0).
+    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int warp = tid % 128 / 32;
+    const int group = tid % 32 / 4;
+    const int quad_lane = tid % 4;
+    const uint32_t q_st = StageSmem(it);
+    const uint32_t do_st = q_st + T::kTileBytes;
+
+    // S^T = K Q^T (warpgroup 0) or dP^T = V dO^T (warpgroup 1).
+    float sc[T::kSTiles][4];
+    ptx::WgmmaFence();
+    IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? q_st : do_st);
+    ptx::WgmmaWait<0>(sc);
+
+    // The A fragments of this warpgroup's gradient product: P^T (dV) or dS^T (dK).
+    uint32_t a[T::kGradSteps][4];
+    if (warpgroup == 0) {
+      ScoresToP(sc, a, it, warp, group, quad_lane);
+      // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
+      // apart between consecutive threads (conflict-free); warpgroup 1's thread of the same
+      // index holds dP^T of the same elements and reads them back.
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt) {
+        ptx::StoreShared128(g_smem_ + (nt * 128 + tid % 128) * 16,
+                            make_uint4(__float_as_uint(sc[nt][0]), __float_as_uint(sc[nt][1]),
+                                       __float_as_uint(sc[nt][2]), __float_as_uint(sc[nt][3])));
+      }
+      ptx::NamedBarrierArrive<T::kThreads>(1);
+    } else {
+      ptx::NamedBarrierSync<T::kThreads>(1);
+      GradToDs(sc, a, it, warp, group, quad_lane);
+    }
+    ptx::WgmmaFence();
+    IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
+
+    // dQ = dS K once warpgroup 1's dS^T rows are in shared memory (written by the generic proxy,
+    // read by the tensor cores: fence, then barrier). Two products per warpgroup (columns
+    // DqColA / DqColB, traits), both committed before the first wait so that the reductions of
+    // the first run under the second.
+    ptx::FenceProxyAsyncShared();
+    __syncthreads();
+    float dq_a[T::kDqColsA / 8][4];
+    float dq_b[T::kDqColsB / 8][4];
+    ptx::WgmmaFence();
+    IssueDq<MmaDqA>(dq_a, T::DqColA(warpgroup));
+    IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+    if constexpr (T::kDqBulk) {
+      ptx::WgmmaWait<0>(dq_a);
+      PinRegisters(dq_b);
+      PinRegisters(grad_);
+      __syncthreads();  // every wgmma of both warpgroups has read this tile's stage
+      StageDq(dq_a, q_st, warp * 16 + group, T::DqColA(warpgroup) + 2 * quad_lane);
+      StageDq(dq_b, q_st, warp * 16 + group, T::DqColB(warpgroup) + 2 * quad_lane);
+      ptx::FenceProxyAsyncShared();  // generic-proxy stores, read by the bulk copy engine
+      __syncthreads();
+      if (tid % 128 < T::kBlockM / 2) BulkAddDqRow(it, q_st, tid % 128 + warpgroup * 32);
+    } else {
+      ptx::WgmmaWait<1>(dq_a);  // and the gradient product before it
+      PinRegisters(grad_);
+      AddDq(dq_a, it, warp * 16 + group, T::DqColA(warpgroup) + 4 * (quad_lane / 2),
+            quad_lane & 1);
+      ptx::WgmmaWait<0>(dq_b);
+      AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
+            quad_lane & 1);
+    }
+  }
+
+  // (kDqBulk) A dQ product into the staged float32 rows: query rows row, row + 8, columns
+  // col0 + 8 t, +1.
+  template <int kTiles>
+  __device__ __forceinline__ void StageDq(const float (&dq)[kTiles][4], uint32_t stage, int row,
+                                          int col0) {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ptx::StoreSharedFloat2(stage + (row + 8 * h) * T::kDqPitch + (col0 + 8 * t) * 4,
+                               dq[t][2 * h], dq[t][2 * h + 1]);
+      }
+    }
+  }
+
+  // (kDqBulk) Staged dQ row `row` of tile `it` (if it exists) added to the workspace by one bulk
+  // reduction of head_dim floats (a multiple of 8, so of 16 bytes), its own commit group.
+  __device__ __forceinline__ void BulkAddDqRow(int it, uint32_t stage, int row) {
+    const int row0 = Row0Of(it);
+    if (row < len_q_ - row0) {
+      float* dst = args_.dq_accum + (int64_t{q_begin_} + row0 + row) * f_.q_row_stride +
+                   int64_t{HeadOf(it)} * f_.head_dim;
+      ptx::BulkReduceAddF32(dst, stage + row * T::kDqPitch, f_.head_dim * 4);
+      ptx::BulkCommit();
+    }
+  }
+
+  // Warpgroup 0: softcap, the masks and P^T = exp2(S^T c - lse log2 e), rounded into the A
+  // fragments of dV += P^T dO (the accumulator layout of two 8-query tiles is one k16 A
+  // fragment); s becomes G = P^T in float32 (times 1 - tanh^2 with softcap; -inf masked scores
+  // clamp the factor to 0). The hdim-64/128 kernel's code.
+  __device__ __forceinline__ void ScoresToP(float (&s)[T::kSTiles][4],
+                                            uint32_t (&p)[T::kGradSteps][4], int it, int warp,
+                                            int group, int quad_lane) {
+    const int row0 = Row0Of(it);
+    const uint32_t lse_at = StageSmem(it) + 2 * T::kTileBytes + 2 * quad_lane * 4;
+    if (f_.softcap) {
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = ptx::Tanh(s[nt][e] * f_.softcap_input_scale);
+      }
+    }
+    // Element-wise masking only where the warp's 16 keys x 64 queries cross a mask edge or the
+    // end of the keys (warp-uniform), with the sm80 kernel's bounds.
+    const int warp_key_first = key_first_ + warp * 16;
+    if (warp_key_first + 16 > len_k_ ||
+        warp_key_first + 15 > row0 + offset_ + f_.window_right ||
+        warp_key_first < row0 + T::kBlockM - 1 + offset_ - f_.window_left) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = warp_key_first + group + 8 * h;
+        const int base = row0 + 2 * quad_lane;
+        const int lo = key - offset_ - f_.window_right - base;
+        const int hi = key < len_k_ ? key - offset_ + f_.window_left - base : -1;
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = nt * 8 + e;
+            if (c < lo || c > hi) s[nt][2 * h + e] = -INFINITY;
+          }
+        }
+      }
+    }
+    const bool softcap = f_.softcap;
+    const float exp2_scale = f_.exp2_scale;
+    const float lse2_scale = args_.lse_log2_scale;
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt) {
+      const float2 lse = ptx::LoadSharedFloat2(lse_at + nt * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float pe[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float t = s[nt][2 * h + e];
+          pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
+          s[nt][2 * h + e] = softcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
+        }
+        p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);
+      }
+    }
+  }
+
+  // Warpgroup 1: dS^T = G (dP^T - D) with G from the exchange tile: the A fragments of
+  // dK += dS^T Q, and the [key][query] tile that dQ reads.
+  __device__ __forceinline__ void GradToDs(const float (&dp)[T::kSTiles][4],
+                                           uint32_t (&ds)[T::kGradSteps][4], int it, int warp,
+                                           int group, int quad_lane) {
+    const uint32_t dsum_at =
+        StageSmem(it) + 2 * T::kTileBytes + T::kBlockM * 4 + 2 * quad_lane * 4;
+    const int key_row = warp * 16 + group;
+    const int thread = ptx::FreshThreadIdx() % 128;
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt) {
+      const float2 dsum = ptx::LoadSharedFloat2(dsum_at + nt * 32);
+      const uint4 g = ptx::LoadShared128(g_smem_ + (nt * 128 + thread) * 16);
+      const float gf[4] = {__uint_as_float(g.x), __uint_as_float(g.y), __uint_as_float(g.z),
+                           __uint_as_float(g.w)};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t packed =
+            ptx::PackPair<Element>(gf[2 * h] * (dp[nt][2 * h] - dsum.x),
+                                   gf[2 * h + 1] * (dp[nt][2 * h + 1] - dsum.y));
+        ds[nt / 2][(nt % 2) * 2 + h] = packed;
+        ptx::StoreShared32(
+            ds_smem_ + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
+      }
+    }
+  }
+
+  // S^T = K Q^T (or dP^T = V dO^T) for the CTA's 64 keys, one committed group (the caller
+  // fences first): both K-major, the k16 step kk in head-dim block kk / 4 at 32 bytes per step.
+  __device__ __forceinline__ void IssueScores(float (&acc)[T::kSTiles][4], uint32_t keys,
+                                              uint32_t queries) {
+#pragma unroll
+    for (int kk = 0; kk < T::kScoreSteps; ++kk) {
+      const uint32_t step = (kk % 4) * 32;
+      const uint64_t a =
+          ptx::MatrixDescriptor128B(keys + (kk / 4) * T::kBlockN * 128 + step, 16, 1024);
+      const uint64_t b =
+          ptx::MatrixDescriptor128B(queries + (kk / 4) * T::kBlockM * 128 + step, 16, 1024);
+      MmaScores::SS(acc, a, b, kk > 0);
+    }
+    ptx::WgmmaCommit();
+  }
+
+  // acc += A (P^T or dS^T fragments) x B (dO or Q: the N-major operand, 64 head-dim columns per
+  // 128-byte row, query rows 128 bytes apart, head-dim blocks kBlockM * 128 bytes apart), one
+  // committed group (the caller fences first).
+  __device__ __forceinline__ void IssueGrad(float (&acc)[T::kDTiles][4],
+                                            const uint32_t (&a)[T::kGradSteps][4],
+                                            uint32_t rows) {
+#pragma unroll
+    for (int kk = 0; kk < T::kGradSteps; ++kk) {
+      const uint64_t b = ptx::MatrixDescriptor128B(rows + kk * 16 * 128, T::kBlockM * 128, 1024);
+      MmaGrad::RS(acc, a[kk], b, 1);
+    }
+    ptx::WgmmaCommit();
+  }
+
+  // dQ columns col0.. (64 queries x Mma's N) = dS K, one committed group: A the dS^T tile, B
+  // K's columns col0.. (head-dim block col0 / 64, byte (col0 % 64) * 2 of its rows: N = 32
+  // starts mid-row at 64 bytes, the swizzle comes from the address bits), both MN-major.
+  template <class Mma, int kTiles>
+  __device__ __forceinline__ void IssueDq(float (&dq)[kTiles][4], int col0) {
+    const uint32_t k_cols = k_smem_ + (col0 / 64) * T::kBlockN * 128 + (col0 % 64) * 2;
+#pragma unroll
+    for (int kk = 0; kk < T::kDqSteps; ++kk) {
+      // 16 keys per step: 16 rows of 128 bytes in both tiles.
+      const uint64_t a =
+          ptx::MatrixDescriptor128B(ds_smem_ + kk * 16 * 128, T::kBlockN * 128, 1024);
+      const uint64_t b =
+          ptx::MatrixDescriptor128B(k_cols + kk * 16 * 128, T::kBlockN * 128, 1024);
+      Mma::SSTrans(dq, a, b, kk > 0);
+    }
+    ptx::WgmmaCommit();
+  }
+
+  // Adds a dQ product into the float32 workspace: lanes 2j, 2j+1 of a quad swap halves (one
+  // shuffle per pair) so each adds 4 consecutive columns of one row with one v4 reduction per
+  // 8-column tile (the sm80 kernel's scheme).
+  template <int kTiles>
+  __device__ __forceinline__ void AddDq(const float (&dq)[kTiles][4], int it, int row, int col0,
+                                        bool odd) {
+    const int row0 = Row0Of(it);
+    const int q_row = row + (odd ? 8 : 0);
+    float* dst = args_.dq_accum + (int64_t{q_begin_} + row0 + q_row) * f_.q_row_stride +
+                 int64_t{HeadOf(it)} * f_.head_dim;
+    const bool row_valid = q_row < len_q_ - row0;
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const float y0 = __shfl_xor_sync(0xffffffffu, odd ? dq[t][0] : dq[t][2], 1);
+      const float y1 = __shfl_xor_sync(0xffffffffu, odd ? dq[t][1] : dq[t][3], 1);
+      const int col = col0 + t * 8;
+      if (row_valid && col < f_.head_dim) {
+        if (odd) {
+          ptx::AtomicAddQuad(dst + col, y0, y1, dq[t][2], dq[t][3]);
+        } else {
+          ptx::AtomicAddQuad(dst + col, dq[t][0], dq[t][1], y0, y1);
+        }
+      }
+    }
+  }
+
+  const BwdKernelArgs& args_;
+  const FwdKernelArgs& f_;
+  int kv_head_;
+  int k_begin_, len_k_, key_first_, q_begin_, len_q_, offset_;
+  int vecs_valid_;
+  int m_begin_, m_count_, iters_;
+  uint32_t k_smem_, v_smem_, stage_smem_, ds_smem_, g_smem_;
+  float grad_[T::kDTiles][4];  // dV (warpgroup 0) or dK (warpgroup 1), unscaled
+};
+
+template <DType kDType, int kHeadDim>
+__device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs& args) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
+  const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
+  BwdSm90WideBlockRunner<kDType, kHeadDim> runner(args, base, blockIdx.z, blockIdx.y,
+                                                  blockIdx.x);
+  if (!runner.Exists()) return;
+  runner.Prologue();
+  runner.Run();
+  runner.Epilogue();
+}
+
+// Compiled only in sm_90a code (the instantiation files are built for that target alone); any
+// other pass sees a trap, never launched. The name contains "FlashBackwardDkDvSm90" (the GPU
+// test checks that prefix in the profiler's kernel list).
+template <DType kDType, int kHeadDim>
+__global__ void __launch_bounds__(BwdSm90WideTraits<kDType, kHeadDim>::kThreads, 1)
+    FlashBackwardDkDvSm90WideKernel(const __grid_constant__ BwdKernelArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  FlashBackwardDkDvSm90WideCta<kDType, kHeadDim>(args);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace attnserve::kernels::flash

@@ -1,0 +1,79 @@
+// Compile-time geometry of the Hopper (sm_90a) backward dK/dV kernel at head dims 192 and 256
+// (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, two warpgroups split by role, query tiles of 64
+// rows streamed through two stages, and the shared-memory layout (every bf16/fp16 tile 128-byte
+// swizzled for wgmma, 1 KB aligned):
+//   K, V (64 rows each) | stage 0, stage 1: Q, dO (64 rows each), lse, D | dS^T | exchange (G).
+#pragma once
+
+#include "kernels/attention_params.h"
+#include "kernels/flash/fwd_traits.cuh"
+#include "kernels/flash/tile_config.h"
+
+// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256"): 1 adds dQ of a tile
+// into the workspace with one bulk reduction per row (cp.reduce.async.bulk, staged in the
+// tile's own stage) instead of red.global.add.v4.f32 from registers.
+#ifndef ATTN_FLASH_SM90_BWD_DQ_BULK
+#define ATTN_FLASH_SM90_BWD_DQ_BULK 0
+#endif
+
+namespace attnserve::kernels::flash {
+
+template <DType kDType, int kHeadDim_>
+struct BwdSm90WideTraits {
+  using Element = typename ElementOf<kDType>::type;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = Sm90BackwardBlockN(kHeadDim);  // keys per CTA
+  static constexpr int kBlockM = Sm90BackwardBlockM(kHeadDim);  // queries per streamed tile
+  static constexpr int kThreads = 256;  // warpgroup 0: S^T, P^T, dV; warpgroup 1: dP^T, dS^T, dK
+
+  static constexpr int kSTiles = kBlockM / 8;        // 8-query tiles of S^T / dP^T per warp
+  static constexpr int kDTiles = kHeadDim / 8;       // 8-column tiles of dK or dV per warp
+  static constexpr int kScoreSteps = kHeadDim / 16;  // k16 steps of S^T = K Q^T, dP^T = V dO^T
+  static constexpr int kGradSteps = kBlockM / 16;    // k16 steps of dV += P^T dO, dK += dS^T Q
+  static constexpr int kDqSteps = kBlockN / 16;      // k16 steps (keys) of dQ = dS K
+  // dQ = dS K (64 queries x head dim): each warpgroup half the head dim, as two products whose
+  // B operand (K, MN-major) starts at a 64-column block or 32 columns into one (the only
+  // mid-row start wgmma's swizzled descriptors allow: the product must end inside the block).
+  //   256: warpgroup w columns 128 w + [0, 64) and 128 w + [64, 128)
+  //   192: warpgroup 0 columns [0, 64) and [64, 96); warpgroup 1 [128, 192) and [96, 128)
+  static constexpr int kDqColsA = 64;
+  static constexpr int kDqColsB = kHeadDim / 2 - 64;  // 64 or 32
+  __host__ __device__ static constexpr int DqColA(int warpgroup) {
+    return warpgroup * 128;
+  }
+  __host__ __device__ static constexpr int DqColB(int warpgroup) {
+    return kHeadDim == 256 ? warpgroup * 128 + 64 : 64 + warpgroup * 32;
+  }
+
+  // ATTN_FLASH_SM90_BWD_DQ_BULK: float32 dQ rows (64 x d) staged in the tile's stage once every
+  // wgmma has read it, rows kDqPitch bytes apart (16 bytes of padding: float2 stores of a warp's
+  // 8 rows hit each bank twice, the minimum for 256 bytes); exactly the stage's size.
+  static constexpr bool kDqBulk = ATTN_FLASH_SM90_BWD_DQ_BULK != 0;
+  static constexpr int kDqPitch = kHeadDim * 4 + 16;
+
+  static constexpr int kVecElems = 16 / sizeof(Element);
+  static constexpr int kRowVecs = kHeadDim / kVecElems;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
+  static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
+  static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
+  static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
+
+  static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
+  static_assert(kHeadDim == 192 || kHeadDim == 256, "the wide kernel: head dim 192 or 256");
+  static_assert(kBlockN == 64 && kBlockM == 64, "one 64 x 64 score tile per warpgroup");
+  static_assert(kDqColsB == 32 || kDqColsB == 64, "dQ: wgmma N of 32 or 64");
+  static_assert(2 * kBlockM <= kThreads, "lse and D of a tile: one float per thread");
+  static_assert(kExchangeBytes == 128 * kSTiles * 16, "exchange: 32 floats per thread");
+  static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
+                    kDsBytes % 1024 == 0,
+                "every tile starts 1024-byte aligned (swizzle atoms)");
+  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
+  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBytes + kExchangeBytes + 1024,
+                "host and device agree");
+  static_assert(kBlockM * kDqPitch <= kStageBytes, "bulk dQ staging fits a stage");
+  static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
+};
+
+}  // namespace attnserve::kernels::flash
