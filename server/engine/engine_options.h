@@ -27,6 +27,9 @@ struct EngineOptions {
   // Requests a CUDA device runs at once, each on its own stream with its own pinned staging,
   // so one request's host copies overlap another's transfers and kernels.
   int cuda_lanes = 2;
+  // Threads per lane that deliver answers (encode, serialize, finish the call) off the lanes.
+  // More than one, because a batched launch posts all of its requests' answers at once.
+  int answer_threads_per_lane = 2;
   BatchingOptions batching;
   // Jobs a device may hold waiting; past it new jobs are refused with RESOURCE_EXHAUSTED
   // (backpressure instead of unbounded memory and latency). Jobs waiting for memory count.

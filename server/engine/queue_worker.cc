@@ -85,13 +85,14 @@ QueueWorker::QueueWorker(devices::DeviceDescription device, const EngineOptions&
       memory_budget_(MemoryBudget(device_, options)),
       priority_aging_(options.priority_aging > absl::ZeroDuration() ? options.priority_aging
                                                                      : absl::Milliseconds(1)),
+      answer_threads_per_lane_(std::max(1, options.answer_threads_per_lane)),
       metrics_(metrics) {}
 
 QueueWorker::~QueueWorker() { Stop(); }
 
 void QueueWorker::StartLanes(int lanes) {
   lane_count_ = std::max(1, lanes);
-  answers_ = std::make_unique<AnswerPool>(lane_count_);
+  answers_ = std::make_unique<AnswerPool>(lane_count_ * answer_threads_per_lane_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     idle_lanes_ = lane_count_;

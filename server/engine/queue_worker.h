@@ -98,6 +98,7 @@ class QueueWorker : public DeviceWorker {
   const BatchingOptions batching_;
   const int64_t memory_budget_;
   const absl::Duration priority_aging_;
+  const int answer_threads_per_lane_;
   metrics::ServerMetrics* const metrics_;
 
   mutable std::mutex mu_;
@@ -110,7 +111,8 @@ class QueueWorker : public DeviceWorker {
   int lane_count_ = 1;  // set before the lanes start
   int idle_lanes_ = 0;  // lanes not running a batch
   std::vector<std::thread> lanes_;
-  // As many threads as lanes; stopped after the lanes, so it delivers every answer they post.
+  // answer_threads_per_lane_ threads per lane; stopped after the lanes, so it delivers every
+  // answer they post.
   std::unique_ptr<AnswerPool> answers_;
 };
 

@@ -268,6 +268,32 @@ TEST(QueueWorkerTest, ALaneLaunchesItsNextJobWhileTheLastAnswerIsStillBeingDeliv
   ExpectOwnRows(rb.get_future().get(), b);
 }
 
+TEST(QueueWorkerTest, ABatchsAnswersAreDeliveredSideBySide) {
+  EngineOptions options = WithBatching(BatchingOn());
+  options.answer_threads_per_lane = 2;
+  GatedWorker worker(options, /*lanes=*/0);
+  TaggedRequest a(1, 2), b(2, 3);
+  std::promise<absl::StatusOr<ForwardResult>> ra, rb;
+  std::shared_future<absl::StatusOr<ForwardResult>> answer_b = rb.get_future().share();
+  // a's delivery waits (bounded) for b's: with one answer thread per lane b would be queued
+  // behind a, and a would give up.
+  std::atomic<bool> b_answered_during_a{false};
+  ForwardJob job_a = a.Job(&ra);
+  job_a.done = [&ra, &b_answered_during_a, answer_b](absl::StatusOr<ForwardResult> r) {
+    b_answered_during_a =
+        answer_b.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    ra.set_value(std::move(r));
+  };
+  Submit(worker, std::move(job_a));
+  Submit(worker, b.Job(&rb));
+  worker.Start(1);  // one lane takes both queued jobs as one batch
+  worker.Open();
+  ExpectOwnRows(ra.get_future().get(), a);
+  ExpectOwnRows(answer_b.get(), b);
+  EXPECT_EQ(worker.launches(), (std::vector<size_t>{2}));  // one launch of both sequences
+  EXPECT_TRUE(b_answered_during_a);
+}
+
 TEST(QueueWorkerTest, StopAnswersEveryQueuedJob) {
   std::vector<TaggedRequest> requests;
   for (int i = 0; i < 50; ++i) requests.emplace_back(i, 1 + i % 4, 4 + 4 * (i % 3));
