@@ -1,7 +1,5 @@
 #include "server/engine/cuda_lane.h"
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -97,11 +95,7 @@ absl::StatusOr<LaneRun> CudaLane::Run(
   auto stage_launch_copy = [&]() -> absl::Status {
     const absl::Time stage_start = absl::Now();
     for (size_t i = 0; i < inputs.size(); ++i) {
-      char* at = pinned_ + input_offsets[i];
-      for (const HostBytes& piece : inputs[i]) {
-        if (piece.size > 0) std::memcpy(at, piece.data, piece.size);
-        at += piece.size;
-      }
+      gather_.Gather(inputs[i], pinned_ + input_offsets[i]);
       // This input crosses PCIe while the next one is gathered.
       if (input_sizes[i] > 0) {
         ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device + input_offsets[i],

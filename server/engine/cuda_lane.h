@@ -1,7 +1,7 @@
-// One lane of a CUDA device worker: a stream, kernel-timing events and a pinned staging buffer.
-// Run() takes a request (or a batch of them) through the lane: each input gathered from its
-// pieces straight into pinned memory, its copy to the device issued at once so it overlaps the
-// staging of the next, the kernel launch, every output back in one copy, left in pinned memory
+// One lane of a CUDA device worker: a stream, kernel-timing events, a pinned staging buffer and
+// the threads that gather into it. Run() takes a request (or a batch of them) through the lane:
+// each input gathered from its pieces straight into pinned memory by several threads, its copy
+// to the device issued at once so it overlaps the staging of the next, the kernel launch, every output back in one copy, left in pinned memory
 // for the caller to split. Device memory comes from the device's stream-ordered pool and goes
 // back to it whatever happens.
 #pragma once
@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/engine/parallel_copy.h"
 
 namespace attnserve::engine {
 
@@ -22,10 +23,6 @@ namespace attnserve::engine {
 // request that hit it fails and its client can tell why.
 absl::Status CudaStatus(cudaError_t err, const char* what);
 
-struct HostBytes {
-  const void* data;
-  size_t size;
-};
 // One device input: the concatenation of its pieces (one tensor, or a batch's parts' tensors).
 using GatheredInput = std::vector<HostBytes>;
 
@@ -68,6 +65,8 @@ class CudaLane {
   cudaEvent_t kernel_start_ = nullptr, kernel_end_ = nullptr;
   char* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
+  // Three helpers: a four-way copy (the GPU machine's 16 cores serve 2 lanes per GPU).
+  ParallelCopier gather_{3};
 };
 
 }  // namespace attnserve::engine
