@@ -1,5 +1,7 @@
 #include "server/engine/cuda_lane.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -30,8 +32,9 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
 }
 
-absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal) {
+absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal, int stage_threads) {
   std::unique_ptr<CudaLane> lane(new CudaLane());
+  lane->gather_ = std::make_unique<ParallelCopier>(std::max(0, stage_threads - 1));
   lane->ordinal_ = ordinal;
   ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal));
   ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking));
@@ -95,7 +98,7 @@ absl::StatusOr<LaneRun> CudaLane::Run(
   auto stage_launch_copy = [&]() -> absl::Status {
     const absl::Time stage_start = absl::Now();
     for (size_t i = 0; i < inputs.size(); ++i) {
-      gather_.Gather(inputs[i], pinned_ + input_offsets[i]);
+      gather_->Gather(inputs[i], pinned_ + input_offsets[i]);
       // This input crosses PCIe while the next one is gathered.
       if (input_sizes[i] > 0) {
         ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device + input_offsets[i],

@@ -44,7 +44,8 @@ struct DeviceBuffers {
 
 class CudaLane {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaLane>> Create(int ordinal);
+  // stage_threads: threads that gather inputs into pinned memory (the lane's own and helpers).
+  static absl::StatusOr<std::unique_ptr<CudaLane>> Create(int ordinal, int stage_threads);
   ~CudaLane();
 
   int ordinal() const { return ordinal_; }
@@ -65,8 +66,7 @@ class CudaLane {
   cudaEvent_t kernel_start_ = nullptr, kernel_end_ = nullptr;
   char* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
-  // Three helpers: a four-way copy (the GPU machine's 16 cores serve 2 lanes per GPU).
-  ParallelCopier gather_{3};
+  std::unique_ptr<ParallelCopier> gather_;
 };
 
 }  // namespace attnserve::engine

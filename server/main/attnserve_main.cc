@@ -59,6 +59,9 @@ ABSL_FLAG(int32_t, cpu_lanes, 1,
           "Requests the CPU device runs at once, each with --cpu_threads threads.");
 ABSL_FLAG(int32_t, cuda_lanes, 2,
           "Requests each GPU runs at once, each on its own stream and pinned staging buffer.");
+ABSL_FLAG(int32_t, stage_threads_per_lane, 4,
+          "Threads per GPU lane that copy a request's inputs into pinned memory (1: the lane's "
+          "own thread alone).");
 ABSL_FLAG(int32_t, answer_threads_per_lane, 2,
           "Threads per lane that encode and send answers, so lanes start their next launch at "
           "once; a batched launch hands all of its answers over together.");
@@ -159,6 +162,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.engine.cpu_lanes = absl::GetFlag(FLAGS_cpu_lanes);
   config.engine.cuda_lanes = absl::GetFlag(FLAGS_cuda_lanes);
   config.engine.answer_threads_per_lane = absl::GetFlag(FLAGS_answer_threads_per_lane);
+  config.engine.stage_threads_per_lane = absl::GetFlag(FLAGS_stage_threads_per_lane);
   attnserve::engine::Limits& limits = config.engine.limits;
   limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   limits.max_total_tokens = absl::GetFlag(FLAGS_max_total_tokens);
@@ -215,6 +219,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
       {"cpu_lanes", config.engine.cpu_lanes, 1, 256},
       {"cuda_lanes", config.engine.cuda_lanes, 1, 16},
       {"answer_threads_per_lane", config.engine.answer_threads_per_lane, 1, 16},
+      {"stage_threads_per_lane", config.engine.stage_threads_per_lane, 1, 16},
   };
   for (const Range& r : ranges) {
     if (r.value < r.min || r.value > r.max) {

@@ -186,6 +186,8 @@ TEST(ServerFlagsE2ETest, BadFlagsFailAtStartupNamingTheFlag) {
   EXPECT_THAT(output, HasSubstr("--max_head_dim=0 is out of range"));
   EXPECT_EQ(ServerProcess::RunToExit({"--answer_threads_per_lane=0"}, &output), 2);
   EXPECT_THAT(output, HasSubstr("--answer_threads_per_lane=0 is out of range"));
+  EXPECT_EQ(ServerProcess::RunToExit({"--stage_threads_per_lane=17"}, &output), 2);
+  EXPECT_THAT(output, HasSubstr("--stage_threads_per_lane=17 is out of range"));
   EXPECT_EQ(ServerProcess::RunToExit({"--devices=7", "--grpc_port=0", "--http_port=0"}, &output),
             1);
   EXPECT_THAT(output, HasSubstr("--devices=7"));
