@@ -21,7 +21,8 @@
 # --bwd-atomic-only times the atomic-dQ mode only (no NAME-det columns: the deterministic mode
 # runs the sm80 kernels, which the --bwd-variant flags of the Hopper kernels do not change).
 # --bwd-variant-tests EXPR runs, after the benchmarks, the --tests PATH cases selected by
-# pytest -k EXPR against each --bwd-variant build (all at once; logs $OUT/pytest-NAME.log).
+# pytest -k EXPR against each --bwd-variant build (all at once, the device path's atomic mode
+# only, each within $VARIANT_TEST_TIMEOUT seconds if set; logs $OUT/pytest-NAME.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attn_gpu_out}"
@@ -172,8 +173,9 @@ fi
 if [[ -n "$variant_tests" ]]; then
   for spec in "${bwd_variants[@]}"; do
     name="${spec%%=*}"
-    ATTN_CAPI="$PWD/build-gpu-bwd-$name/lib/libattn_capi.so" python3 -m pytest "$test_path" -q \
-      -rfE -p no:cacheprovider -k "$variant_tests" >"$OUT/pytest-$name.log" 2>&1 &
+    ATTN_CAPI="$PWD/build-gpu-bwd-$name/lib/libattn_capi.so" ATTN_TEST_BWD_DEVICE_ATOMIC_ONLY=1 \
+      timeout "${VARIANT_TEST_TIMEOUT:-0}" python3 -m pytest "$test_path" -q -rfE \
+      -p no:cacheprovider -k "$variant_tests" >"$OUT/pytest-$name.log" 2>&1 &
   done
   wait
   for spec in "${bwd_variants[@]}"; do

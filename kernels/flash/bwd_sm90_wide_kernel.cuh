@@ -327,8 +327,9 @@ class BwdSm90WideBlockRunner {
   }
 
   // (kPipeline) Query tile `it`, its S^T / dP^T already issued into sc; kNext: issues tile
-  // it+1's into sc (NextTile) before the second dQ half is waited for (kPipeline 1) or before
-  // any dQ reduction (2). The element-wise math is Step's.
+  // it+1's into sc (NextTile) once this tile's gradient product is complete: after the first
+  // dQ half's reductions (kPipeline 1), before any dQ reduction (2), or between the two dQ
+  // products (3). The element-wise math is Step's.
   template <bool kNext>
   __device__ __forceinline__ void StepPipelined(float (&sc)[T::kSTiles][4], int it) {
     const int tid = ptx::FreshThreadIdx();
@@ -361,29 +362,41 @@ class BwdSm90WideBlockRunner {
     __syncthreads();
     float dq_a[T::kDqColsA / 8][4];
     float dq_b[T::kDqColsB / 8][4];
+    const int dq_row = warp * 16 + group;
+    const int col_a = T::DqColA(warpgroup) + 4 * (quad_lane / 2);
+    const int col_b = T::DqColB(warpgroup) + 4 * (quad_lane / 2);
+    const bool odd = quad_lane & 1;
     ptx::WgmmaFence();
     IssueDq<MmaDqA>(dq_a, T::DqColA(warpgroup));
-    IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
-    const int dq_row = warp * 16 + group;
-    const int dq_col = 4 * (quad_lane / 2);
-    if constexpr (kNext && T::kPipeline == 2) {
-      ptx::WgmmaWait<2>(grad_);  // this tile's stage is free (NextTile's loads)
+    if constexpr (!kNext || T::kPipeline != 3) IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+    // Committed groups in flight here: gradient product, dQ A (, dQ B).
+    if constexpr (!kNext) {  // the last tile: nothing ahead
+      ptx::WgmmaWait<1>(dq_a);
+      PinRegisters(grad_);
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      ptx::WgmmaWait<0>(dq_b);
+    } else if constexpr (T::kPipeline == 1) {  // next S^T after dQ A's reductions
+      ptx::WgmmaWait<1>(dq_a);
+      PinRegisters(grad_);
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      NextTile(sc, it);
+      ptx::WgmmaWait<1>(dq_b);
+    } else if constexpr (T::kPipeline == 2) {  // next S^T before any reduction
+      ptx::WgmmaWait<2>(grad_);
       NextTile(sc, it);
       ptx::WgmmaWait<2>(dq_a);
-    } else {
-      ptx::WgmmaWait<1>(dq_a);  // and the gradient product before it
-      PinRegisters(grad_);
-    }
-    AddDq(dq_a, it, dq_row, T::DqColA(warpgroup) + dq_col, quad_lane & 1);
-    if constexpr (kNext && T::kPipeline == 1) {
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      ptx::WgmmaWait<1>(dq_b);
+    } else {  // 3: next S^T between the dQ halves (dQ B issued behind it, one dQ half live)
+      ptx::WgmmaWait<1>(grad_);
       NextTile(sc, it);
-      ptx::WgmmaWait<1>(dq_b);
-    } else if constexpr (kNext) {
-      ptx::WgmmaWait<1>(dq_b);
-    } else {
-      ptx::WgmmaWait<0>(dq_b);
+      ptx::WgmmaWait<1>(dq_a);
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      ptx::WgmmaFence();
+      IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+      ptx::WgmmaWait<0>(dq_b);  // and the next S^T (issued before it)
     }
-    AddDq(dq_b, it, dq_row, T::DqColB(warpgroup) + dq_col, quad_lane & 1);
+    AddDq(dq_b, it, dq_row, col_b, odd);
   }
 
   // (kDqBulk) A dQ product into the staged float32 rows: query rows row, row + 8, columns

@@ -22,7 +22,8 @@
 // tensor cores, so the dQ reductions and the next tile's loads run under tensor work instead of
 // before the loop-top barrier. 1: after the first dQ half's reductions (registers: dK or dV,
 // S^T or dP^T and one dQ half live); 2: right after the dQ products are issued (both dQ halves
-// live too). 0: every tile in series (the shipped kernel).
+// live too); 3: between the two dQ products (the second issued behind it, so one dQ half live).
+// 0: every tile in series (the shipped kernel).
 #ifndef ATTN_FLASH_SM90_BWD_WIDE_PIPELINE
 #define ATTN_FLASH_SM90_BWD_WIDE_PIPELINE 0
 #endif
@@ -92,7 +93,7 @@ struct BwdSm90WideTraits {
   static_assert(kSmemBytes ==
                     2 * kKvBytes + kStages * kStageBytes + kDsBytes + kExchangeBytes + 1024,
                 "host and device agree");
-  static_assert(kPipeline >= 0 && kPipeline <= 2, "ATTN_FLASH_SM90_BWD_WIDE_PIPELINE: 0, 1 or 2");
+  static_assert(kPipeline >= 0 && kPipeline <= 3, "ATTN_FLASH_SM90_BWD_WIDE_PIPELINE: 0 to 3");
   static_assert(kPipeline == 0 || !kDqBulk, "pipelining keeps dQ in registers (red.global)");
   static_assert(kBlockM * kDqPitch <= kStageBytes, "bulk dQ staging fits a stage");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
