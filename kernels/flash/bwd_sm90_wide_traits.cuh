@@ -17,15 +17,16 @@
 #define ATTN_FLASH_SM90_BWD_DQ_BULK 0
 #endif
 
-// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256", "cross-tile
-// pipelining"): 1 or 2 issue tile it+1's S^T / dP^T while tile it's dQ product is still on the
-// tensor cores, so the dQ reductions and the next tile's loads run under tensor work instead of
-// before the loop-top barrier. 1: after the first dQ half's reductions (registers: dK or dV,
-// S^T or dP^T and one dQ half live); 2: right after the dQ products are issued (both dQ halves
-// live too); 3: between the two dQ products (the second issued behind it, so one dQ half live).
-// 0: every tile in series (the shipped kernel).
+// Cross-tile pipelining (NOTES.md "Hopper backward at head dims 192 and 256", "v2"): tile it+1's
+// S^T / dP^T issued while tile it's dQ product is still on the tensor cores, so the dQ
+// reductions and the next tile's loads run under tensor work instead of before the loop-top
+// barrier. 1: after the first dQ half's reductions (registers: dK or dV, S^T or dP^T and one dQ
+// half live); 2: right after the dQ products are issued (both dQ halves live too; spills at
+// 256, so runs as 1 there); 3: between the two dQ products (the second issued behind it);
+// 0: every tile in series (v1). Unset (-1): the measured default, 1 at head dim 256 (+1-6% on
+// 9 of the 10 anchor rows) and 0 at 192 (no mode measured faster there).
 #ifndef ATTN_FLASH_SM90_BWD_WIDE_PIPELINE
-#define ATTN_FLASH_SM90_BWD_WIDE_PIPELINE 0
+#define ATTN_FLASH_SM90_BWD_WIDE_PIPELINE -1
 #endif
 
 namespace attnserve::kernels::flash {
@@ -62,11 +63,12 @@ struct BwdSm90WideTraits {
   // 8 rows hit each bank twice, the minimum for 256 bytes); exactly the stage's size.
   static constexpr bool kDqBulk = ATTN_FLASH_SM90_BWD_DQ_BULK != 0;
   static constexpr int kDqPitch = kHeadDim * 4 + 16;
-  // Pipelining mode 2 spills at 256 (dV / dK, both dQ halves and S^T / dP^T: 224 floats);
-  // there it runs as mode 1.
-  static constexpr int kPipeline =
-      ATTN_FLASH_SM90_BWD_WIDE_PIPELINE == 2 && kHeadDim == 256 ? 1
-                                                                : ATTN_FLASH_SM90_BWD_WIDE_PIPELINE;
+  // Pipelining mode (see ATTN_FLASH_SM90_BWD_WIDE_PIPELINE); mode 2 spills at 256 (dV / dK,
+  // both dQ halves and S^T / dP^T: 224 floats), so there it runs as mode 1.
+  static constexpr int kPipelineAsked = ATTN_FLASH_SM90_BWD_WIDE_PIPELINE < 0
+                                            ? (kHeadDim == 256 ? 1 : 0)
+                                            : ATTN_FLASH_SM90_BWD_WIDE_PIPELINE;
+  static constexpr int kPipeline = kPipelineAsked == 2 && kHeadDim == 256 ? 1 : kPipelineAsked;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
