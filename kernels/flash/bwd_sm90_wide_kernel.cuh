@@ -18,7 +18,9 @@
 // side, as in the hdim-64/128 kernel), so neither product reads them from shared memory; the
 // exchange tile keeps G in float32 (dS from P rounded to 16 bits cost the sm80 role split 5-30x
 // the dq error, NOTES.md "Backward at head dims 192 and 256"). The masks, softcap, tile range,
-// GQA sums and the dQ reductions are the hdim-64/128 kernel's.
+// GQA sums and the dQ reductions are the hdim-64/128 kernel's. At 256 (by default; any head dim
+// with ATTN_FLASH_SM90_BWD_WIDE_PIPELINE, traits) the tiles are pipelined: the next tile's S^T /
+// dP^T go to the tensor cores before this tile's dQ reductions (RunPipelined).
 #pragma once
 
 #include <cmath>
