@@ -137,7 +137,8 @@ def fa2_varlen_backward_fn(q, k, v, dout, cu, max_len, causal, scale):
     return run
 
 
-def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats):
+def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats,
+                       modes=(False, True)):
     total = sum(lens)
     max_len = max(lens)
     scale = 1.0 / math.sqrt(head_dim)
@@ -159,7 +160,8 @@ def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats):
                                 dtype=torch.uint8, device="cuda")
 
         # Default (atomic dQ) and deterministic mode, as columns NAME and NAME-det.
-        for column, deterministic in ((name, False), (f"{name}-det", True)):
+        for deterministic in modes:
+            column = f"{name}-det" if deterministic else name
             def ours(lib=lib, out=out, lse=lse, dq=dq, dk=dk, dv=dv, workspace=workspace,
                      deterministic=deterministic):
                 lib.backward(dout, q, k, v, out, lse, cu, cu, max_len, max_len,
@@ -314,6 +316,8 @@ def main():
     parser.add_argument("--seqs", default="",
                         help="comma-separated sequence-set names to run (e.g. 2x8192); default all")
     parser.add_argument("--causal", choices=("both", "no", "yes"), default="both")
+    parser.add_argument("--no-deterministic", action="store_true",
+                        help="backward: time the atomic-dQ mode only (no NAME-det columns)")
     parser.add_argument("--turing", action="store_true",
                         help="time the sm75 path (fp16, hdim 64) against PyTorch's "
                              "memory-efficient kernel")
@@ -341,8 +345,13 @@ def main():
             for causal in (False, True):
                 if args.causal != "both" and causal != (args.causal == "yes"):
                     continue
-                bench = bench_row_backward if args.backward else bench_row
-                row = bench(libs, head_dim, heads, lens, causal, args.warmup, args.repeats)
+                if args.backward:
+                    modes = (False,) if args.no_deterministic else (False, True)
+                    row = bench_row_backward(libs, head_dim, heads, lens, causal, args.warmup,
+                                             args.repeats, modes)
+                else:
+                    row = bench_row(libs, head_dim, heads, lens, causal, args.warmup,
+                                    args.repeats)
                 rows.append(row)
                 names = [n for n in row if f"{n}_diff" in row]
                 print(f"hdim {head_dim} {row['seqs']} causal={causal}: " + ", ".join(

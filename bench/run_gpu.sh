@@ -6,6 +6,7 @@
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
 #                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
 #                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-env-column NAME=VAR=VALUE]...
+#                    [--bwd-atomic-only] [--bwd-variant-tests EXPR]
 #
 # --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id);
 # --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows.
@@ -17,6 +18,11 @@
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128, or --head-dims) with FLAGS
 # added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME as
 # columns of the backward benchmark.
+# --bwd-atomic-only times the atomic-dQ mode only (no NAME-det columns: the deterministic mode
+# runs the sm80 kernels, which the --bwd-variant flags of the Hopper kernels do not change).
+# --bwd-variant-tests EXPR runs, after the benchmarks, the --tests PATH cases selected by
+# pytest -k EXPR against each --bwd-variant build (all at once, the device path's atomic mode
+# only, each within $VARIANT_TEST_TIMEOUT seconds if set; logs $OUT/pytest-NAME.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attn_gpu_out}"
@@ -37,6 +43,9 @@ variant_head_dims="64;128"
 expect_head_dims=0
 bwd_env_columns=()
 expect_bwd_env_column=0
+bwd_bench_flags=()
+variant_tests=""
+expect_variant_tests=0
 for arg in "$@"; do
   if ((expect_bwd_variant)); then
     bwd_variants+=("$arg")
@@ -59,6 +68,11 @@ for arg in "$@"; do
     expect_bwd_env_column=0
     continue
   fi
+  if ((expect_variant_tests)); then
+    variant_tests="$arg"
+    expect_variant_tests=0
+    continue
+  fi
   if ((expect_bwd_head_dims)); then
     bwd_head_dims="$arg"
     expect_bwd_head_dims=0
@@ -70,6 +84,8 @@ for arg in "$@"; do
     --bwd-head-dims) expect_bwd_head_dims=1 ;;
     --head-dims) expect_head_dims=1 ;;
     --bwd-env-column) expect_bwd_env_column=1 ;;
+    --bwd-atomic-only) bwd_bench_flags+=("--no-deterministic") ;;
+    --bwd-variant-tests) expect_variant_tests=1 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
@@ -151,7 +167,21 @@ if ((run_bench && run_fwd_bench)); then
 fi
 if ((run_bench && run_bwd_bench)); then
   python3 bench/bench_flash.py --backward --head-dims "$bwd_head_dims" --lib "ours=$ATTN_CAPI" \
-    "${bwd_variant_libs[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 | tee "$OUT/bench_bwd.log"
+    "${bwd_variant_libs[@]}" "${bwd_bench_flags[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 |
+    tee "$OUT/bench_bwd.log"
+fi
+if [[ -n "$variant_tests" ]]; then
+  for spec in "${bwd_variants[@]}"; do
+    name="${spec%%=*}"
+    ATTN_CAPI="$PWD/build-gpu-bwd-$name/lib/libattn_capi.so" ATTN_TEST_BWD_DEVICE_ATOMIC_ONLY=1 \
+      timeout "${VARIANT_TEST_TIMEOUT:-0}" python3 -m pytest "$test_path" -q -rfE \
+      -p no:cacheprovider -k "$variant_tests" >"$OUT/pytest-$name.log" 2>&1 &
+  done
+  wait
+  for spec in "${bwd_variants[@]}"; do
+    name="${spec%%=*}"
+    echo "pytest $name: $(tail -1 "$OUT/pytest-$name.log")"
+  done
 fi
 if ((run_tests)); then
   echo "pytest: $(tail -1 "$OUT/pytest.log")"

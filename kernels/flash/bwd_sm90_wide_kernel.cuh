@@ -2,8 +2,9 @@
 // at head dims 192 and 256"). At 128 keys per CTA (the hdim-64/128 kernel's block) dK + dV would
 // be 192-256 floats per thread, so here one CTA takes 64 keys and its two warpgroups split the
 // work by role instead of by keys; each holds one of dK, dV for the 64 keys x the whole head dim
-// (96 / 128 floats per thread). Per query tile (64 rows, streamed through two cp.async stages in
-// wgmma's 128-byte swizzle, zero-filled past the sequence, as in the hdim-64/128 kernel):
+// (96 / 128 floats per thread). Per query tile (64 rows, streamed through two cp.async stages
+// (ATTN_FLASH_SM90_BWD_WIDE_STAGES=3 at 192: three) in wgmma's 128-byte swizzle, zero-filled
+// past the sequence, as in the hdim-64/128 kernel):
 //   warpgroup 0                              warpgroup 1
 //   S^T = K Q^T      (SS, 64 x 64, K = d)    dP^T = V dO^T     (SS, 64 x 64, K = d)
 //   P^T = exp2(S^T c - lse log2 e)           (waits on barrier 1)
@@ -17,7 +18,9 @@
 // side, as in the hdim-64/128 kernel), so neither product reads them from shared memory; the
 // exchange tile keeps G in float32 (dS from P rounded to 16 bits cost the sm80 role split 5-30x
 // the dq error, NOTES.md "Backward at head dims 192 and 256"). The masks, softcap, tile range,
-// GQA sums and the dQ reductions are the hdim-64/128 kernel's.
+// GQA sums and the dQ reductions are the hdim-64/128 kernel's. At 256 (by default; any head dim
+// with ATTN_FLASH_SM90_BWD_WIDE_PIPELINE, traits) the tiles are pipelined: the next tile's S^T /
+// dP^T go to the tensor cores before this tile's dQ reductions (RunPipelined).
 #pragma once
 
 #include <cmath>
@@ -75,7 +78,7 @@ class BwdSm90WideBlockRunner {
     k_smem_ = smem;
     v_smem_ = smem + T::kKvBytes;
     stage_smem_ = smem + 2 * T::kKvBytes;
-    ds_smem_ = stage_smem_ + 2 * T::kStageBytes;
+    ds_smem_ = stage_smem_ + T::kStages * T::kStageBytes;
     g_smem_ = ds_smem_ + T::kDsBytes;
     k_begin_ = f_.cu_seqlens_k[batch];
     len_k_ = f_.cu_seqlens_k[batch + 1] - k_begin_;
@@ -111,6 +114,12 @@ class BwdSm90WideBlockRunner {
       LoadStage(0);
     }
     ptx::CommitAsyncGroup<Sm80>();
+    // (3 stages) tile 1 as well, its own group: loads then run two tiles ahead.
+#pragma unroll
+    for (int s = 1; s + 1 < T::kStages; ++s) {
+      if (s < iters_) LoadStage(s);
+      ptx::CommitAsyncGroup<Sm80>();
+    }
   }
 
   // One query tile per iteration. Every wgmma of a tile is complete at the end of its Step, so
@@ -123,15 +132,35 @@ class BwdSm90WideBlockRunner {
       for (int e = 0; e < 4; ++e) grad_[nt][e] = 0.0f;
     }
     for (int it = 0; it < iters_; ++it) {
-      ptx::WaitAsyncGroups<Sm80, 0>();
+      ptx::WaitAsyncGroups<Sm80, T::kStages - 2>();  // tile it's group (it+1's may be in flight)
       // (kDqBulk) tile it - 1's dQ rows, staged in the stage tile it + 1 now takes, are read.
       if constexpr (T::kDqBulk) ptx::BulkWaitRead();
       ptx::FenceProxyAsyncShared();
       __syncthreads();
-      if (it + 1 < iters_) LoadStage(it + 1);
+      if (it + T::kStages - 1 < iters_) LoadStage(it + T::kStages - 1);
       ptx::CommitAsyncGroup<Sm80>();
       Step(it);
     }
+  }
+
+  // Run() with tile it+1's S^T / dP^T issued before tile it's dQ reductions
+  // (ATTN_FLASH_SM90_BWD_WIDE_PIPELINE, traits). The loop-top barrier moves into the tile: once
+  // both warpgroups' dK / dV products of tile it are complete (their stage is free) and stage
+  // it+1 has landed, one barrier lets the tensor cores take S^T / dP^T of it+1 straight after
+  // the dQ products of it, and tile it+2's loads and tile it's reductions are issued under them.
+  // The last tile issues nothing ahead (a separate instantiation, so that whether an S^T is in
+  // flight is a compile-time fact for ptxas: no wgmma serialization).
+  __device__ __forceinline__ void RunPipelined() {
+#pragma unroll
+    for (int nt = 0; nt < T::kDTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) grad_[nt][e] = 0.0f;
+    }
+    if (iters_ == 0) return;
+    float sc[T::kSTiles][4];
+    NextTile(sc, -1);
+    for (int it = 0; it + 1 < iters_; ++it) StepPipelined<true>(sc, it);
+    StepPipelined<false>(sc, iters_ - 1);
   }
 
   // dV (warpgroup 0) or dK times softmax_scale (warpgroup 1) through the V or K buffer (each
@@ -178,7 +207,7 @@ class BwdSm90WideBlockRunner {
 
  private:
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
-    return stage_smem_ + (it % 2) * T::kStageBytes;
+    return stage_smem_ + (it % T::kStages) * T::kStageBytes;
   }
   __device__ __forceinline__ int HeadOf(int it) const {
     return kv_head_ * f_.head_group + it / m_count_;
@@ -281,6 +310,95 @@ class BwdSm90WideBlockRunner {
       AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
             quad_lane & 1);
     }
+  }
+
+  // (kPipeline) Stage it+1 landed and visible to the tensor cores, every wgmma of tile it that
+  // reads its stage complete in both warpgroups (the caller waited for them): S^T (warpgroup
+  // 0) or dP^T (warpgroup 1) of tile it+1 into sc, one committed group, then the loads of tile
+  // it + kStages into tile it's stage.
+  __device__ __forceinline__ void NextTile(float (&sc)[T::kSTiles][4], int it) {
+    ptx::WaitAsyncGroups<Sm80, T::kStages - 2>();  // tile it+1's group
+    ptx::FenceProxyAsyncShared();
+    __syncthreads();
+    const int warpgroup = __shfl_sync(0xffffffffu, ptx::FreshThreadIdx() / 128, 0);
+    const uint32_t st = StageSmem(it + 1);
+    ptx::WgmmaFence();
+    IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? st : st + T::kTileBytes);
+    if (it + T::kStages < iters_) LoadStage(it + T::kStages);
+    ptx::CommitAsyncGroup<Sm80>();
+  }
+
+  // (kPipeline) Query tile `it`, its S^T / dP^T already issued into sc; kNext: issues tile
+  // it+1's into sc (NextTile) once this tile's gradient product is complete: after the first
+  // dQ half's reductions (kPipeline 1), before any dQ reduction (2), or between the two dQ
+  // products (3). The element-wise math is Step's.
+  template <bool kNext>
+  __device__ __forceinline__ void StepPipelined(float (&sc)[T::kSTiles][4], int it) {
+    const int tid = ptx::FreshThreadIdx();
+    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int warp = tid % 128 / 32;
+    const int group = tid % 32 / 4;
+    const int quad_lane = tid % 4;
+    const uint32_t q_st = StageSmem(it);
+    const uint32_t do_st = q_st + T::kTileBytes;
+    ptx::WgmmaWait<0>(sc);
+
+    uint32_t a[T::kGradSteps][4];
+    if (warpgroup == 0) {
+      ScoresToP(sc, a, it, warp, group, quad_lane);
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt) {
+        ptx::StoreShared128(g_smem_ + (nt * 128 + tid % 128) * 16,
+                            make_uint4(__float_as_uint(sc[nt][0]), __float_as_uint(sc[nt][1]),
+                                       __float_as_uint(sc[nt][2]), __float_as_uint(sc[nt][3])));
+      }
+      ptx::NamedBarrierArrive<T::kThreads>(1);
+    } else {
+      ptx::NamedBarrierSync<T::kThreads>(1);
+      GradToDs(sc, a, it, warp, group, quad_lane);
+    }
+    ptx::WgmmaFence();
+    IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
+
+    ptx::FenceProxyAsyncShared();
+    __syncthreads();
+    float dq_a[T::kDqColsA / 8][4];
+    float dq_b[T::kDqColsB / 8][4];
+    const int dq_row = warp * 16 + group;
+    const int col_a = T::DqColA(warpgroup) + 4 * (quad_lane / 2);
+    const int col_b = T::DqColB(warpgroup) + 4 * (quad_lane / 2);
+    const bool odd = quad_lane & 1;
+    ptx::WgmmaFence();
+    IssueDq<MmaDqA>(dq_a, T::DqColA(warpgroup));
+    if constexpr (!kNext || T::kPipeline != 3) IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+    // Committed groups in flight here: gradient product, dQ A (, dQ B).
+    if constexpr (!kNext) {  // the last tile: nothing ahead
+      ptx::WgmmaWait<1>(dq_a);
+      PinRegisters(grad_);
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      ptx::WgmmaWait<0>(dq_b);
+    } else if constexpr (T::kPipeline == 1) {  // next S^T after dQ A's reductions
+      ptx::WgmmaWait<1>(dq_a);
+      PinRegisters(grad_);
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      NextTile(sc, it);
+      ptx::WgmmaWait<1>(dq_b);
+    } else if constexpr (T::kPipeline == 2) {  // next S^T before any reduction
+      ptx::WgmmaWait<2>(grad_);
+      NextTile(sc, it);
+      ptx::WgmmaWait<2>(dq_a);
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      ptx::WgmmaWait<1>(dq_b);
+    } else {  // 3: next S^T between the dQ halves (dQ B issued behind it, one dQ half live)
+      ptx::WgmmaWait<1>(grad_);
+      NextTile(sc, it);
+      ptx::WgmmaWait<1>(dq_a);
+      AddDq(dq_a, it, dq_row, col_a, odd);
+      ptx::WgmmaFence();
+      IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+      ptx::WgmmaWait<0>(dq_b);  // and the next S^T (issued before it)
+    }
+    AddDq(dq_b, it, dq_row, col_b, odd);
   }
 
   // (kDqBulk) A dQ product into the staged float32 rows: query rows row, row + 8, columns
@@ -488,7 +606,11 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
                                                   blockIdx.x);
   if (!runner.Exists()) return;
   runner.Prologue();
-  runner.Run();
+  if constexpr (BwdSm90WideTraits<kDType, kHeadDim>::kPipeline != 0) {
+    runner.RunPipelined();
+  } else {
+    runner.Run();
+  }
   runner.Epilogue();
 }
 

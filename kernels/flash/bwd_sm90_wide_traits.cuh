@@ -2,7 +2,8 @@
 // (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, two warpgroups split by role, query tiles of 64
 // rows streamed through two stages, and the shared-memory layout (every bf16/fp16 tile 128-byte
 // swizzled for wgmma, 1 KB aligned):
-//   K, V (64 rows each) | stage 0, stage 1: Q, dO (64 rows each), lse, D | dS^T | exchange (G).
+//   K, V (64 rows each) | stage 0, stage 1 (, stage 2): Q, dO (64 rows each), lse, D | dS^T |
+//   exchange (G).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -14,6 +15,18 @@
 // tile's own stage) instead of red.global.add.v4.f32 from registers.
 #ifndef ATTN_FLASH_SM90_BWD_DQ_BULK
 #define ATTN_FLASH_SM90_BWD_DQ_BULK 0
+#endif
+
+// Cross-tile pipelining (NOTES.md "Hopper backward at head dims 192 and 256", "v2"): tile it+1's
+// S^T / dP^T issued while tile it's dQ product is still on the tensor cores, so the dQ
+// reductions and the next tile's loads run under tensor work instead of before the loop-top
+// barrier. 1: after the first dQ half's reductions (registers: dK or dV, S^T or dP^T and one dQ
+// half live); 2: right after the dQ products are issued (both dQ halves live too; spills at
+// 256, so runs as 1 there); 3: between the two dQ products (the second issued behind it);
+// 0: every tile in series (v1). Unset (-1): the measured default, 1 at head dim 256 (+1-6% on
+// 9 of the 10 anchor rows) and 0 at 192 (no mode measured faster there).
+#ifndef ATTN_FLASH_SM90_BWD_WIDE_PIPELINE
+#define ATTN_FLASH_SM90_BWD_WIDE_PIPELINE -1
 #endif
 
 namespace attnserve::kernels::flash {
@@ -50,12 +63,19 @@ struct BwdSm90WideTraits {
   // 8 rows hit each bank twice, the minimum for 256 bytes); exactly the stage's size.
   static constexpr bool kDqBulk = ATTN_FLASH_SM90_BWD_DQ_BULK != 0;
   static constexpr int kDqPitch = kHeadDim * 4 + 16;
+  // Pipelining mode (see ATTN_FLASH_SM90_BWD_WIDE_PIPELINE); mode 2 spills at 256 (dV / dK,
+  // both dQ halves and S^T / dP^T: 224 floats), so there it runs as mode 1.
+  static constexpr int kPipelineAsked = ATTN_FLASH_SM90_BWD_WIDE_PIPELINE < 0
+                                            ? (kHeadDim == 256 ? 1 : 0)
+                                            : ATTN_FLASH_SM90_BWD_WIDE_PIPELINE;
+  static constexpr int kPipeline = kPipelineAsked == 2 && kHeadDim == 256 ? 1 : kPipelineAsked;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
   static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
+  static constexpr int kStages = Sm90BackwardStages(kHeadDim);  // 2, or 3 at 192 (tile_config.h)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
@@ -70,8 +90,13 @@ struct BwdSm90WideTraits {
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
-  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBytes + kExchangeBytes + 1024,
+  static_assert(kStages == 2 || kStages == 3, "ATTN_FLASH_SM90_BWD_WIDE_STAGES: 2 or 3");
+  static_assert(kStages == 2 || !kDqBulk, "bulk dQ reuses the stage tile it+1 takes");
+  static_assert(kSmemBytes ==
+                    2 * kKvBytes + kStages * kStageBytes + kDsBytes + kExchangeBytes + 1024,
                 "host and device agree");
+  static_assert(kPipeline >= 0 && kPipeline <= 3, "ATTN_FLASH_SM90_BWD_WIDE_PIPELINE: 0 to 3");
+  static_assert(kPipeline == 0 || !kDqBulk, "pipelining keeps dQ in registers (red.global)");
   static_assert(kBlockM * kDqPitch <= kStageBytes, "bulk dQ staging fits a stage");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
 };

@@ -139,10 +139,21 @@ constexpr int Sm90BackwardStageBytes(int head_dim) {
 constexpr int Sm90BackwardExchangeBytes(int head_dim) {
   return head_dim <= 128 ? 0 : Sm90BackwardBlockN(head_dim) * Sm90BackwardBlockM(head_dim) * 4;
 }
+// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256"): 3 streams the query
+// tiles of the head-dim-192 kernel through three stages (loads two tiles ahead; 220 KB). Host
+// and device code both read it (the dispatcher checks the block's shared memory), so it must be
+// set for the whole build. Head dim 256 has no room for a third stage (219 KB with two).
+#ifndef ATTN_FLASH_SM90_BWD_WIDE_STAGES
+#define ATTN_FLASH_SM90_BWD_WIDE_STAGES 2
+#endif
+constexpr int Sm90BackwardStages(int head_dim) {
+  return head_dim == 192 ? ATTN_FLASH_SM90_BWD_WIDE_STAGES : 2;
+}
 // K and V (resident), two stages, the dS^T tile (keys x queries, 16 bits), the exchange tile
 // (192 / 256), 1 KB for alignment: 83 / 147 / 171 / 219 KB at head dim 64 / 128 / 192 / 256.
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
-  return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 + 2 * Sm90BackwardStageBytes(head_dim) +
+  return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
+         Sm90BackwardStages(head_dim) * Sm90BackwardStageBytes(head_dim) +
          Sm90BackwardBlockN(head_dim) * Sm90BackwardBlockM(head_dim) * 2 +
          Sm90BackwardExchangeBytes(head_dim) + 1024;
 }

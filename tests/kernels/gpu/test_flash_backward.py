@@ -42,6 +42,10 @@ SM80_ON_HOPPER = ("sm90 backward off",
 if torch.cuda.get_device_capability()[0] == 9:
     BACKWARD_LIBS.append(SM80_ON_HOPPER)
 
+# ATTN_TEST_BWD_DEVICE_ATOMIC_ONLY=1: only the device path's atomic mode, the one a build variant
+# of a Hopper dK/dV kernel changes (bench/run_gpu.sh --bwd-variant-tests sets it).
+DEVICE_ATOMIC_ONLY = os.environ.get("ATTN_TEST_BWD_DEVICE_ATOMIC_ONLY", "0") == "1"
+
 GRAD_FLOOR = {torch.float16: 2e-4, torch.bfloat16: 1e-3}
 GRAD_CAP = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -85,6 +89,8 @@ def check(request, q, k, v, cu_q, cu_k, opts):
         for deterministic in (False, True):
             if deterministic and lib is SM80_ON_HOPPER[1]:
                 continue  # the device path's deterministic mode is this one, tested above
+            if DEVICE_ATOMIC_ONLY and (deterministic or path != "device"):
+                continue
             grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
             check_grads(grads, refs, theirs, rows, keys, deterministic, path)
 
