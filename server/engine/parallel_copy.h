@@ -22,8 +22,12 @@ struct HostBytes {
 
 class ParallelCopier {
  public:
-  // Below this many bytes the caller copies alone: waking the helpers costs more than it saves.
-  static constexpr size_t kMinParallelBytes = size_t{1} << 20;
+  // Below this many bytes the caller copies alone. Measured side by side on the GPU machine
+  // (bench/RESULTS.md "Lane threads"): four threads took 1.26 ms to stage a small forward's
+  // three 2 MB inputs against 1.09 ms for one (-7% req/s, the copies contend with gRPC and the
+  // client for the cores), while a long sequence's 72 MB inputs staged in 19 instead of 52 ms
+  // (+12% req/s).
+  static constexpr size_t kMinParallelBytes = size_t{8} << 20;
 
   // `helpers` threads besides the caller's (0: the caller always copies alone).
   explicit ParallelCopier(int helpers);

@@ -60,9 +60,9 @@ ABSL_FLAG(int32_t, cpu_lanes, 1,
 ABSL_FLAG(int32_t, cuda_lanes, 2,
           "Requests each GPU runs at once, each on its own stream and pinned staging buffer.");
 ABSL_FLAG(int32_t, stage_threads_per_lane, 4,
-          "Threads per GPU lane that copy a request's inputs into pinned memory (1: the lane's "
-          "own thread alone).");
-ABSL_FLAG(int32_t, answer_threads_per_lane, 2,
+          "Threads per GPU lane that copy a request's inputs of 8 MB and more into pinned "
+          "memory (1: the lane's own thread alone).");
+ABSL_FLAG(int32_t, answer_threads_per_lane, 1,
           "Threads per lane that encode and send answers, so lanes start their next launch at "
           "once; a batched launch hands all of its answers over together.");
 ABSL_FLAG(int32_t, grpc_max_connection_age_seconds, 0,
