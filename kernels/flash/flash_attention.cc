@@ -54,8 +54,8 @@ constexpr KernelEntry kSm90Kernels[] = {
 #include "kernels/flash/instantiations/sm90_kernel_table.inc"
     {0, nullptr, nullptr}};
 
-// The Hopper (sm90, wgmma) backward kernels this build holds (ATTN_HEAD_DIMS of 64 and 128, when
-// it targets sm_90), ascending head dim, then a sentinel that matches no head dim.
+// The Hopper (sm90, wgmma) backward kernels this build holds (ATTN_HEAD_DIMS of 64, 128, 192 and
+// 256, when it targets sm_90), ascending head dim, then a sentinel that matches no head dim.
 constexpr BackwardKernelEntry kSm90BackwardKernels[] = {
 #include "kernels/flash/instantiations/sm90_bwd_kernel_table.inc"
     {0, nullptr, nullptr}};
