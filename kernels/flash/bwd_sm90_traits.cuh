@@ -42,6 +42,8 @@ struct BwdSm90Traits {
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
   static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
+  static constexpr int kStages = 2;
+  static constexpr bool kFlatLoads = false;  // whole rows per thread pass (LoadSwizzledAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
 

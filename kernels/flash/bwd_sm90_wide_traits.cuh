@@ -76,6 +76,7 @@ struct BwdSm90WideTraits {
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
   static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
   static constexpr int kStages = Sm90BackwardStages(kHeadDim);  // 2, or 3 at 192 (tile_config.h)
+  static constexpr bool kFlatLoads = true;  // 24-vector rows at 192 (LoadSwizzledFlatAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
