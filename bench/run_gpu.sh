@@ -33,66 +33,39 @@ run_fwd_bench=1
 run_bwd_bench=1
 variants=0
 bwd_variants=()
-expect_bwd_variant=0
 test_path=tests/kernels/gpu
-expect_test_path=0
 bwd_head_dims=64,128,192,256
-expect_bwd_head_dims=0
 build_head_dims=()
 variant_head_dims="64;128"
-expect_head_dims=0
 bwd_env_columns=()
-expect_bwd_env_column=0
 bwd_bench_flags=()
 variant_tests=""
-expect_variant_tests=0
-for arg in "$@"; do
-  if ((expect_bwd_variant)); then
-    bwd_variants+=("$arg")
-    expect_bwd_variant=0
-    continue
-  fi
-  if ((expect_test_path)); then
-    test_path="$arg"
-    expect_test_path=0
-    continue
-  fi
-  if ((expect_head_dims)); then
-    build_head_dims=("-DATTN_HEAD_DIMS=$arg")
-    variant_head_dims="$arg"
-    expect_head_dims=0
-    continue
-  fi
-  if ((expect_bwd_env_column)); then
-    bwd_env_columns+=("$arg")
-    expect_bwd_env_column=0
-    continue
-  fi
-  if ((expect_variant_tests)); then
-    variant_tests="$arg"
-    expect_variant_tests=0
-    continue
-  fi
-  if ((expect_bwd_head_dims)); then
-    bwd_head_dims="$arg"
-    expect_bwd_head_dims=0
-    continue
-  fi
-  case "$arg" in
-    --bwd-variant) expect_bwd_variant=1 ;;
-    --tests) expect_test_path=1 ;;
-    --bwd-head-dims) expect_bwd_head_dims=1 ;;
-    --head-dims) expect_head_dims=1 ;;
-    --bwd-env-column) expect_bwd_env_column=1 ;;
+# Options that take a value need one.
+value_of() {  # option, remaining argument count
+  if (($2 < 2)); then echo "$1 needs a value" >&2; exit 2; fi
+}
+while (($#)); do
+  case "$1" in
+    --bwd-variant) value_of "$1" $#; bwd_variants+=("$2"); shift ;;
+    --tests) value_of "$1" $#; test_path="$2"; shift ;;
+    --bwd-head-dims) value_of "$1" $#; bwd_head_dims="$2"; shift ;;
+    --head-dims)
+      value_of "$1" $#
+      build_head_dims=("-DATTN_HEAD_DIMS=$2")
+      variant_head_dims="$2"
+      shift
+      ;;
+    --bwd-env-column) value_of "$1" $#; bwd_env_columns+=("$2"); shift ;;
+    --bwd-variant-tests) value_of "$1" $#; variant_tests="$2"; shift ;;
     --bwd-atomic-only) bwd_bench_flags+=("--no-deterministic") ;;
-    --bwd-variant-tests) expect_variant_tests=1 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
     --skip-bwd-bench) run_bwd_bench=0 ;;
     --variants) variants=1 ;;
-    *) echo "unknown argument: $arg" >&2; exit 2 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
+  shift
 done
 JOBS="$(nproc)"
 export PYTHONUNBUFFERED=1
