@@ -72,8 +72,6 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     }
     for (int it = 0; it < iters_; ++it) {
       ptx::WaitAsyncGroups<Sm80, T::kStages - 2>();  // tile it's group (it+1's may be in flight)
-      // (kDqBulk) tile it - 1's dQ rows, staged in the stage tile it + 1 now takes, are read.
-      if constexpr (T::kDqBulk) ptx::BulkWaitRead();
       ptx::FenceProxyAsyncShared();
       __syncthreads();
       if (it + T::kStages - 1 < iters_) LoadStage(it + T::kStages - 1);
@@ -106,7 +104,6 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // warp its own 16 rows), then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
     ptx::WaitAsyncGroups<Sm80, 0>();
-    if constexpr (T::kDqBulk) ptx::BulkWaitRead();  // before the CTA's shared memory goes
     __syncthreads();  // no wgmma reads K or V any more (dQ of both warpgroups reads all of K)
     const int tid = threadIdx.x;
     const bool is_dv = tid < 128;
@@ -195,25 +192,13 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     ptx::WgmmaFence();
     IssueDq<MmaDqA>(dq_a, T::DqColA(warpgroup));
     IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
-    if constexpr (T::kDqBulk) {
-      ptx::WgmmaWait<0>(dq_a);
-      PinRegisters(dq_b);
-      PinRegisters(grad_);
-      __syncthreads();  // every wgmma of both warpgroups has read this tile's stage
-      StageDq(dq_a, q_st, warp * 16 + group, T::DqColA(warpgroup) + 2 * quad_lane);
-      StageDq(dq_b, q_st, warp * 16 + group, T::DqColB(warpgroup) + 2 * quad_lane);
-      ptx::FenceProxyAsyncShared();  // generic-proxy stores, read by the bulk copy engine
-      __syncthreads();
-      if (tid % 128 < T::kBlockM / 2) BulkAddDqRow(it, q_st, tid % 128 + warpgroup * 32);
-    } else {
-      ptx::WgmmaWait<1>(dq_a);  // and the gradient product before it
-      PinRegisters(grad_);
-      AddDq(dq_a, it, warp * 16 + group, T::DqColA(warpgroup) + 4 * (quad_lane / 2),
-            quad_lane & 1);
-      ptx::WgmmaWait<0>(dq_b);
-      AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
-            quad_lane & 1);
-    }
+    ptx::WgmmaWait<1>(dq_a);  // and the gradient product before it
+    PinRegisters(grad_);
+    AddDq(dq_a, it, warp * 16 + group, T::DqColA(warpgroup) + 4 * (quad_lane / 2),
+          quad_lane & 1);
+    ptx::WgmmaWait<0>(dq_b);
+    AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
+          quad_lane & 1);
   }
 
   // (kPipeline) Stage it+1 landed and visible to the tensor cores, every wgmma of tile it that
@@ -303,33 +288,6 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
       ptx::WgmmaWait<0>(dq_b);  // and the next S^T (issued before it)
     }
     AddDq(dq_b, it, dq_row, col_b, odd);
-  }
-
-  // (kDqBulk) A dQ product into the staged float32 rows: query rows row, row + 8, columns
-  // col0 + 8 t, +1.
-  template <int kTiles>
-  __device__ __forceinline__ void StageDq(const float (&dq)[kTiles][4], uint32_t stage, int row,
-                                          int col0) {
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        ptx::StoreSharedFloat2(stage + (row + 8 * h) * T::kDqPitch + (col0 + 8 * t) * 4,
-                               dq[t][2 * h], dq[t][2 * h + 1]);
-      }
-    }
-  }
-
-  // (kDqBulk) Staged dQ row `row` of tile `it` (if it exists) added to the workspace by one bulk
-  // reduction of head_dim floats (a multiple of 8, so of 16 bytes), its own commit group.
-  __device__ __forceinline__ void BulkAddDqRow(int it, uint32_t stage, int row) {
-    const int row0 = Row0Of(it);
-    if (row < len_q_ - row0) {
-      float* dst = args_.dq_accum + (int64_t{q_begin_} + row0 + row) * f_.q_row_stride +
-                   int64_t{HeadOf(it)} * f_.head_dim;
-      ptx::BulkReduceAddF32(dst, stage + row * T::kDqPitch, f_.head_dim * 4);
-      ptx::BulkCommit();
-    }
   }
 
   // Warpgroup 0: softcap, the masks and P^T = exp2(S^T c - lse log2 e), rounded into the A

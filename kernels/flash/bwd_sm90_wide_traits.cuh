@@ -10,13 +10,6 @@
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/tile_config.h"
 
-// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256"): 1 adds dQ of a tile
-// into the workspace with one bulk reduction per row (cp.reduce.async.bulk, staged in the
-// tile's own stage) instead of red.global.add.v4.f32 from registers.
-#ifndef ATTN_FLASH_SM90_BWD_DQ_BULK
-#define ATTN_FLASH_SM90_BWD_DQ_BULK 0
-#endif
-
 // Cross-tile pipelining (NOTES.md "Hopper backward at head dims 192 and 256", "v2"): tile it+1's
 // S^T / dP^T issued while tile it's dQ product is still on the tensor cores, so the dQ
 // reductions and the next tile's loads run under tensor work instead of before the loop-top
@@ -58,11 +51,6 @@ struct BwdSm90WideTraits {
     return kHeadDim == 256 ? warpgroup * 128 + 64 : 64 + warpgroup * 32;
   }
 
-  // ATTN_FLASH_SM90_BWD_DQ_BULK: float32 dQ rows (64 x d) staged in the tile's stage once every
-  // wgmma has read it, rows kDqPitch bytes apart (16 bytes of padding: float2 stores of a warp's
-  // 8 rows hit each bank twice, the minimum for 256 bytes); exactly the stage's size.
-  static constexpr bool kDqBulk = ATTN_FLASH_SM90_BWD_DQ_BULK != 0;
-  static constexpr int kDqPitch = kHeadDim * 4 + 16;
   // Pipelining mode (see ATTN_FLASH_SM90_BWD_WIDE_PIPELINE); mode 2 spills at 256 (dV / dK,
   // both dQ halves and S^T / dP^T: 224 floats), so there it runs as mode 1.
   static constexpr int kPipelineAsked = ATTN_FLASH_SM90_BWD_WIDE_PIPELINE < 0
@@ -92,13 +80,10 @@ struct BwdSm90WideTraits {
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
   static_assert(kStages == 2 || kStages == 3, "ATTN_FLASH_SM90_BWD_WIDE_STAGES: 2 or 3");
-  static_assert(kStages == 2 || !kDqBulk, "bulk dQ reuses the stage tile it+1 takes");
   static_assert(kSmemBytes ==
                     2 * kKvBytes + kStages * kStageBytes + kDsBytes + kExchangeBytes + 1024,
                 "host and device agree");
   static_assert(kPipeline >= 0 && kPipeline <= 3, "ATTN_FLASH_SM90_BWD_WIDE_PIPELINE: 0 to 3");
-  static_assert(kPipeline == 0 || !kDqBulk, "pipelining keeps dQ in registers (red.global)");
-  static_assert(kBlockM * kDqPitch <= kStageBytes, "bulk dQ staging fits a stage");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
 };
 

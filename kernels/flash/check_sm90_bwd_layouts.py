@@ -235,28 +235,6 @@ def check_wide(head_dim):
                         assert hw_swizzle(canonical) == stored, (wg, col0, kk, n, k)
             check_dq_reductions(n_cols)
     assert sorted(covered) == list(range(head_dim))
-    # ATTN_FLASH_SM90_BWD_DQ_BULK: both warpgroups' dQ products stored as float2 at
-    # row * pitch + col * 4 fill rows 0..63 x [0, d) of the stage exactly once, and the bulk
-    # reduction of row r (threads 0..31 of each warpgroup: rows 32 wg + lane) reads exactly them.
-    pitch = head_dim * 4 + 16
-    stage_bytes = (2 * block_m * head_dim * 2 + 2 * block_m * 4 + 1023) // 1024 * 1024
-    assert block_m * pitch <= stage_bytes
-    staged = {}
-    for wg in range(2):
-        for col0, n_cols in wide_dq_cols(head_dim, wg):
-            for t in range(128):
-                for i in range(n_cols // 4):  # register pairs (tile, h)
-                    row, col = accumulator_coords(t, 2 * i)
-                    addr = row * pitch + (col0 + col) * 4
-                    for e in range(2):
-                        assert addr + 4 * e not in staged
-                        staged[addr + 4 * e] = (row, col0 + col + e)
-    rows_issued = sorted(32 * wg + lane for wg in range(2) for lane in range(32))
-    assert rows_issued == list(range(block_m))
-    for r in rows_issued:
-        assert [staged[r * pitch + 4 * c] for c in range(head_dim)] == \
-            [(r, c) for c in range(head_dim)]
-    assert len(staged) == block_m * head_dim
     check_epilogue(head_dim, warps=4)
     check_masks(block_m, block_n=block_n, warps=4)
 

@@ -52,26 +52,6 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
-// Bulk (TMA-engine) reduction of `bytes` (a multiple of 16) of float32 shared memory into global
-// memory, element-wise add, one transaction group per commit (16-byte aligned addresses). The
-// source may be reused once BulkWaitRead says the engine has read it.
-__device__ __forceinline__ void BulkReduceAddF32(float* gmem, uint32_t smem, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::
-                   "l"(gmem), "r"(smem), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void BulkCommit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Waits until every bulk group this thread committed has read its shared-memory source.
-__device__ __forceinline__ void BulkWaitRead() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void StoreSharedFloat2(uint32_t smem, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem), "f"(x), "f"(y) : "memory");
-}
-
 // Shared-memory matrix descriptor of wgmma with the 128-byte swizzle (layout type 1, bits
 // 62-63): start address, leading and stride byte offsets, each in 16-byte units (14 bits). The
 // swizzle pattern is taken from address bits, so every 8-row x 128-byte atom must start
