@@ -2,7 +2,8 @@
 # Hardening CI (run by scripts/test.sh): the CPU build under ASan+UBSan (LeakSanitizer on) with
 # every C++ unit and end-to-end test, bounded libFuzzer runs, then under TSan the server's unit
 # tests, the C++ end-to-end tests and the Python end-to-end suite. Any sanitizer report fails
-# the run; ASan and UBSan have no suppressions, TSan only the gRPC hand-offs its stage explains.
+# the run; ASan and UBSan have no suppressions, TSan only the gRPC hand-offs and gRPC-made
+# threads that its stage explains.
 # Builds go to build-asan/ and build-tsan/ (clang, no CUDA).
 #   FUZZ_SECONDS (default 45) per fuzz target; HARDENING_STAGES (default "asan fuzz tsan").
 set -euo pipefail
@@ -41,7 +42,8 @@ if [[ " $STAGES " == *" tsan "* ]]; then
   # TSan-built: tests/sanitizers/tsan_third_party.ignorelist leaves their header and generated
   # code uninstrumented like their libraries, ignore_noninstrumented_modules keeps TSan's
   # interceptors quiet inside them, and tests/sanitizers/tsan_grpc.supp names the few gRPC
-  # hand-off functions whose ordering lives in gRPC's core (each entry says why). Our own code
+  # hand-off functions whose ordering lives in gRPC's core and the threads gRPC's core makes and
+  # joins after exit can begin (each entry says why). Our own code
   # is instrumented throughout. Every process writes its reports under $tsan_logs, and any
   # report fails the stage, whichever process it came from.
   configure build-tsan -DATTN_SANITIZE=thread
