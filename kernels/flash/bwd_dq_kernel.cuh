@@ -16,7 +16,8 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_traits.cuh"
 #include "kernels/flash/bwd_warp_gemm.cuh"
-#include "kernels/flash/fwd_kernel.cuh"
+#include "kernels/flash/fwd_block.cuh"
+#include "kernels/flash/fwd_row_tile.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/ptx.cuh"
 
@@ -143,21 +144,8 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
       }
     }
     if (n >= block.mask_from || n < block.mask_below) {
-      const int first_col = n * kBlock + 2 * quad_lane;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int aligned = block.diagonal + warp * T::kWarpRows + group + 8 * h;
-        const int last = min(aligned + f.window_right, len_k - 1) - first_col;
-        const int first = aligned - f.window_left - first_col;
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = nt * T::kMmaN + e;
-            if (col > last || col < first) s[nt][2 * h + e] = -INFINITY;
-          }
-        }
-      }
+      MaskRowTile(s, block.diagonal + warp * T::kWarpRows + group, n * kBlock + 2 * quad_lane,
+                  len_k, f);
     }
     if (!f.softcap) {
 #pragma unroll

@@ -12,48 +12,13 @@
 #include <cstdint>
 
 #include "kernels/flash/fwd_args.h"
+#include "kernels/flash/fwd_block.cuh"
+#include "kernels/flash/fwd_row_tile.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/ptx.cuh"
 
 namespace attnserve::kernels::flash {
-
-// Where one sequence's (query block, head) sits: row and key ranges, and which key tiles need
-// element-wise masking.
-struct FwdBlock {
-  int row_first;     // first query row of the block, within the sequence
-  int rows_valid;    // query rows of the block inside the sequence
-  int len_k;
-  int diagonal;      // key aligned with the block's first row: row_first + len_k - len_q
-  int n_begin;       // key tiles [n_begin, n_end) hold every key any row of the block sees
-  int n_end;
-  int mask_from;     // tiles n >= mask_from cross the right edge or the end of the keys
-  int mask_below;    // tiles n < mask_below cross the left window edge
-};
-
-// All in int32: rows and keys are below kMaxSeqLen and windows at most kUnboundedWindow.
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ FwdBlock LocateBlock(const FwdKernelArgs& args, int m_block,
-                                                int len_q, int len_k) {
-  FwdBlock b;
-  b.row_first = m_block * kBlockM;
-  b.rows_valid = min(kBlockM, len_q - b.row_first);
-  b.len_k = len_k;
-  b.diagonal = b.row_first + len_k - len_q;
-  const int last_diagonal = b.diagonal + b.rows_valid - 1;  // the bottom row's
-  // Keys past the bottom row's right edge and before the top row's left edge are never seen.
-  const int key_end = min(len_k, last_diagonal + args.window_right + 1);
-  const int key_begin = max(0, b.diagonal - args.window_left);
-  b.n_end = key_end <= 0 ? 0 : (key_end + kBlockN - 1) / kBlockN;
-  b.n_begin = min(key_begin, len_k) / kBlockN;
-  // First key the top row does not see; tiles reaching it or the end of the keys need masking.
-  const int top_hidden = b.diagonal + args.window_right + 1;
-  b.mask_from = min(top_hidden <= 0 ? 0 : top_hidden / kBlockN, len_k / kBlockN);
-  // First key the bottom row sees; tiles starting before it need masking.
-  const int bottom_first = last_diagonal - args.window_left;
-  b.mask_below = bottom_first <= 0 ? 0 : min((bottom_first + kBlockN - 1) / kBlockN, b.n_end);
-  return b;
-}
 
 template <class Arch, DType kDType, int kHeadDim>
 class FwdBlockRunner {
@@ -123,11 +88,8 @@ class FwdBlockRunner {
     for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float sum = row_sum_[mt][h];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        // A row that saw no key has sum 0: out 0, lse +inf (NaN inputs stay NaN).
-        const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+        const float sum = QuadRowSum(row_sum_[mt][h]);
+        const float inv = RowNormalizer(sum);
         const int row = warp_ * T::kWarpRows + mt * T::kMmaM + group + 8 * h;
 #pragma unroll
         for (int nt = 0; nt < T::kOTiles; ++nt) {
@@ -137,7 +99,7 @@ class FwdBlockRunner {
               q_smem_ + row * T::kSmemRowBytes + (nt * T::kMmaN + 2 * quad_lane) * 2, packed);
         }
         if (quad_lane == 0 && row < block_.rows_valid) {
-          lse[row] = sum == 0.0f ? INFINITY : row_max_[mt][h] * args_.lse_scale + logf(sum);
+          lse[row] = RowLse(sum, row_max_[mt][h], args_.lse_scale);
         }
       }
     }
@@ -227,8 +189,7 @@ class FwdBlockRunner {
     }
   }
 
-  // Hides the keys each row must not see (past the end, outside the window) with -inf. Bounds
-  // are taken relative to this thread's first column so the compares are against immediates.
+  // Masks each row tile (fwd_row_tile.cuh) of key tile n.
   __device__ __forceinline__ void ApplyMask(float (&s)[T::kMTiles][T::kSTiles][4], int n) {
     const int tid = ptx::FreshThreadIdx();
     const int warp = tid / 32;
@@ -236,27 +197,15 @@ class FwdBlockRunner {
     const int first_col = n * T::kBlockN + 2 * (tid % 4);
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int aligned = block_.diagonal + warp * T::kWarpRows + mt * T::kMmaM + group + 8 * h;
-        const int last = min(aligned + args_.window_right, block_.len_k - 1) - first_col;
-        const int first = aligned - args_.window_left - first_col;
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = nt * T::kMmaN + e;
-            if (col > last || col < first) s[mt][nt][2 * h + e] = -INFINITY;
-          }
-        }
-      }
+      MaskRowTile(s[mt], block_.diagonal + warp * T::kWarpRows + mt * T::kMmaM + group,
+                  first_col, block_.len_k, args_);
     }
   }
 
-  // Online softmax: new row maxima over the quad, rescale O and the running sums, and turn S
-  // into unnormalized probabilities exp2((s - max) * exp2_scale) in place. O is rescaled only
-  // when some row of the warp has a new maximum (exact: otherwise every factor is 1), which
-  // after the first few tiles is rare.
+  // Online softmax (fwd_row_tile.cuh): new row maxima, rescale O and the running sums, and
+  // turn S into unnormalized probabilities in place. O is rescaled only when some row of the
+  // warp has a new maximum (exact: otherwise every factor is 1), which after the first few
+  // tiles is rare.
   __device__ __forceinline__ void UpdateSoftmax(float (&s)[T::kMTiles][T::kSTiles][4]) {
     const float scale = args_.exp2_scale;
     float shift[T::kMTiles][2];
@@ -264,22 +213,7 @@ class FwdBlockRunner {
     bool any_new_max = false;
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max_[mt][h];
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        any_new_max |= mx != row_max_[mt][h];
-        // A row with nothing visible so far keeps max -inf; subtract 0 instead so that
-        // exp2(-inf - (-inf)) never turns into NaN.
-        shift[mt][h] = mx == -INFINITY ? 0.0f : mx * scale;
-        correction[mt][h] = ptx::Exp2(row_max_[mt][h] * scale - shift[mt][h]);
-        row_max_[mt][h] = mx;
-      }
+      UpdateRowMax(s[mt], row_max_[mt], scale, shift[mt], correction[mt], any_new_max);
     }
     if (__any_sync(0xffffffffu, any_new_max)) {
 #pragma unroll
@@ -293,35 +227,17 @@ class FwdBlockRunner {
     }
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = ptx::Exp2(fmaf(s[mt][nt][2 * h + e], scale, -shift[mt][h]));
-            s[mt][nt][2 * h + e] = p;
-            sum += p;
-          }
-        }
-        row_sum_[mt][h] = row_sum_[mt][h] * correction[mt][h] + sum;
-      }
+      ExponentiateRows(s[mt], shift[mt], correction[mt], scale, row_sum_[mt]);
     }
   }
 
-  // O += P V: the accumulator layout of two 8-key S tiles is the A layout of one 16-key step.
+  // O += P V, P packed per k16 step (PackPStep).
   __device__ __forceinline__ void AccumulatePV(const float (&p)[T::kMTiles][T::kSTiles][4]) {
 #pragma unroll
     for (int kk = 0; kk < T::kPvSteps; ++kk) {
       uint32_t a[T::kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < T::kMTiles; ++mt) {
-        a[mt][0] = ptx::PackPair<Element>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-        a[mt][1] = ptx::PackPair<Element>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-        a[mt][2] = ptx::PackPair<Element>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-        a[mt][3] = ptx::PackPair<Element>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < T::kMTiles; ++mt) PackPStep<Element>(p[mt], kk, a[mt]);
 #pragma unroll
       for (int dp = 0; dp < T::kOTiles / 2; ++dp) {
         uint32_t b[4];
@@ -354,41 +270,12 @@ __device__ __forceinline__ void FlashForwardCta(const FwdKernelArgs& args) {
   using T = FwdTraits<Arch, kDType, kHeadDim>;
   using Element = typename T::Element;
   extern __shared__ __align__(16) unsigned char smem[];
-
-  // Highest query blocks first: under causal masking they carry the most key tiles.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int q_begin = args.cu_seqlens_q[batch];
-  const int len_q = args.cu_seqlens_q[batch + 1] - q_begin;
-  if (m_block * T::kBlockM >= len_q) return;
-  const int k_begin = args.cu_seqlens_k[batch];
-  const int len_k = args.cu_seqlens_k[batch + 1] - k_begin;
-  const FwdBlock block = LocateBlock<T::kBlockM, T::kBlockN>(args, m_block, len_q, len_k);
-
-  const int64_t first_row = int64_t{q_begin} + block.row_first;
-  const int64_t head_offset = int64_t{head} * args.head_dim;
-  const int64_t kv_head_offset = int64_t{head / args.head_group} * args.head_dim;
-  const Element* q = static_cast<const Element*>(args.q) + first_row * args.q_row_stride +
-                     head_offset;
-  Element* out = static_cast<Element*>(args.out) + first_row * args.q_row_stride + head_offset;
-  float* lse = args.lse + head * args.total_q + first_row;
-
-  if (block.n_begin >= block.n_end) {
-    // No row of this block sees any key: out = 0, lse = +inf.
-    ZeroRows<T::kBlockM, T::kRowVecs, T::kThreads>(out, args.q_row_stride, block.rows_valid,
-                                                     args.head_dim / T::kVecElems, threadIdx.x);
-    for (int row = threadIdx.x; row < block.rows_valid; row += T::kThreads) {
-      lse[row] = INFINITY;
-    }
-    return;
-  }
-
-  const int64_t kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
-  FwdBlockRunner<Arch, kDType, kHeadDim> runner(args, block, kv_offset, smem);
-  runner.Prologue(q);
+  FwdCta<Element> cta;
+  if (!BeginForwardCta<T::kBlockM, T::kBlockN, T::kRowVecs, T::kThreads>(args, cta)) return;
+  FwdBlockRunner<Arch, kDType, kHeadDim> runner(args, cta.block, cta.kv_offset, smem);
+  runner.Prologue(cta.q);
   runner.Run();
-  runner.Epilogue(out, lse);
+  runner.Epilogue(cta.out, cta.lse);
 }
 
 template <class Arch, DType kDType, int kHeadDim>

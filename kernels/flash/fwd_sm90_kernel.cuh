@@ -6,15 +6,16 @@
 // memory), masks and runs the online softmax in registers, and adds P V (wgmma, P from
 // registers, V N-major from shared memory); the P V of one tile runs under the softmax of the
 // next, and the next tiles' K and V land in the other stages. Key tiles are visited last to
-// first, with the sm80 kernel's block location and masking rules (fwd_kernel.cuh), so both
-// paths see exactly the same keys.
+// first, with the sm80 kernel's block location (fwd_block.cuh) and row-tile math (masks, online
+// softmax: fwd_row_tile.cuh), so both paths see exactly the same keys.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/flash/fwd_args.h"
-#include "kernels/flash/fwd_kernel.cuh"
+#include "kernels/flash/fwd_block.cuh"
+#include "kernels/flash/fwd_row_tile.cuh"
 #include "kernels/flash/fwd_sm90_traits.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/ptx.cuh"
@@ -138,11 +139,8 @@ class FwdSm90BlockRunner {
     const int quad_lane = lane % 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float sum = row_sum_[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      // A row that saw no key has sum 0: out 0, lse +inf (NaN inputs stay NaN).
-      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+      const float sum = QuadRowSum(row_sum_[h]);
+      const float inv = RowNormalizer(sum);
       const int row = warp * 16 + group + 8 * h;
 #pragma unroll
       for (int nt = 0; nt < T::kOTiles; ++nt) {
@@ -151,7 +149,7 @@ class FwdSm90BlockRunner {
         ptx::StoreShared32(q_smem_ + SwizzledOffset<T::kBlockM>(row, nt) + quad_lane * 4, packed);
       }
       if (quad_lane == 0 && row < block_.rows_valid) {
-        lse[row] = sum == 0.0f ? INFINITY : row_max_[h] * args_.lse_scale + logf(sum);
+        lse[row] = RowLse(sum, row_max_[h], args_.lse_scale);
       }
     }
     __syncwarp();
@@ -228,15 +226,9 @@ class FwdSm90BlockRunner {
         for (int e = 0; e < 4; ++e) o_[nt][e] *= correction[e / 2];
       }
     }
-    // P(n) as 16-bit pairs: the accumulator layout of two 8-key S tiles is the A fragment of one
-    // k16 step.
+    // P(n) as 16-bit A fragments, one per k16 step.
 #pragma unroll
-    for (int kk = 0; kk < T::kPvSteps; ++kk) {
-      p[kk][0] = ptx::PackPair<Element>(s[2 * kk][0], s[2 * kk][1]);
-      p[kk][1] = ptx::PackPair<Element>(s[2 * kk][2], s[2 * kk][3]);
-      p[kk][2] = ptx::PackPair<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      p[kk][3] = ptx::PackPair<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < T::kPvSteps; ++kk) PackPStep<Element>(s, kk, p[kk]);
   }
 
   // S = Q K(n)^T, one committed group (the caller fences first).
@@ -270,68 +262,25 @@ class FwdSm90BlockRunner {
     ptx::WgmmaCommit();
   }
 
-  // Hides the keys each row must not see (past the end, outside the window) with -inf, bounds
-  // relative to this thread's first column (as the sm80 kernel does).
+  // Masks this warp's 16-row tile (fwd_row_tile.cuh) of key tile n.
   __device__ __forceinline__ void ApplyMask(float (&s)[T::kSTiles][4], int n) {
     const int tid = ptx::FreshThreadIdx();
     const int warp = tid / 32;
     const int group = tid % 32 / 4;
     const int first_col = n * T::kBlockN + 2 * (tid % 4);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int aligned = block_.diagonal + warp * 16 + group + 8 * h;
-      const int last = min(aligned + args_.window_right, block_.len_k - 1) - first_col;
-      const int first = aligned - args_.window_left - first_col;
-#pragma unroll
-      for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = nt * 8 + e;
-          if (col > last || col < first) s[nt][2 * h + e] = -INFINITY;
-        }
-      }
-    }
+    MaskRowTile(s, block_.diagonal + warp * 16 + group, first_col, block_.len_k, args_);
   }
 
-  // Online softmax over the quad's rows (the sm80 kernel's, for one 16-row tile per warp): new
-  // row maxima, S turned into exp2((s - max) * exp2_scale) in place, running sums rescaled.
-  // Returns whether some row of this thread has a new maximum, with the factors O must be
-  // rescaled by (the caller does that once the P V in flight is done).
+  // Online softmax of this warp's 16-row tile (fwd_row_tile.cuh). Returns whether some row of
+  // this thread has a new maximum, with the factors O must be rescaled by (the caller does that
+  // once the P V in flight is done).
   __device__ __forceinline__ bool UpdateSoftmax(float (&s)[T::kSTiles][4],
                                                 float (&correction)[2]) {
     const float scale = args_.exp2_scale;
     float shift[2];
     bool any_new_max = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = row_max_[h];
-#pragma unroll
-      for (int nt = 0; nt < T::kSTiles; ++nt) {
-        mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      any_new_max |= mx != row_max_[h];
-      // A row with nothing visible so far keeps max -inf; subtract 0 so that exp2(-inf - -inf)
-      // never turns into NaN.
-      shift[h] = mx == -INFINITY ? 0.0f : mx * scale;
-      correction[h] = ptx::Exp2(row_max_[h] * scale - shift[h]);
-      row_max_[h] = mx;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = ptx::Exp2(fmaf(s[nt][2 * h + e], scale, -shift[h]));
-          s[nt][2 * h + e] = p;
-          sum += p;
-        }
-      }
-      row_sum_[h] = row_sum_[h] * correction[h] + sum;
-    }
+    UpdateRowMax(s, row_max_, scale, shift, correction, any_new_max);
+    ExponentiateRows(s, shift, correction, scale, row_sum_);
     return any_new_max;
   }
 
@@ -351,46 +300,15 @@ __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
   using T = FwdSm90Traits<kDType, kHeadDim>;
   using Element = typename T::Element;
   extern __shared__ __align__(1024) unsigned char smem[];
-
-  // Highest query blocks first: under causal masking they carry the most key tiles. (Ordering
-  // all heads and sequences of one block index together instead, so that long sequences start
-  // first in varlen batches, measured up to 20% slower on equal lengths: neighbouring CTAs then
-  // read different K/V and L2 stops serving them; NOTES.md.)
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int q_begin = args.cu_seqlens_q[batch];
-  const int len_q = args.cu_seqlens_q[batch + 1] - q_begin;
-  if (m_block * T::kBlockM >= len_q) return;
-  const int k_begin = args.cu_seqlens_k[batch];
-  const int len_k = args.cu_seqlens_k[batch + 1] - k_begin;
-  const FwdBlock block = LocateBlock<T::kBlockM, T::kBlockN>(args, m_block, len_q, len_k);
-
-  const int64_t first_row = int64_t{q_begin} + block.row_first;
-  const int64_t head_offset = int64_t{head} * args.head_dim;
-  const int64_t kv_head_offset = int64_t{head / args.head_group} * args.head_dim;
-  const Element* q = static_cast<const Element*>(args.q) + first_row * args.q_row_stride +
-                     head_offset;
-  Element* out = static_cast<Element*>(args.out) + first_row * args.q_row_stride + head_offset;
-  float* lse = args.lse + head * args.total_q + first_row;
-
-  if (block.n_begin >= block.n_end) {
-    // No row of this block sees any key: out = 0, lse = +inf.
-    ZeroRows<T::kBlockM, T::kRowVecs, T::kThreads>(out, args.q_row_stride, block.rows_valid,
-                                                     args.head_dim / T::kVecElems, threadIdx.x);
-    for (int row = threadIdx.x; row < block.rows_valid; row += T::kThreads) {
-      lse[row] = INFINITY;
-    }
-    return;
-  }
+  FwdCta<Element> cta;
+  if (!BeginForwardCta<T::kBlockM, T::kBlockN, T::kRowVecs, T::kThreads>(args, cta)) return;
 
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
-  const int64_t kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
-  FwdSm90BlockRunner<kDType, kHeadDim> runner(args, block, kv_offset, base);
-  runner.Prologue(q);
+  FwdSm90BlockRunner<kDType, kHeadDim> runner(args, cta.block, cta.kv_offset, base);
+  runner.Prologue(cta.q);
   runner.Run();
-  runner.Epilogue(out, lse);
+  runner.Epilogue(cta.out, cta.lse);
 }
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any

@@ -1,0 +1,104 @@
+// Where a forward CTA's work lies, shared by the sm80/sm75 kernel (fwd_kernel.cuh), the Hopper
+// kernel (fwd_sm90_kernel.cuh) and the deterministic dQ pass (bwd_dq_kernel.cuh): the query
+// block's rows and the key tiles its rows see, and the CTA's pointers into q, out and lse.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/flash/fwd_args.h"
+#include "kernels/flash/fwd_tile_io.cuh"
+
+namespace attnserve::kernels::flash {
+
+// Where one sequence's (query block, head) sits: row and key ranges, and which key tiles need
+// element-wise masking.
+struct FwdBlock {
+  int row_first;     // first query row of the block, within the sequence
+  int rows_valid;    // query rows of the block inside the sequence
+  int len_k;
+  int diagonal;      // key aligned with the block's first row: row_first + len_k - len_q
+  int n_begin;       // key tiles [n_begin, n_end) hold every key any row of the block sees
+  int n_end;
+  int mask_from;     // tiles n >= mask_from cross the right edge or the end of the keys
+  int mask_below;    // tiles n < mask_below cross the left window edge
+};
+
+// All in int32: rows and keys are below kMaxSeqLen and windows at most kUnboundedWindow.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ FwdBlock LocateBlock(const FwdKernelArgs& args, int m_block,
+                                                int len_q, int len_k) {
+  FwdBlock b;
+  b.row_first = m_block * kBlockM;
+  b.rows_valid = min(kBlockM, len_q - b.row_first);
+  b.len_k = len_k;
+  b.diagonal = b.row_first + len_k - len_q;
+  const int last_diagonal = b.diagonal + b.rows_valid - 1;  // the bottom row's
+  // Keys past the bottom row's right edge and before the top row's left edge are never seen.
+  const int key_end = min(len_k, last_diagonal + args.window_right + 1);
+  const int key_begin = max(0, b.diagonal - args.window_left);
+  b.n_end = key_end <= 0 ? 0 : (key_end + kBlockN - 1) / kBlockN;
+  b.n_begin = min(key_begin, len_k) / kBlockN;
+  // First key the top row does not see; tiles reaching it or the end of the keys need masking.
+  const int top_hidden = b.diagonal + args.window_right + 1;
+  b.mask_from = min(top_hidden <= 0 ? 0 : top_hidden / kBlockN, len_k / kBlockN);
+  // First key the bottom row sees; tiles starting before it need masking.
+  const int bottom_first = last_diagonal - args.window_left;
+  b.mask_below = bottom_first <= 0 ? 0 : min((bottom_first + kBlockN - 1) / kBlockN, b.n_end);
+  return b;
+}
+
+// One forward CTA's block and where its rows live: the block's first row of q (and of out,
+// which has q's layout) at this head, its lse, and the offset of the sequence's first key row
+// at the head's kv head in k and v.
+template <typename Element>
+struct FwdCta {
+  FwdBlock block;
+  const Element* q;
+  Element* out;
+  float* lse;
+  int64_t kv_offset;
+};
+
+// Locates this CTA's (query block = reversed blockIdx.x, head = blockIdx.y, sequence =
+// blockIdx.z). Returns false when the CTA has nothing more to do: its block starts past the
+// sequence, or no row of it sees any key, in which case it has written out = 0 and lse = +inf.
+// Highest query blocks first: under causal masking they carry the most key tiles. (Ordering all
+// heads and sequences of one block index together instead, so that long sequences start first
+// in varlen batches, measured up to 20% slower on equal lengths: neighbouring CTAs then read
+// different K/V and L2 stops serving them; NOTES.md.)
+template <int kBlockM, int kBlockN, int kRowVecs, int kThreads, typename Element>
+__device__ __forceinline__ bool BeginForwardCta(const FwdKernelArgs& args,
+                                                FwdCta<Element>& cta) {
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int q_begin = args.cu_seqlens_q[batch];
+  const int len_q = args.cu_seqlens_q[batch + 1] - q_begin;
+  if (m_block * kBlockM >= len_q) return false;
+  const int k_begin = args.cu_seqlens_k[batch];
+  const int len_k = args.cu_seqlens_k[batch + 1] - k_begin;
+  cta.block = LocateBlock<kBlockM, kBlockN>(args, m_block, len_q, len_k);
+
+  const int64_t first_row = int64_t{q_begin} + cta.block.row_first;
+  const int64_t head_offset = int64_t{head} * args.head_dim;
+  const int64_t kv_head_offset = int64_t{head / args.head_group} * args.head_dim;
+  cta.q = static_cast<const Element*>(args.q) + first_row * args.q_row_stride + head_offset;
+  cta.out = static_cast<Element*>(args.out) + first_row * args.q_row_stride + head_offset;
+  cta.lse = args.lse + head * args.total_q + first_row;
+
+  if (cta.block.n_begin >= cta.block.n_end) {
+    // No row of this block sees any key: out = 0, lse = +inf.
+    constexpr int kVecElems = 16 / sizeof(Element);
+    ZeroRows<kBlockM, kRowVecs, kThreads>(cta.out, args.q_row_stride, cta.block.rows_valid,
+                                          args.head_dim / kVecElems, threadIdx.x);
+    for (int row = threadIdx.x; row < cta.block.rows_valid; row += kThreads) {
+      cta.lse[row] = INFINITY;
+    }
+    return false;
+  }
+  cta.kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
+  return true;
+}
+
+}  // namespace attnserve::kernels::flash
