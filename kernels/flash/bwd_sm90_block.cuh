@@ -2,7 +2,8 @@
 // 64/128, bwd_sm90_wide_kernel.cuh at 192/256): one CTA's key block and the query tiles whose
 // rows see it (the sm80 pair kernel's range), K and V resident and Q, dO, lse and D streamed
 // through kStages cp.async stages in wgmma's 128-byte swizzle (zero-filled past the sequence),
-// the S^T / dP^T and dV / dK products, and the dQ reduction into the float32 workspace.
+// the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks, exp2), the dQ reduction
+// into the float32 workspace, and the dK / dV stores.
 // T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; kFlatLoads picks the loader.
 #pragma once
 
@@ -159,6 +160,63 @@ class BwdSm90Block {
     ptx::WgmmaCommit();
   }
 
+  // Softcap, the masks and P^T = exp2(S^T c - lse log2 e) of query tile `it` for the warp's 16
+  // keys from warp_key_first, rounded into the A fragments of dV += P^T dO (the accumulator
+  // layout of two 8-query tiles is one k16 A fragment); s becomes G = P^T in float32 (times
+  // 1 - tanh^2 with softcap; -inf masked scores clamp the factor to 0), dS^T's factor.
+  __device__ __forceinline__ void ScoresToP(float (&s)[T::kSTiles][4],
+                                            uint32_t (&p)[T::kGradSteps][4], int it,
+                                            int warp_key_first, int group, int quad_lane) {
+    const int row0 = Row0Of(it);
+    const uint32_t lse_at = StageSmem(it) + 2 * T::kTileBytes + 2 * quad_lane * 4;
+    if (f_.softcap) {
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = ptx::Tanh(s[nt][e] * f_.softcap_input_scale);
+      }
+    }
+    // Element-wise masking only where the warp's 16 keys x kBlockM queries cross a mask edge or
+    // the end of the keys (warp-uniform), with the sm80 kernel's bounds.
+    if (warp_key_first + 16 > len_k_ ||
+        warp_key_first + 15 > row0 + offset_ + f_.window_right ||
+        warp_key_first < row0 + T::kBlockM - 1 + offset_ - f_.window_left) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = warp_key_first + group + 8 * h;
+        const int base = row0 + 2 * quad_lane;
+        const int lo = key - offset_ - f_.window_right - base;
+        const int hi = key < len_k_ ? key - offset_ + f_.window_left - base : -1;
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = nt * 8 + e;
+            if (c < lo || c > hi) s[nt][2 * h + e] = -INFINITY;
+          }
+        }
+      }
+    }
+    const bool softcap = f_.softcap;
+    const float exp2_scale = f_.exp2_scale;
+    const float lse2_scale = args_.lse_log2_scale;
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt) {
+      const float2 lse = ptx::LoadSharedFloat2(lse_at + nt * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float pe[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float t = s[nt][2 * h + e];
+          pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
+          s[nt][2 * h + e] = softcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
+        }
+        p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);
+      }
+    }
+  }
+
   // Adds a dQ product into the float32 workspace: lanes 2j, 2j+1 of a quad swap halves (one
   // shuffle per pair) so each adds 4 consecutive columns of one row with one v4 reduction per
   // 8-column tile (the sm80 kernel's scheme).
@@ -181,6 +239,42 @@ class BwdSm90Block {
         } else {
           ptx::AtomicAddQuad(dst + col, dq[t][0], dq[t][1], y0, y1);
         }
+      }
+    }
+  }
+
+  // Rounds the 16 key rows of warp `warp` (rows 16 warp + lane / 4 (+ 8), the accumulator
+  // layout) of a dK or dV accumulator, times scale, into `buffer` (the block's K or V tile, which
+  // no wgmma reads any more), then stores those of them that exist to `out` (args_.dk or
+  // args_.dv) with 16-byte stores.
+  __device__ __forceinline__ void StoreKeyRows(const float (&acc)[T::kDTiles][4], float scale,
+                                               uint32_t buffer, void* out, int warp, int lane) {
+    const int group = lane / 4;
+    const int quad_lane = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + group + 8 * h;
+#pragma unroll
+      for (int nt = 0; nt < T::kDTiles; ++nt) {
+        ptx::StoreShared32(buffer + SwizzledOffset<T::kBlockN>(row, nt) + quad_lane * 4,
+                           ptx::PackPair<Element>(acc[nt][2 * h] * scale,
+                                                  acc[nt][2 * h + 1] * scale));
+      }
+    }
+    __syncwarp();
+    const int64_t out_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
+                               int64_t{kv_head_} * f_.head_dim;
+    Element* dst = static_cast<Element*>(out) + out_offset;
+    const int rows_valid = len_k_ - key_first_;
+    constexpr int kPerLane = 16 * T::kRowVecs / 32;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int idx = i * 32 + lane;
+      const int row = warp * 16 + idx / T::kRowVecs;
+      const int vec = idx % T::kRowVecs;
+      if (row < rows_valid && vec < vecs_valid_) {
+        *reinterpret_cast<uint4*>(dst + int64_t{row} * f_.kv_row_stride + vec * T::kVecElems) =
+            ptx::LoadShared128(buffer + SwizzledOffset<T::kBlockN>(row, vec));
       }
     }
   }

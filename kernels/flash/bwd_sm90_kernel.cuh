@@ -50,11 +50,10 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using typename Base::MmaScores;
   using typename Base::MmaGrad;
   using MmaDq = ptx::Wgmma<Element, T::kDqCols>;  // 64 queries x 32 or 64 columns
-  using Base::args_, Base::f_, Base::kv_head_, Base::k_begin_, Base::len_k_, Base::key_first_,
-      Base::q_begin_, Base::len_q_, Base::offset_, Base::vecs_valid_, Base::m_count_, Base::iters_,
-      Base::k_smem_, Base::v_smem_, Base::ds_smem_;
-  using Base::StageSmem, Base::HeadOf, Base::Row0Of, Base::LoadStage, Base::IssueScores,
-      Base::IssueGrad, Base::AddDq;
+  using Base::args_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
+      Base::ds_smem_;
+  using Base::StageSmem, Base::LoadStage, Base::IssueScores, Base::IssueGrad, Base::ScoresToP,
+      Base::StoreKeyRows, Base::AddDq;
 
  public:
   // Per thread of warp w (of its warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
@@ -93,42 +92,8 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     ptx::WaitAsyncGroups<Sm80, 0>();
     __syncthreads();  // no wgmma reads K or V any more (dQ of both warpgroups reads all of K)
     const int tid = threadIdx.x;
-    const int warp = tid / 32;
-    const int lane = tid % 32;
-    const int group = lane / 4;
-    const int quad_lane = lane % 4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp * 16 + group + 8 * h;
-#pragma unroll
-      for (int nt = 0; nt < T::kDTiles; ++nt) {
-        const uint32_t at = SwizzledOffset<T::kBlockN>(row, nt) + quad_lane * 4;
-        ptx::StoreShared32(k_smem_ + at,
-                           ptx::PackPair<Element>(dk_[nt][2 * h] * args_.grad_scale,
-                                                  dk_[nt][2 * h + 1] * args_.grad_scale));
-        ptx::StoreShared32(v_smem_ + at,
-                           ptx::PackPair<Element>(dv_[nt][2 * h], dv_[nt][2 * h + 1]));
-      }
-    }
-    __syncwarp();
-    const int64_t out_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
-                               int64_t{kv_head_} * f_.head_dim;
-    Element* dk = static_cast<Element*>(args_.dk) + out_offset;
-    Element* dv = static_cast<Element*>(args_.dv) + out_offset;
-    const int rows_valid = len_k_ - key_first_;
-    constexpr int kPerLane = 16 * T::kRowVecs / 32;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int idx = i * 32 + lane;
-      const int row = warp * 16 + idx / T::kRowVecs;
-      const int vec = idx % T::kRowVecs;
-      if (row < rows_valid && vec < vecs_valid_) {
-        const uint32_t at = SwizzledOffset<T::kBlockN>(row, vec);
-        const int64_t to = int64_t{row} * f_.kv_row_stride + vec * T::kVecElems;
-        *reinterpret_cast<uint4*>(dk + to) = ptx::LoadShared128(k_smem_ + at);
-        *reinterpret_cast<uint4*>(dv + to) = ptx::LoadShared128(v_smem_ + at);
-      }
-    }
+    StoreKeyRows(dk_, args_.grad_scale, k_smem_, args_.dk, tid / 32, tid % 32);
+    StoreKeyRows(dv_, 1.0f, v_smem_, args_.dv, tid / 32, tid % 32);
   }
 
  private:
@@ -139,10 +104,9 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     const int warp = tid % 128 / 32;
     const int group = tid % 32 / 4;
     const int quad_lane = tid % 4;
-    const int row0 = Row0Of(it);
     const uint32_t q_st = StageSmem(it);
     const uint32_t do_st = q_st + T::kTileBytes;
-    const uint32_t scalars = q_st + 2 * T::kTileBytes + 2 * quad_lane * 4;  // lse, then D
+    const uint32_t dsum_at = q_st + 2 * T::kTileBytes + T::kBlockM * 4 + 2 * quad_lane * 4;
 
     float s[T::kSTiles][4];
     float dp[T::kSTiles][4];
@@ -151,58 +115,9 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     IssueScores(dp, v_smem_ + warpgroup * 64 * 128, do_st);
     ptx::WgmmaWait<1>(s);
 
-    if (f_.softcap) {
-#pragma unroll
-      for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = ptx::Tanh(s[nt][e] * f_.softcap_input_scale);
-      }
-    }
-    // Element-wise masking only where the warp's 16 keys x kBlockM queries cross a mask edge or
-    // the end of the keys (warp-uniform), with the sm80 kernel's bounds.
-    const int warp_key_first = key_first_ + warpgroup * 64 + warp * 16;
-    if (warp_key_first + 16 > len_k_ ||
-        warp_key_first + 15 > row0 + offset_ + f_.window_right ||
-        warp_key_first < row0 + T::kBlockM - 1 + offset_ - f_.window_left) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int key = warp_key_first + group + 8 * h;
-        const int base = row0 + 2 * quad_lane;
-        const int lo = key - offset_ - f_.window_right - base;
-        const int hi = key < len_k_ ? key - offset_ + f_.window_left - base : -1;
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = nt * 8 + e;
-            if (c < lo || c > hi) s[nt][2 * h + e] = -INFINITY;
-          }
-        }
-      }
-    }
-
-    // P^T, rounded into the A fragments of dV += P^T dO (the accumulator layout of two 8-query
-    // tiles is one k16 A fragment); s keeps G = P^T in float32 (times 1 - tanh^2 with softcap;
-    // -inf masked scores clamp the factor to 0) for dS^T.
+    // P^T into the A fragments of dV += P^T dO; s keeps G for dS^T.
     uint32_t p[T::kGradSteps][4];
-    const bool softcap = f_.softcap;
-    const float exp2_scale = f_.exp2_scale;
-    const float lse2_scale = args_.lse_log2_scale;
-#pragma unroll
-    for (int nt = 0; nt < T::kSTiles; ++nt) {
-      const float2 lse = ptx::LoadSharedFloat2(scalars + nt * 32);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float pe[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float t = s[nt][2 * h + e];
-          pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
-          s[nt][2 * h + e] = softcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
-        }
-        p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);
-      }
-    }
+    ScoresToP(s, p, it, key_first_ + warpgroup * 64 + warp * 16, group, quad_lane);
     ptx::WgmmaFence();
     IssueGrad(dv_, p, do_st);
     // S^T and dP^T are done; dV runs on under the dS^T math (its P^T fragments stay live until
@@ -214,7 +129,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     const int key_row = warpgroup * 64 + warp * 16 + group;
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
-      const float2 dsum = ptx::LoadSharedFloat2(scalars + T::kBlockM * 4 + nt * 32);
+      const float2 dsum = ptx::LoadSharedFloat2(dsum_at + nt * 32);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t packed =

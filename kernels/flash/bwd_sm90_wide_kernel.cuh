@@ -43,11 +43,10 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   using typename Base::Element;
   using typename Base::MmaScores;
   using typename Base::MmaGrad;
-  using Base::args_, Base::f_, Base::kv_head_, Base::k_begin_, Base::len_k_, Base::key_first_,
-      Base::q_begin_, Base::len_q_, Base::offset_, Base::vecs_valid_, Base::m_count_, Base::iters_,
-      Base::k_smem_, Base::v_smem_, Base::stage_smem_, Base::ds_smem_;
-  using Base::StageSmem, Base::HeadOf, Base::Row0Of, Base::LoadStage, Base::IssueScores,
-      Base::IssueGrad, Base::AddDq;
+  using Base::args_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
+      Base::ds_smem_;
+  using Base::StageSmem, Base::LoadStage, Base::IssueScores, Base::IssueGrad, Base::ScoresToP,
+      Base::StoreKeyRows, Base::AddDq;
   using MmaDqA = ptx::Wgmma<Element, T::kDqColsA>;  // 64 queries x 64 columns
   using MmaDqB = ptx::Wgmma<Element, T::kDqColsB>;  // 64 queries x 32 or 64 columns
 
@@ -107,38 +106,8 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     __syncthreads();  // no wgmma reads K or V any more (dQ of both warpgroups reads all of K)
     const int tid = threadIdx.x;
     const bool is_dv = tid < 128;
-    const int warp = tid % 128 / 32;
-    const int lane = tid % 32;
-    const int group = lane / 4;
-    const int quad_lane = lane % 4;
-    const float scale = is_dv ? 1.0f : args_.grad_scale;
-    const uint32_t buffer = is_dv ? v_smem_ : k_smem_;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp * 16 + group + 8 * h;
-#pragma unroll
-      for (int nt = 0; nt < T::kDTiles; ++nt) {
-        ptx::StoreShared32(buffer + SwizzledOffset<T::kBlockN>(row, nt) + quad_lane * 4,
-                           ptx::PackPair<Element>(grad_[nt][2 * h] * scale,
-                                                  grad_[nt][2 * h + 1] * scale));
-      }
-    }
-    __syncwarp();
-    const int64_t out_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
-                               int64_t{kv_head_} * f_.head_dim;
-    Element* out = static_cast<Element*>(is_dv ? args_.dv : args_.dk) + out_offset;
-    const int rows_valid = len_k_ - key_first_;
-    constexpr int kPerLane = 16 * T::kRowVecs / 32;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int idx = i * 32 + lane;
-      const int row = warp * 16 + idx / T::kRowVecs;
-      const int vec = idx % T::kRowVecs;
-      if (row < rows_valid && vec < vecs_valid_) {
-        *reinterpret_cast<uint4*>(out + int64_t{row} * f_.kv_row_stride + vec * T::kVecElems) =
-            ptx::LoadShared128(buffer + SwizzledOffset<T::kBlockN>(row, vec));
-      }
-    }
+    StoreKeyRows(grad_, is_dv ? 1.0f : args_.grad_scale, is_dv ? v_smem_ : k_smem_,
+                 is_dv ? args_.dv : args_.dk, tid % 128 / 32, tid % 32);
   }
 
  private:
@@ -163,7 +132,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     // The A fragments of this warpgroup's gradient product: P^T (dV) or dS^T (dK).
     uint32_t a[T::kGradSteps][4];
     if (warpgroup == 0) {
-      ScoresToP(sc, a, it, warp, group, quad_lane);
+      ScoresToP(sc, a, it, key_first_ + warp * 16, group, quad_lane);
       // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
       // apart between consecutive threads (conflict-free); warpgroup 1's thread of the same
       // index holds dP^T of the same elements and reads them back.
@@ -234,7 +203,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
 
     uint32_t a[T::kGradSteps][4];
     if (warpgroup == 0) {
-      ScoresToP(sc, a, it, warp, group, quad_lane);
+      ScoresToP(sc, a, it, key_first_ + warp * 16, group, quad_lane);
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
         ptx::StoreShared128(g_smem_ + (nt * 128 + tid % 128) * 16,
@@ -288,64 +257,6 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
       ptx::WgmmaWait<0>(dq_b);  // and the next S^T (issued before it)
     }
     AddDq(dq_b, it, dq_row, col_b, odd);
-  }
-
-  // Warpgroup 0: softcap, the masks and P^T = exp2(S^T c - lse log2 e), rounded into the A
-  // fragments of dV += P^T dO (the accumulator layout of two 8-query tiles is one k16 A
-  // fragment); s becomes G = P^T in float32 (times 1 - tanh^2 with softcap; -inf masked scores
-  // clamp the factor to 0). The hdim-64/128 kernel's code.
-  __device__ __forceinline__ void ScoresToP(float (&s)[T::kSTiles][4],
-                                            uint32_t (&p)[T::kGradSteps][4], int it, int warp,
-                                            int group, int quad_lane) {
-    const int row0 = Row0Of(it);
-    const uint32_t lse_at = StageSmem(it) + 2 * T::kTileBytes + 2 * quad_lane * 4;
-    if (f_.softcap) {
-#pragma unroll
-      for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = ptx::Tanh(s[nt][e] * f_.softcap_input_scale);
-      }
-    }
-    // Element-wise masking only where the warp's 16 keys x 64 queries cross a mask edge or the
-    // end of the keys (warp-uniform), with the sm80 kernel's bounds.
-    const int warp_key_first = key_first_ + warp * 16;
-    if (warp_key_first + 16 > len_k_ ||
-        warp_key_first + 15 > row0 + offset_ + f_.window_right ||
-        warp_key_first < row0 + T::kBlockM - 1 + offset_ - f_.window_left) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int key = warp_key_first + group + 8 * h;
-        const int base = row0 + 2 * quad_lane;
-        const int lo = key - offset_ - f_.window_right - base;
-        const int hi = key < len_k_ ? key - offset_ + f_.window_left - base : -1;
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = nt * 8 + e;
-            if (c < lo || c > hi) s[nt][2 * h + e] = -INFINITY;
-          }
-        }
-      }
-    }
-    const bool softcap = f_.softcap;
-    const float exp2_scale = f_.exp2_scale;
-    const float lse2_scale = args_.lse_log2_scale;
-#pragma unroll
-    for (int nt = 0; nt < T::kSTiles; ++nt) {
-      const float2 lse = ptx::LoadSharedFloat2(lse_at + nt * 32);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float pe[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float t = s[nt][2 * h + e];
-          pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
-          s[nt][2 * h + e] = softcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
-        }
-        p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);
-      }
-    }
   }
 
   // Warpgroup 1: dS^T = G (dP^T - D) with G from the exchange tile: the A fragments of
