@@ -143,29 +143,22 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     ptx::WgmmaFence();
     IssueGrad(dk_, ds, q_st);
 
-    // dQ = dS K once the dS^T rows it reads are in shared memory (written by the generic proxy,
-    // read by the tensor cores: fence, then barrier): both warpgroups' rows, or with kDqByKeys
-    // only this warpgroup's own (its barrier of 128 threads).
+    // dQ = dS K once both warpgroups' dS^T rows are in shared memory (written by the generic
+    // proxy, read by the tensor cores: fence, then barrier).
     ptx::FenceProxyAsyncShared();
-    if constexpr (T::kDqByKeys) {
-      ptx::NamedBarrierSync<128>(1 + warpgroup);
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();
     float dq[T::kDqTiles][4];
-    const int dq_col0 = T::kDqByKeys ? 0 : warpgroup * T::kDqCols;
-    const uint32_t key_rows = T::kDqByKeys ? warpgroup * 64 * 128 : 0;
+    const int dq_col0 = warpgroup * T::kDqCols;
     // K's columns dq_col0.. : head-dim block dq_col0 / 64, byte (dq_col0 % 64) * 2 of its rows
     // (N = 32 starts mid-row at 64 bytes; the swizzle comes from the address bits, as for the
     // 32-byte k steps of the K-major operands).
-    const uint32_t k_cols =
-        k_smem_ + key_rows + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
+    const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
     ptx::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < T::kDqSteps; ++kk) {
       // 16 keys per step: 16 rows of 128 bytes in both MN-major tiles.
-      const uint64_t a = ptx::MatrixDescriptor128B(ds_smem_ + key_rows + kk * 16 * 128,
-                                                   T::kBlockN * 128, 1024);
+      const uint64_t a =
+          ptx::MatrixDescriptor128B(ds_smem_ + kk * 16 * 128, T::kBlockN * 128, 1024);
       const uint64_t b =
           ptx::MatrixDescriptor128B(k_cols + kk * 16 * 128, T::kBlockN * 128, 1024);
       MmaDq::SSTrans(dq, a, b, kk > 0);

@@ -8,10 +8,6 @@
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/tile_config.h"
 
-#ifndef ATTN_FLASH_SM90_BWD_DQ_BY_KEYS
-#define ATTN_FLASH_SM90_BWD_DQ_BY_KEYS 0
-#endif
-
 namespace attnserve::kernels::flash {
 
 template <DType kDType, int kHeadDim_>
@@ -28,13 +24,9 @@ struct BwdSm90Traits {
   static constexpr int kScoreSteps = kHeadDim / 16;  // k16 steps of S^T = K Q^T, dP^T = V dO^T
   static constexpr int kGradSteps = kBlockM / 16;    // k16 steps of dV += P^T dO, dK += dS^T Q
   // dQ = dS K (64 queries x head dim) split over the warpgroups by head-dim halves (N = 32 at
-  // head dim 64, 64 at 128; one reduction per dQ element). Benchmark/debug switch
-  // ATTN_FLASH_SM90_BWD_DQ_BY_KEYS=1 (head dim 64 only): by keys instead, each warpgroup its own
-  // 64 keys with N = 64 (no CTA barrier before dQ, no mid-row operand start, but two reductions
-  // per element); NOTES.md "Hopper backward".
-  static constexpr bool kDqByKeys = ATTN_FLASH_SM90_BWD_DQ_BY_KEYS && kHeadDim == 64;
-  static constexpr int kDqCols = kDqByKeys ? kHeadDim : kHeadDim / kWarpgroups;
-  static constexpr int kDqSteps = (kDqByKeys ? 64 : kBlockN) / 16;  // k16 steps (keys)
+  // head dim 64, 64 at 128; one reduction per dQ element).
+  static constexpr int kDqCols = kHeadDim / kWarpgroups;
+  static constexpr int kDqSteps = kBlockN / 16;  // k16 steps (keys)
   static constexpr int kDqTiles = kDqCols / 8;
 
   static constexpr int kVecElems = 16 / sizeof(Element);

@@ -9,7 +9,7 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
   2. The dS^T tile as stored by the threads (32-bit pairs from the S^T accumulator layout) is
      exactly what the MN-major A descriptor of dQ = dS K reads for every (query, key), and K
      read through the MN-major B descriptor (N = 32 or 64 columns from column c0) is K, for
-     both dQ splits (head-dim halves, and by keys: ATTN_FLASH_SM90_BWD_DQ_BY_KEYS).
+     the dQ split by head-dim halves.
   3. The accumulator layout of wgmma (m64nN) packed as the kernel packs P^T / dS^T is the
      register A fragment layout of wgmma m64k16 (RS), per k16 step.
   4. The dQ reductions (lane pairs swap halves, v4 adds) cover every element of each
@@ -86,7 +86,7 @@ def check_fragments(block_m):
                     assert acc == (frag[0], frag[1] + 16 * kk), (t, nt, h, half)
 
 
-def check_ds_tile_and_dq_operands(head_dim, block_m, by_keys=False):
+def check_ds_tile_and_dq_operands(head_dim, block_m):
     # Stores: thread t of warpgroup wg writes the pair (key, query 8 nt + 2 (t % 4) + {0, 1}) at
     # SwizzledOffset<128>(key, nt) + (t % 4) * 4, key = 64 wg + 16 warp + group + 8 h.
     memory = {}
@@ -105,14 +105,10 @@ def check_ds_tile_and_dq_operands(head_dim, block_m, by_keys=False):
     assert len(memory) == BLOCK_N * block_m
     # dQ = dS K per warpgroup: A = dS (M = the 64 queries, K = keys), MN-major, start
     # ds + key_rows + kk * 16 * 128, SBO = 1024; B = K (K = keys, N = dq_cols head-dim columns
-    # from col0), MN-major. Split by head-dim halves (all 128 keys), or by keys (kDqByKeys:
-    # each warpgroup its own 64 keys, the whole head dim).
+    # from col0), MN-major. Split by head-dim halves (all 128 keys).
     assert block_m == 64
     for wg in range(2):
-        if by_keys:
-            key0, steps, dq_cols, col0 = 64 * wg, 4, head_dim, 0
-        else:
-            key0, steps, dq_cols, col0 = 0, BLOCK_N // 16, head_dim // 2, wg * head_dim // 2
+        key0, steps, dq_cols, col0 = 0, BLOCK_N // 16, head_dim // 2, wg * head_dim // 2
         key_rows = key0 * 128
         for kk in range(steps):
             start = key_rows + kk * 16 * 128
@@ -300,7 +296,6 @@ def main():
     for head_dim in (64, 128):
         check_ds_tile_and_dq_operands(head_dim, 64)
         check_dq_reductions(head_dim // 2)
-    check_ds_tile_and_dq_operands(64, 64, by_keys=True)
     check_dq_reductions(64)
     check_epilogue(64)
     check_epilogue(128)
