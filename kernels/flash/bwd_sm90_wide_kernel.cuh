@@ -20,7 +20,18 @@
 // the dq error, NOTES.md "Backward at head dims 192 and 256"). The masks, softcap, tile range,
 // GQA sums and the dQ reductions are the hdim-64/128 kernel's. At 256 (by default; any head dim
 // with ATTN_FLASH_SM90_BWD_WIDE_PIPELINE, traits) the tiles are pipelined: the next tile's S^T /
-// dP^T go to the tensor cores before this tile's dQ reductions (RunPipelined).
+// dP^T go to the tensor cores before this tile's dQ reductions (RunPipelined). With
+// ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ=1 (tile_config.h; off by default, at 192 and 256, before any
+// pipelining mode) each tile's dQ products are issued in the next tile instead, straight behind
+// its S^T / dP^T, so that the tensor cores have them while warpgroup 0 computes P^T (and
+// warpgroup 1 waits for G); their reductions run under dV / dK, the dS^T tile is double-buffered
+// and the barrier before dQ goes (RunDeferred):
+//   warpgroup 0                              warpgroup 1
+//   S^T(it), dQ(it-1) (half the head dim)    dP^T(it), dQ(it-1) (the other half)
+//   P^T, G -> exchange tile, arrive          (waits on barrier 1)
+//   dV += P^T dO (it)                        dS^T(it) -> dS^T tile it % 2, dK += dS^T Q (it)
+//   dQ(it-1) reductions                      dQ(it-1) reductions
+//   ---------------- loop-top fence.proxy.async + barrier (tile it's dS^T) -----------------
 #pragma once
 
 #include <cmath>
@@ -57,24 +68,16 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   __device__ __forceinline__ BwdSm90WideBlockRunner(const BwdKernelArgs& args, uint32_t smem,
                                                     int batch, int kv_head, int n_block)
       : Base(args, smem, batch, kv_head, n_block) {
-    g_smem_ = ds_smem_ + T::kDsBytes;
+    g_smem_ = ds_smem_ + T::kDsBuffers * T::kDsBytes;
   }
 
   // One query tile per iteration. Every wgmma of a tile is complete at the end of its Step, so
   // the barrier at the top of the next iteration frees that tile's stage (which then takes the
   // tile after the next), the dS^T tile and the exchange tile.
   __device__ __forceinline__ void Run() {
-#pragma unroll
-    for (int nt = 0; nt < T::kDTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) grad_[nt][e] = 0.0f;
-    }
+    ZeroGrad();
     for (int it = 0; it < iters_; ++it) {
-      ptx::WaitAsyncGroups<Sm80, T::kStages - 2>();  // tile it's group (it+1's may be in flight)
-      ptx::FenceProxyAsyncShared();
-      __syncthreads();
-      if (it + T::kStages - 1 < iters_) LoadStage(it + T::kStages - 1);
-      ptx::CommitAsyncGroup<Sm80>();
+      BeginTile(it);
       Step(it);
     }
   }
@@ -87,16 +90,33 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // The last tile issues nothing ahead (a separate instantiation, so that whether an S^T is in
   // flight is a compile-time fact for ptxas: no wgmma serialization).
   __device__ __forceinline__ void RunPipelined() {
-#pragma unroll
-    for (int nt = 0; nt < T::kDTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) grad_[nt][e] = 0.0f;
-    }
+    ZeroGrad();
     if (iters_ == 0) return;
     float sc[T::kSTiles][4];
     NextTile(sc, -1);
     for (int it = 0; it + 1 < iters_; ++it) StepPipelined<true>(sc, it);
     StepPipelined<false>(sc, iters_ - 1);
+  }
+
+  // Run() with each tile's dQ products deferred to the next tile
+  // (ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ, traits kDeferDq; StepDeferred). Tile it's dS^T tile
+  // (buffer it % 2) is published to both warpgroups by the loop-top fence and barrier of tile
+  // it+1, whose dQ products read it while warpgroup 1 writes tile it+1's into the other buffer;
+  // the last tile's dQ follows the loop behind one more fence and barrier. The first tile is a
+  // separate instantiation (no dQ), so the wgmma groups in flight at every wait are
+  // compile-time facts (no serialization).
+  __device__ __forceinline__ void RunDeferred() {
+    ZeroGrad();
+    if (iters_ == 0) return;
+    BeginTile(0);
+    StepDeferred<false>(0);
+    for (int it = 1; it < iters_; ++it) {
+      BeginTile(it);
+      StepDeferred<true>(it);
+    }
+    const int tid = ptx::FreshThreadIdx();
+    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+    Dq(iters_ - 1, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
   }
 
   // dV (warpgroup 0) or dK times softmax_scale (warpgroup 1) through the V or K buffer (each
@@ -129,8 +149,35 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? q_st : do_st);
     ptx::WgmmaWait<0>(sc);
 
-    // The A fragments of this warpgroup's gradient product: P^T (dV) or dS^T (dK).
     uint32_t a[T::kGradSteps][4];
+    GradFragments(sc, a, it, tid, warpgroup);
+    ptx::WgmmaFence();
+    IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
+    Dq(it, warpgroup, warp, group, quad_lane);  // the gradient product completes with dQ A
+  }
+
+  // The loop top of tile it (Run, RunDeferred): its stage landed and, with every wgmma of the
+  // previous tile complete, that tile's stage, the exchange tile and (RunDeferred: the older)
+  // dS^T tile free; the fence in every thread also hands the previous tile's dS^T stores to the
+  // tensor cores (RunDeferred's dQ products of it-1 read them). Then tile it + kStages - 1 is
+  // loaded into the freed stage.
+  __device__ __forceinline__ void BeginTile(int it) {
+    ptx::WaitAsyncGroups<Sm80, T::kStages - 2>();  // tile it's group (it+1's may be in flight)
+    ptx::FenceProxyAsyncShared();
+    __syncthreads();
+    if (it + T::kStages - 1 < iters_) LoadStage(it + T::kStages - 1);
+    ptx::CommitAsyncGroup<Sm80>();
+  }
+
+  // The element-wise phase of tile it, sc complete: the A fragments of this warpgroup's
+  // gradient product, P^T (dV, from S^T, handing G to warpgroup 1) or dS^T (dK, from dP^T and
+  // G; also into the dS^T tile that dQ reads).
+  __device__ __forceinline__ void GradFragments(float (&sc)[T::kSTiles][4],
+                                                uint32_t (&a)[T::kGradSteps][4], int it, int tid,
+                                                int warpgroup) {
+    const int warp = tid % 128 / 32;
+    const int group = tid % 32 / 4;
+    const int quad_lane = tid % 4;
     if (warpgroup == 0) {
       ScoresToP(sc, a, it, key_first_ + warp * 16, group, quad_lane);
       // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
@@ -147,20 +194,21 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
       ptx::NamedBarrierSync<T::kThreads>(1);
       GradToDs(sc, a, it, warp, group, quad_lane);
     }
-    ptx::WgmmaFence();
-    IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
+  }
 
-    // dQ = dS K once warpgroup 1's dS^T rows are in shared memory (written by the generic proxy,
-    // read by the tensor cores: fence, then barrier). Two products per warpgroup (columns
-    // DqColA / DqColB, traits), both committed before the first wait so that the reductions of
-    // the first run under the second.
+  // dQ = dS K of tile it once warpgroup 1's dS^T rows are in shared memory (written by the
+  // generic proxy, read by the tensor cores: fence, then barrier). Two products per warpgroup
+  // (columns DqColA / DqColB, traits), both committed before the first wait so that the
+  // reductions of the first run under the second. Step's gradient product, still in flight,
+  // completes with the first (RunDeferred's last tile has none in flight).
+  __device__ __forceinline__ void Dq(int it, int warpgroup, int warp, int group, int quad_lane) {
     ptx::FenceProxyAsyncShared();
     __syncthreads();
     float dq_a[T::kDqColsA / 8][4];
     float dq_b[T::kDqColsB / 8][4];
     ptx::WgmmaFence();
-    IssueDq<MmaDqA>(dq_a, T::DqColA(warpgroup));
-    IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+    IssueDq<MmaDqA>(dq_a, it, T::DqColA(warpgroup));
+    IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
     ptx::WgmmaWait<1>(dq_a);  // and the gradient product before it
     PinRegisters(grad_);
     AddDq(dq_a, it, warp * 16 + group, T::DqColA(warpgroup) + 4 * (quad_lane / 2),
@@ -168,6 +216,53 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     ptx::WgmmaWait<0>(dq_b);
     AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
           quad_lane & 1);
+  }
+
+  // (kDeferDq) Query tile `it` and, kDq (every tile but the first), tile it-1's dQ products:
+  // issued straight behind this tile's S^T / dP^T, so the tensor cores run them while warpgroup
+  // 0 computes P^T and warpgroup 1 waits for G (in Step they idle there); their reductions then
+  // run under the dV / dK product. Tile it-1's dS^T tile (buffer (it-1) % 2)
+  // was published by the loop-top barrier; warpgroup 1 writes tile it's into the other buffer,
+  // which no wgmma reads any more (tile it-2's dQ products completed before that barrier).
+  // Every wgmma of the tile is complete at its end, as in Step.
+  template <bool kDq>
+  __device__ __forceinline__ void StepDeferred(int it) {
+    const int tid = ptx::FreshThreadIdx();
+    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int warp = tid % 128 / 32;
+    const int group = tid % 32 / 4;
+    const int quad_lane = tid % 4;
+    const uint32_t q_st = StageSmem(it);
+    const uint32_t do_st = q_st + T::kTileBytes;
+
+    float sc[T::kSTiles][4];
+    float dq_a[T::kDqColsA / 8][4];
+    float dq_b[T::kDqColsB / 8][4];
+    ptx::WgmmaFence();
+    IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? q_st : do_st);
+    if constexpr (kDq) {
+      IssueDq<MmaDqA>(dq_a, it - 1, T::DqColA(warpgroup));
+      IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
+    }
+    // In flight: S^T / dP^T (, dQ A, dQ B of it-1): wait for the scores only.
+    ptx::WgmmaWait<kDq ? 2 : 0>(sc);
+
+    uint32_t a[T::kGradSteps][4];
+    GradFragments(sc, a, it, tid, warpgroup);
+    ptx::WgmmaFence();
+    IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
+    if constexpr (kDq) {
+      // In flight: dQ A, dQ B (it-1), the gradient product (it).
+      const int dq_row = warp * 16 + group;
+      const bool odd = quad_lane & 1;
+      ptx::WgmmaWait<2>(dq_a);
+      AddDq(dq_a, it - 1, dq_row, T::DqColA(warpgroup) + 4 * (quad_lane / 2), odd);
+      ptx::WgmmaWait<1>(dq_b);
+      AddDq(dq_b, it - 1, dq_row, T::DqColB(warpgroup) + 4 * (quad_lane / 2), odd);
+    }
+    // The gradient product: the stage is free at the next loop-top barrier, and dK / dV are
+    // read after this wait (next tile's product, the epilogue).
+    ptx::WgmmaWait<0>(grad_);
   }
 
   // (kPipeline) Stage it+1 landed and visible to the tensor cores, every wgmma of tile it that
@@ -202,19 +297,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     ptx::WgmmaWait<0>(sc);
 
     uint32_t a[T::kGradSteps][4];
-    if (warpgroup == 0) {
-      ScoresToP(sc, a, it, key_first_ + warp * 16, group, quad_lane);
-#pragma unroll
-      for (int nt = 0; nt < T::kSTiles; ++nt) {
-        ptx::StoreShared128(g_smem_ + (nt * 128 + tid % 128) * 16,
-                            make_uint4(__float_as_uint(sc[nt][0]), __float_as_uint(sc[nt][1]),
-                                       __float_as_uint(sc[nt][2]), __float_as_uint(sc[nt][3])));
-      }
-      ptx::NamedBarrierArrive<T::kThreads>(1);
-    } else {
-      ptx::NamedBarrierSync<T::kThreads>(1);
-      GradToDs(sc, a, it, warp, group, quad_lane);
-    }
+    GradFragments(sc, a, it, tid, warpgroup);
     ptx::WgmmaFence();
     IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
 
@@ -227,8 +310,8 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     const int col_b = T::DqColB(warpgroup) + 4 * (quad_lane / 2);
     const bool odd = quad_lane & 1;
     ptx::WgmmaFence();
-    IssueDq<MmaDqA>(dq_a, T::DqColA(warpgroup));
-    if constexpr (!kNext || T::kPipeline != 3) IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+    IssueDq<MmaDqA>(dq_a, it, T::DqColA(warpgroup));
+    if constexpr (!kNext || T::kPipeline != 3) IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
     // Committed groups in flight here: gradient product, dQ A (, dQ B).
     if constexpr (!kNext) {  // the last tile: nothing ahead
       ptx::WgmmaWait<1>(dq_a);
@@ -253,14 +336,14 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
       ptx::WgmmaWait<1>(dq_a);
       AddDq(dq_a, it, dq_row, col_a, odd);
       ptx::WgmmaFence();
-      IssueDq<MmaDqB>(dq_b, T::DqColB(warpgroup));
+      IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
       ptx::WgmmaWait<0>(dq_b);  // and the next S^T (issued before it)
     }
     AddDq(dq_b, it, dq_row, col_b, odd);
   }
 
   // Warpgroup 1: dS^T = G (dP^T - D) with G from the exchange tile: the A fragments of
-  // dK += dS^T Q, and the [key][query] tile that dQ reads.
+  // dK += dS^T Q, and the [key][query] tile that dQ reads (DsSmem(it)).
   __device__ __forceinline__ void GradToDs(const float (&dp)[T::kSTiles][4],
                                            uint32_t (&ds)[T::kGradSteps][4], int it, int warp,
                                            int group, int quad_lane) {
@@ -281,22 +364,23 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
                                    gf[2 * h + 1] * (dp[nt][2 * h + 1] - dsum.y));
         ds[nt / 2][(nt % 2) * 2 + h] = packed;
         ptx::StoreShared32(
-            ds_smem_ + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
+            DsSmem(it) + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
       }
     }
   }
 
-  // dQ columns col0.. (64 queries x Mma's N) = dS K, one committed group: A the dS^T tile, B
-  // K's columns col0.. (head-dim block col0 / 64, byte (col0 % 64) * 2 of its rows: N = 32
-  // starts mid-row at 64 bytes, the swizzle comes from the address bits), both MN-major.
+  // dQ columns col0.. (64 queries x Mma's N) of tile it = dS K, one committed group: A tile
+  // it's dS^T tile, B K's columns col0.. (head-dim block col0 / 64, byte (col0 % 64) * 2 of its
+  // rows: N = 32 starts mid-row at 64 bytes, the swizzle comes from the address bits), both
+  // MN-major.
   template <class Mma, int kTiles>
-  __device__ __forceinline__ void IssueDq(float (&dq)[kTiles][4], int col0) {
+  __device__ __forceinline__ void IssueDq(float (&dq)[kTiles][4], int it, int col0) {
+    const uint32_t ds = DsSmem(it);
     const uint32_t k_cols = k_smem_ + (col0 / 64) * T::kBlockN * 128 + (col0 % 64) * 2;
 #pragma unroll
     for (int kk = 0; kk < T::kDqSteps; ++kk) {
       // 16 keys per step: 16 rows of 128 bytes in both tiles.
-      const uint64_t a =
-          ptx::MatrixDescriptor128B(ds_smem_ + kk * 16 * 128, T::kBlockN * 128, 1024);
+      const uint64_t a = ptx::MatrixDescriptor128B(ds + kk * 16 * 128, T::kBlockN * 128, 1024);
       const uint64_t b =
           ptx::MatrixDescriptor128B(k_cols + kk * 16 * 128, T::kBlockN * 128, 1024);
       Mma::SSTrans(dq, a, b, kk > 0);
@@ -304,7 +388,21 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     ptx::WgmmaCommit();
   }
 
-  uint32_t g_smem_;  // the exchange tile, after the dS^T tile
+  // Tile it's dS^T tile: one, or (kDeferDq) one per tile parity, so that tile it+1's can be
+  // written while tile it's dQ products read it.
+  __device__ __forceinline__ uint32_t DsSmem(int it) const {
+    return ds_smem_ + (it % T::kDsBuffers) * T::kDsBytes;
+  }
+
+  __device__ __forceinline__ void ZeroGrad() {
+#pragma unroll
+    for (int nt = 0; nt < T::kDTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) grad_[nt][e] = 0.0f;
+    }
+  }
+
+  uint32_t g_smem_;  // the exchange tile, after the dS^T tile(s)
   float grad_[T::kDTiles][4];  // dV (warpgroup 0) or dK (warpgroup 1), unscaled
 };
 
@@ -317,7 +415,9 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
                                                   blockIdx.x);
   if (!runner.Exists()) return;
   runner.Prologue();
-  if constexpr (BwdSm90WideTraits<kDType, kHeadDim>::kPipeline != 0) {
+  if constexpr (BwdSm90WideTraits<kDType, kHeadDim>::kDeferDq) {
+    runner.RunDeferred();
+  } else if constexpr (BwdSm90WideTraits<kDType, kHeadDim>::kPipeline != 0) {
     runner.RunPipelined();
   } else {
     runner.Run();

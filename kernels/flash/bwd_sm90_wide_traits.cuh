@@ -2,8 +2,8 @@
 // (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, two warpgroups split by role, query tiles of 64
 // rows streamed through two stages, and the shared-memory layout (every bf16/fp16 tile 128-byte
 // swizzled for wgmma, 1 KB aligned):
-//   K, V (64 rows each) | stage 0, stage 1 (, stage 2): Q, dO (64 rows each), lse, D | dS^T |
-//   exchange (G).
+//   K, V (64 rows each) | stage 0, stage 1 (, stage 2): Q, dO (64 rows each), lse, D | dS^T
+//   (, the odd tiles' dS^T with ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ) | exchange (G).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -18,6 +18,9 @@
 // 256, so runs as 1 there); 3: between the two dQ products (the second issued behind it);
 // 0: every tile in series (v1). Unset (-1): the measured default, 1 at head dim 256 (+1-6% on
 // 9 of the 10 anchor rows) and 0 at 192 (no mode measured faster there).
+// ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ=1 (tile_config.h: it sizes the shared memory) takes
+// precedence over every mode: each tile's dQ product is issued in the next tile instead
+// (RunDeferred), at 192 and 256.
 #ifndef ATTN_FLASH_SM90_BWD_WIDE_PIPELINE
 #define ATTN_FLASH_SM90_BWD_WIDE_PIPELINE -1
 #endif
@@ -57,6 +60,11 @@ struct BwdSm90WideTraits {
                                             ? (kHeadDim == 256 ? 1 : 0)
                                             : ATTN_FLASH_SM90_BWD_WIDE_PIPELINE;
   static constexpr int kPipeline = kPipelineAsked == 2 && kHeadDim == 256 ? 1 : kPipelineAsked;
+  // Deferred dQ (ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ; replaces kPipeline's schedule): tile it's dQ
+  // products are issued in tile it+1 behind its S^T / dP^T, so tile it's dS^T tile must outlive
+  // tile it+1's: dS^T of tile it in buffer it % kDsBuffers.
+  static constexpr bool kDeferDq = Sm90BackwardDeferDq(kHeadDim);
+  static constexpr int kDsBuffers = Sm90BackwardDsBuffers(kHeadDim);
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
@@ -80,11 +88,13 @@ struct BwdSm90WideTraits {
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
   static_assert(kStages == 2 || kStages == 3, "ATTN_FLASH_SM90_BWD_WIDE_STAGES: 2 or 3");
-  static_assert(kSmemBytes ==
-                    2 * kKvBytes + kStages * kStageBytes + kDsBytes + kExchangeBytes + 1024,
+  static_assert(kSmemBytes == 2 * kKvBytes + kStages * kStageBytes + kDsBuffers * kDsBytes +
+                                   kExchangeBytes + 1024,
                 "host and device agree");
+  static_assert(kDsBuffers == (kDeferDq ? 2 : 1), "deferred dQ: one dS^T tile per tile parity");
   static_assert(kPipeline >= 0 && kPipeline <= 3, "ATTN_FLASH_SM90_BWD_WIDE_PIPELINE: 0 to 3");
-  static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
+  static_assert(kSmemBytes <= 232448,
+                "fits an H100 block (227 KB; at 192 not with both three stages and deferred dQ)");
 };
 
 }  // namespace attnserve::kernels::flash

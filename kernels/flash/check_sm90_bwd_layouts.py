@@ -21,10 +21,10 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
   7. The wide kernel (bwd_sm90_wide_kernel.cuh, head dims 192 / 256, 64 keys per CTA): the flat
      cp.async loader covers every vector of a tile once; the exchange tile hands warpgroup 1's
      thread t the G of exactly the elements its dP^T holds; warpgroup 1's dS^T tile is what the
-     dQ descriptors read, K read through the B descriptors of the two dQ products of each
-     warpgroup (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the head
-     dim once; the dQ reductions (and the bulk variant's staged rows), epilogue and masks of 4
-     warps x 16 keys.
+     dQ descriptors read, in either dS^T buffer (ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ: the second
+     one kDsBytes after the first), K read through the B descriptors of the two dQ products of
+     each warpgroup (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the
+     head dim once; the dQ reductions, epilogue and masks of 4 warps x 16 keys.
 """
 
 import random
@@ -199,28 +199,32 @@ def check_wide(head_dim):
         for nt in range(block_m // 8):
             for e in range(4):
                 assert exchange[(nt * 128 + t) * 16 + 4 * e] == accumulator_coords(t, 4 * nt + e)
-    # dS^T tile: warpgroup 1 alone writes all 64 keys, SwizzledOffset<64>(key, nt).
+    # dS^T tile: warpgroup 1 alone writes all 64 keys, SwizzledOffset<64>(key, nt), from the
+    # start of its buffer (offsets from the first buffer; both 1024-byte aligned).
+    ds_bytes = block_n * block_m * 2
     memory = {}
-    for t in range(128):
-        for nt in range(block_m // 8):
-            for h in range(2):
-                key, col = accumulator_coords(t, 4 * nt + 2 * h)
-                base = swizzled_offset(block_n, key, nt) + (t % 4) * 4
-                for half in range(2):
-                    assert base + 2 * half not in memory
-                    memory[base + 2 * half] = (key, col + half)
-    assert len(memory) == block_n * block_m
+    for ds in (0, ds_bytes):
+        for t in range(128):
+            for nt in range(block_m // 8):
+                for h in range(2):
+                    key, col = accumulator_coords(t, 4 * nt + 2 * h)
+                    base = ds + swizzled_offset(block_n, key, nt) + (t % 4) * 4
+                    for half in range(2):
+                        assert base + 2 * half not in memory
+                        memory[base + 2 * half] = (ds, key, col + half)
+    assert len(memory) == 2 * block_n * block_m
     covered = []
     for wg in range(2):
         for col0, n_cols in wide_dq_cols(head_dim, wg):
             assert n_cols in (32, 64) and col0 % 64 + n_cols <= 64  # ends inside its block
             covered += range(col0, col0 + n_cols)
             for kk in range(block_n // 16):
-                start = kk * 16 * 128
-                for m in range(64):
-                    for k in range(16):
-                        canonical = start + (k // 8) * 1024 + (k % 8) * 128 + m * 2
-                        assert memory[hw_swizzle(canonical)] == (kk * 16 + k, m)
+                for ds in (0, ds_bytes):
+                    start = ds + kk * 16 * 128
+                    for m in range(64):
+                        for k in range(16):
+                            canonical = start + (k // 8) * 1024 + (k % 8) * 128 + m * 2
+                            assert memory[hw_swizzle(canonical)] == (ds, kk * 16 + k, m)
                 start = (col0 // 64) * block_n * 128 + (col0 % 64) * 2 + kk * 16 * 128
                 for n in range(n_cols):
                     for k in range(16):

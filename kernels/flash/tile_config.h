@@ -149,12 +149,26 @@ constexpr int Sm90BackwardExchangeBytes(int head_dim) {
 constexpr int Sm90BackwardStages(int head_dim) {
   return head_dim == 192 ? ATTN_FLASH_SM90_BWD_WIDE_STAGES : 2;
 }
-// K and V (resident), two stages, the dS^T tile (keys x queries, 16 bits), the exchange tile
+// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256", "Deferred dQ"): 1 makes
+// the head-dim-192/256 kernel issue each tile's dQ = dS K in the next tile, under its S^T / dP^T
+// and element-wise phase (RunDeferred). That needs two dS^T tiles (+8 KB: 179 / 227 KB at 192 /
+// 256; three stages at 192 no longer fit). Host and device code both read it, as the stages
+// switch above: set it for the whole build.
+#ifndef ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ
+#define ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ 0
+#endif
+constexpr bool Sm90BackwardDeferDq(int head_dim) {
+  return ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ != 0 && head_dim > 128;
+}
+// dS^T tiles: one, or (deferred dQ) one per tile parity.
+constexpr int Sm90BackwardDsBuffers(int head_dim) { return Sm90BackwardDeferDq(head_dim) ? 2 : 1; }
+// K and V (resident), two stages, the dS^T tile(s) (keys x queries, 16 bits), the exchange tile
 // (192 / 256), 1 KB for alignment: 83 / 147 / 171 / 219 KB at head dim 64 / 128 / 192 / 256.
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          Sm90BackwardStages(head_dim) * Sm90BackwardStageBytes(head_dim) +
-         Sm90BackwardBlockN(head_dim) * Sm90BackwardBlockM(head_dim) * 2 +
+         Sm90BackwardDsBuffers(head_dim) * Sm90BackwardBlockN(head_dim) *
+             Sm90BackwardBlockM(head_dim) * 2 +
          Sm90BackwardExchangeBytes(head_dim) + 1024;
 }
 
