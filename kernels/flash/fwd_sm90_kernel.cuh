@@ -299,7 +299,7 @@ template <DType kDType, int kHeadDim>
 __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
   using T = FwdSm90Traits<kDType, kHeadDim>;
   using Element = typename T::Element;
-  extern __shared__ __align__(1024) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];
   FwdCta<Element> cta;
   if (!BeginForwardCta<T::kBlockM, T::kBlockN, T::kRowVecs, T::kThreads>(args, cta)) return;
 
