@@ -54,12 +54,12 @@ run() {  # name, attnload --check value, server flags...
 nproc; nvidia-smi -L
 run batching_off 50 --batching=false
 run batching_on 50 --batching=true --max_queue_delay_us=500
-# A batched launch posts all its answers at once: one answer thread per lane against the default.
-run batching_on_1answer 50 --batching=true --max_queue_delay_us=500 --answer_threads_per_lane=1
+# Two answer threads per lane against the default one: a batched launch posts all its answers at
+# once, an unbatched lane one at a time.
+run batching_on_2answer 50 --batching=true --max_queue_delay_us=500 --answer_threads_per_lane=2
+run batching_off_2answer 50 --batching=false --answer_threads_per_lane=2
 # Inputs gathered into pinned memory by the lane's own thread alone, against four (the default).
 run batching_off_1stage 50 --batching=false --stage_threads_per_lane=1
-run batching_off_1stage_1answer 50 --batching=false --stage_threads_per_lane=1 \
-  --answer_threads_per_lane=1
 run batching_off_4lanes 50 --batching=false --cuda_lanes=4
 run batching_on_4lanes 50 --batching=true --max_queue_delay_us=500 --cuda_lanes=4
 # Every 512-token request is over --max_total_tokens: it crosses gRPC and is parsed, then
