@@ -9,7 +9,9 @@
 # Prints one block per configuration, with where the server's launch time went (the
 # attnserve_launch_phase_duration_seconds sums); JSON and logs under $OUT.
 # RUNS="batching_off transport_ceiling" runs only the named configurations; SERVER_ENV sets
-# environment variables for the server alone, e.g. SERVER_ENV="LD_PRELOAD=/path/lib.so".
+# environment variables for the server alone, e.g. SERVER_ENV="LD_PRELOAD=/path/lib.so";
+# SHAPE replaces the request shape (attnload --shape, default fixed:batch=1,seqlen=512), e.g.
+# SHAPE=fixed:batch=1,seqlen=64 for requests whose cost is the launch rather than the bytes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attnserve-batching}"
@@ -17,6 +19,7 @@ BUNDLE="${ATTN_BUNDLE:-.gpu-bundle}"
 DURATION="${DURATION:-10s}"
 RUNS="${RUNS:-}"  # empty: every configuration
 SERVER_ENV="${SERVER_ENV:-}"
+SHAPE="${SHAPE:-fixed:batch=1,seqlen=512}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 bin=$BUNDLE/bin
@@ -37,7 +40,7 @@ run() {  # name, attnload --check value, server flags...
     sleep 0.2
   done
   "$bin/attnload" --target=localhost:8101 --concurrency=64 --connections=8 --duration="$DURATION" \
-    --warmup=2s --shape=fixed:batch=1,seqlen=512 --heads=16 --head_dim=128 --dtype=bf16 \
+    --warmup=2s --shape="$SHAPE" --heads=16 --head_dim=128 --dtype=bf16 \
     --pool_size=64 --check="$check" --progress=false --output_json="$OUT/$name.json" \
     ${LOAD_EXTRA:-} >"$OUT/$name.txt" 2>&1
   echo "== $name ($*)"
@@ -51,12 +54,12 @@ run() {  # name, attnload --check value, server flags...
 nproc; nvidia-smi -L
 run batching_off 50 --batching=false
 run batching_on 50 --batching=true --max_queue_delay_us=500
-# A batched launch posts all its answers at once: one answer thread per lane against the default.
-run batching_on_1answer 50 --batching=true --max_queue_delay_us=500 --answer_threads_per_lane=1
+# Two answer threads per lane against the default one: a batched launch posts all its answers at
+# once, an unbatched lane one at a time.
+run batching_on_2answer 50 --batching=true --max_queue_delay_us=500 --answer_threads_per_lane=2
+run batching_off_2answer 50 --batching=false --answer_threads_per_lane=2
 # Inputs gathered into pinned memory by the lane's own thread alone, against four (the default).
 run batching_off_1stage 50 --batching=false --stage_threads_per_lane=1
-run batching_off_1stage_1answer 50 --batching=false --stage_threads_per_lane=1 \
-  --answer_threads_per_lane=1
 run batching_off_4lanes 50 --batching=false --cuda_lanes=4
 run batching_on_4lanes 50 --batching=true --max_queue_delay_us=500 --cuda_lanes=4
 # Every 512-token request is over --max_total_tokens: it crosses gRPC and is parsed, then
