@@ -227,32 +227,10 @@ __device__ __forceinline__ uint4 LoadShared128(uint32_t smem) {
   return v;
 }
 
-__device__ __forceinline__ uint32_t LoadShared32(uint32_t smem) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem));
-  return v;
-}
-
 __device__ __forceinline__ float2 LoadSharedFloat2(uint32_t smem) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem));
   return v;
-}
-
-// The two 16-bit values of a PackPair register as floats (x: the low half).
-template <typename Element>
-__device__ __forceinline__ float2 UnpackPair(uint32_t v);
-
-template <>
-__device__ __forceinline__ float2 UnpackPair<__nv_bfloat16>(uint32_t v) {
-  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-
-template <>
-__device__ __forceinline__ float2 UnpackPair<__half>(uint32_t v) {
-  __half2 h;
-  *reinterpret_cast<uint32_t*>(&h) = v;
-  return __half22float2(h);
 }
 
 __device__ __forceinline__ void StoreShared32(uint32_t smem, uint32_t v) {

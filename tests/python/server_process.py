@@ -9,7 +9,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence, Union
 
 import pytest
 
@@ -114,14 +114,17 @@ class ServerProcess:
                           self.http_get("/metrics").decode(), re.M)
         return float(match.group(1)) if match else 0.0
 
-    def wait_for_metric(self, name: str, value: float, labels: str = "",
-                        timeout: float = 30) -> None:
-        """Waits until the series reaches at least `value`; fails the test after `timeout`."""
+    def wait_for_metric(self, name: str, value: float, labels: Union[str, Sequence[str]] = "",
+                        timeout: float = 30) -> float:
+        """Waits until the series (or the sum of the series, given several label sets) reaches
+        at least `value` and returns it; fails the test after `timeout`."""
+        label_sets = [labels] if isinstance(labels, str) else list(labels)
         deadline = time.monotonic() + timeout
-        while self.metric(name, labels) < value:
+        while (total := sum(self.metric(name, l) for l in label_sets)) < value:
             if time.monotonic() > deadline:
-                pytest.fail(f"{name}{{{labels}}} never reached {value}")
+                pytest.fail(f"{name}{label_sets} never reached {value}")
             time.sleep(0.01)
+        return total
 
     def terminate(self) -> None:
         self.process.send_signal(signal.SIGTERM)

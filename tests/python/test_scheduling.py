@@ -224,12 +224,8 @@ def test_waiting_for_memory_is_bounded_by_deadline_and_queue_size(start_server, 
     # ("deadline"), or when the client's cancel arrives first ("cancelled"). The client's
     # deadline runs ahead of the server's by the call's transit time, and on a loaded machine its
     # cancel can reach the waiting request before the server's deadline passes.
-    deadline = time.monotonic() + 30
-    dropped = 0.0
-    while dropped < 1 and time.monotonic() < deadline:
-        dropped = (server.metric("attnserve_rejections_total", 'reason="deadline"') +
-                   server.metric("attnserve_rejections_total", 'reason="cancelled"'))
-        time.sleep(0.01)
+    dropped = server.wait_for_metric("attnserve_rejections_total", 1,
+                                     ['reason="deadline"', 'reason="cancelled"'])
     assert dropped == 1
     # The dropped call leaves the in-flight count once its answer is sent, just after.
     deadline = time.monotonic() + 10
