@@ -62,9 +62,10 @@ run batching_off_2answer 50 --batching=false --answer_threads_per_lane=2
 run batching_off_1stage 50 --batching=false --stage_threads_per_lane=1
 run batching_off_4lanes 50 --batching=false --cuda_lanes=4
 run batching_on_4lanes 50 --batching=true --max_queue_delay_us=500 --cuda_lanes=4
-# Every 512-token request is over --max_total_tokens: it crosses gRPC and is parsed, then
-# refused; what this reaches is the transport's ceiling for the inbound 6 MB alone.
-run transport_ceiling 0 --max_total_tokens=256
+# Every request is over --max_total_tokens (CEILING_MAX_TOKENS: below the shape's tokens, e.g. 32
+# with SHAPE=fixed:batch=1,seqlen=64): it crosses gRPC and is parsed, then refused; what this
+# reaches is the transport's ceiling for the inbound tensors alone (6 MB at the default shape).
+run transport_ceiling 0 --max_total_tokens="${CEILING_MAX_TOKENS:-256}"
 # Correctness of batched backward too (gathered lse, split dq/dk/dv): every 5th response of a
 # forward/backward mix checked against the local reference.
 LOAD_EXTRA="--rpc=mixed --duration=5s" run batching_on_mixed_check 5 --batching=true \

@@ -2,8 +2,8 @@
 """Forward (or, with --backward, backward) attention throughput on the GPU: our flash kernels
 (through libattn_capi.so) against PyTorch's FlashAttention-2 varlen and cuDNN SDPA, on
 the rows of shared/anchors/h100.md. Same bf16 inputs for all; median of CUDA-event-timed
-repeats after warm-ups; TFLOP/s with FLOPs = 4 * sum(sq * sk) * d * heads, halved if causal,
-times 2.5 for the backward.
+repeats after warm-ups, the columns of a row timed in turns (time_columns); TFLOP/s with
+FLOPs = 4 * sum(sq * sk) * d * heads, halved if causal, times 2.5 for the backward.
 
   python3 bench/bench_flash.py [--backward] [--lib NAME=PATH ...] [--markdown FILE]
   python3 bench/bench_flash.py --turing [--backward] ...
@@ -62,20 +62,34 @@ def flops(lens, head_dim, heads, causal):
 HOST_SLACK_CYCLES = 200_000
 
 
-def time_ms(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(HOST_SLACK_CYCLES)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+def time_columns(fns, warmup, repeats):
+    """Median milliseconds of each named callable. The callables take turns, one call each per
+    round with the order rotated, so a slow stretch of the GPU (clocks, power, a neighbour's
+    work) weighs on every column of the row alike; timed one after another, such a stretch
+    lowered whichever column it fell on by 10-30% in some runs."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    names = list(fns)
+    times = {name: [] for name in names}
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = torch.cuda.Event(enable_timing=True)
+            stop = torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(HOST_SLACK_CYCLES)
+            start.record()
+            fns[name]()
+            stop.record()
+            stop.synchronize()
+            times[name].append(start.elapsed_time(stop))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def add_throughputs(row, fns, work, warmup, repeats):
+    """row[name] = TFLOP/s of each callable, timed together (time_columns)."""
+    for name, ms in time_columns(fns, warmup, repeats).items():
+        row[name] = work / ms / 1e9
 
 
 def fa2_varlen(q, k, v, cu, max_len, causal, scale):
@@ -98,6 +112,7 @@ def bench_row(libs, head_dim, heads, lens, causal, warmup, repeats):
     reference = fa2_varlen(q, k, v, cu, max_len, causal, scale)
     out = torch.empty_like(q)
     lse = torch.empty(heads, total, dtype=torch.float32, device="cuda")
+    fns = {}
     for name, lib in libs.items():
         def ours(lib=lib):
             lib.forward(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=causal,
@@ -107,21 +122,22 @@ def bench_row(libs, head_dim, heads, lens, causal, warmup, repeats):
         # Sanity on the benchmark inputs: agreement with FA2 (both bf16-rounded).
         row[f"{name}_diff"] = ((out.float() - reference.float()).norm() /
                                reference.float().norm()).item()
-        row[name] = work / time_ms(ours, warmup, repeats) / 1e9
-    row["fa2"] = work / time_ms(lambda: fa2_varlen(q, k, v, cu, max_len, causal, scale),
-                                warmup, repeats) / 1e9
+        fns[name] = ours
+    fns["fa2"] = lambda: fa2_varlen(q, k, v, cu, max_len, causal, scale)
     row["cudnn"] = None
     if all(x == lens[0] for x in lens):
         shape = (len(lens), lens[0], heads, head_dim)
         q4, k4, v4 = (t.view(shape).transpose(1, 2) for t in (q, k, v))
 
         def cudnn():
-            F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
-        try:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                row["cudnn"] = work / time_ms(cudnn, warmup, repeats) / 1e9
+                F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+        try:
+            cudnn()
+            fns["cudnn"] = cudnn
         except RuntimeError as err:  # cuDNN refused the shape
             print(f"cuDNN unavailable for {row['seqs']}: {err}", file=sys.stderr)
+    add_throughputs(row, fns, work, warmup, repeats)
     return row
 
 
@@ -152,6 +168,7 @@ def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats,
 
     fa2 = fa2_varlen_backward_fn(q, k, v, dout, cu, max_len, causal, scale)
     ref_dq = fa2()[0]
+    fns = {}
     for name, lib in libs.items():
         out, lse = lib.forward(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale,
                                causal=causal)
@@ -176,8 +193,8 @@ def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats,
             torch.cuda.synchronize()
             row[f"{column}_diff"] = ((dq.float() - ref_dq.float()).norm() /
                                      ref_dq.float().norm()).item()
-            row[column] = work / time_ms(ours, warmup, repeats) / 1e9
-    row["fa2"] = work / time_ms(fa2, warmup, repeats) / 1e9
+            fns[column] = ours
+    fns["fa2"] = fa2
     row["cudnn"] = None
     if all(x == lens[0] for x in lens):
         shape = (len(lens), lens[0], heads, head_dim)
@@ -188,11 +205,13 @@ def bench_row_backward(libs, head_dim, heads, lens, causal, warmup, repeats,
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 out4 = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
 
-                def cudnn():
-                    torch.autograd.grad(out4, (q4, k4, v4), do4, retain_graph=True)
-                row["cudnn"] = work / time_ms(cudnn, warmup, repeats) / 1e9
+            def cudnn():
+                torch.autograd.grad(out4, (q4, k4, v4), do4, retain_graph=True)
+            cudnn()
+            fns["cudnn"] = cudnn
         except RuntimeError as err:  # cuDNN refused the shape
             print(f"cuDNN unavailable for {row['seqs']}: {err}", file=sys.stderr)
+    add_throughputs(row, fns, work, warmup, repeats)
     return row
 
 
@@ -231,6 +250,7 @@ def bench_row_turing(libs, head_dim, heads, lens, causal, warmup, repeats, backw
     work = flops(lens, head_dim, heads, causal) * (2.5 if backward else 1)
     row = {"hdim": head_dim, "heads": heads, "seqs": seq_name(lens), "causal": causal}
     reference = None
+    fns = {}
     for name, lib in libs.items():
         for path, cc in (("sm75", 75), ("sm80", 0)):
             family = lib.family("flash", compute_capability=cc)
@@ -258,9 +278,12 @@ def bench_row_turing(libs, head_dim, heads, lens, causal, warmup, repeats, backw
             reference = result.float().clone() if reference is None else reference
             row[f"{column}_diff"] = ((result.float() - reference).norm() /
                                      reference.norm()).item()
-            row[column] = work / time_ms(fn, warmup, repeats) / 1e9
+            fns[column] = fn
     memeff = mem_efficient_fn(q, k, v, dout, lens, causal, scale, backward)
-    row["memeff"] = None if memeff is None else work / time_ms(memeff, warmup, repeats) / 1e9
+    row["memeff"] = None
+    if memeff is not None:
+        fns["memeff"] = memeff
+    add_throughputs(row, fns, work, warmup, repeats)
     return row
 
 
@@ -286,7 +309,7 @@ def fmt(x, digits=0):
 
 def table(rows, names, kind="fwd"):
     first = names[0]
-    diff = "max rel diff vs FA2" if kind == "fwd" else "dq rel diff vs FA2"
+    diff = "max rel diff vs FA2" if kind == "fwd" else "max dq rel diff vs FA2"
     head = ["hdim", "heads", "sequence lengths", "causal"] + [f"{n} {kind}" for n in names] + [
         f"FA2 varlen {kind}", f"cuDNN {kind}", f"{first}/FA2", f"{first}/cuDNN", diff]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -361,7 +384,7 @@ def main():
     kind_name = "backward" if args.backward else "forward"
     header = (f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, "
               f"torch {torch.__version__}, bf16, {kind_name}, median of {args.repeats} CUDA-event "
-              f"timed repeats after {args.warmup} warm-ups, TFLOP/s")
+              f"timed repeats after {args.warmup} warm-ups, columns timed in turns, TFLOP/s")
     text = header + "\n\n" + table(rows, names, "bwd" if args.backward else "fwd") + "\n"
     print("\n" + text)
     if args.markdown:
@@ -391,7 +414,7 @@ def main_turing(args):
     header = (f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, "
               f"torch {torch.__version__}, fp16, Turing path (compute_capability 75) "
               f"{'backward' if args.backward else 'forward'}, median of {args.repeats} CUDA-event "
-              f"timed repeats after {args.warmup} warm-ups, TFLOP/s")
+              f"timed repeats after {args.warmup} warm-ups, columns timed in turns, TFLOP/s")
     text = header + "\n\n" + turing_table(rows, names, kind) + "\n"
     print("\n" + text)
     if args.markdown:
