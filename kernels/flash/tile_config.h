@@ -157,25 +157,14 @@ constexpr int Sm90BackwardStages(int head_dim) {
 #ifndef ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ
 #define ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ 0
 #endif
-// The same for the head-dim-64/128 kernel (NOTES.md "Hopper backward (sm90)", "Deferred dQ at
-// head dims 64/128"; BwdSm90BlockRunner::RunDeferred): 1 issues each tile's dQ = dS K in the next
-// tile behind its S^T / dP^T, with two dS^T tiles (+16 KB: 99 KB at head dim 64). Head dim 64
-// only: at 128 the dQ accumulator (32 floats per thread) live across the P^T / dS^T phase
-// beside dK, dV (128 floats), S^T and dP^T spilled (ptxas: 254 registers, 48 bytes of spill
-// stores and loads, and C7512: wgmma serialized for lack of registers; also with the dQ
-// reductions moved before the dS^T math), so 128 keeps Run() and one dS^T tile.
-#ifndef ATTN_FLASH_SM90_BWD_DEFER_DQ
-#define ATTN_FLASH_SM90_BWD_DEFER_DQ 0
-#endif
 constexpr bool Sm90BackwardDeferDq(int head_dim) {
-  return head_dim > 128 ? ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ != 0
-                        : ATTN_FLASH_SM90_BWD_DEFER_DQ != 0 && head_dim <= 64;
+  return ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ != 0 && head_dim > 128;
 }
 // dS^T tiles: one, or (deferred dQ) one per tile parity.
 constexpr int Sm90BackwardDsBuffers(int head_dim) { return Sm90BackwardDeferDq(head_dim) ? 2 : 1; }
 // K and V (resident), two stages, the dS^T tile(s) (keys x queries, 16 bits), the exchange tile
 // (192 / 256), 1 KB for alignment: 83 / 147 / 171 / 219 KB at head dim 64 / 128 / 192 / 256
-// (deferred dQ: 99 KB at 64, 179 / 227 KB at 192 / 256).
+// (deferred dQ: 179 / 227 KB at 192 / 256).
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          Sm90BackwardStages(head_dim) * Sm90BackwardStageBytes(head_dim) +
