@@ -21,10 +21,10 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
   7. The wide kernel (bwd_sm90_wide_kernel.cuh, head dims 192 / 256, 64 keys per CTA): the flat
      cp.async loader covers every vector of a tile once; the exchange tile hands warpgroup 1's
      thread t the G of exactly the elements its dP^T holds; warpgroup 1's dS^T tile is what the
-     dQ descriptors read, in either dS^T buffer (ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ: the second
-     one kDsBytes after the first), K read through the B descriptors of the two dQ products of
-     each warpgroup (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the
-     head dim once; the dQ reductions, epilogue and masks of 4 warps x 16 keys.
+     dQ descriptors read, in both dS^T buffers (one per tile parity, the second kDsBytes after
+     the first), K read through the B descriptors of the two dQ products of each warpgroup
+     (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the head dim once;
+     the dQ reductions, epilogue and masks of 4 warps x 16 keys.
 """
 
 import random
