@@ -1,7 +1,7 @@
 // What the two Hopper (sm_90a) backward dK/dV kernels share (bwd_sm90_kernel.cuh at head dims
 // 64/128, bwd_sm90_wide_kernel.cuh at 192/256): one CTA's key block and the query tiles whose
 // rows see it (the sm80 pair kernel's range), K and V resident and Q, dO, lse and D streamed
-// through kStages cp.async stages in wgmma's 128-byte swizzle (zero-filled past the sequence),
+// through two cp.async stages in wgmma's 128-byte swizzle (zero-filled past the sequence),
 // the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks, exp2), the dQ reduction
 // into the float32 workspace, and the dK / dV stores.
 // T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; kFlatLoads picks the loader.
@@ -42,11 +42,12 @@ __device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Eleme
 
 template <class T>
 class BwdSm90Block {
+  static_assert(T::kStages == 2, "two stages: tile it+1 loads under tile it");
+
  public:
   __device__ __forceinline__ bool Exists() const { return key_first_ < len_k_; }
 
-  // K, V and the first kStages - 1 query tiles, each tile its own group (loads then run
-  // kStages - 1 tiles ahead).
+  // K, V and the first query tile, one group (each tile's loop top then loads the next).
   __device__ __forceinline__ void Prologue() {
     if (iters_ > 0) {
       const int tid = threadIdx.x;
@@ -60,11 +61,6 @@ class BwdSm90Block {
       LoadStage(0);
     }
     ptx::CommitAsyncGroup<Sm80>();
-#pragma unroll
-    for (int s = 1; s + 1 < T::kStages; ++s) {
-      if (s < iters_) LoadStage(s);
-      ptx::CommitAsyncGroup<Sm80>();
-    }
   }
 
  protected:
@@ -72,8 +68,8 @@ class BwdSm90Block {
   using MmaScores = ptx::Wgmma<Element, T::kBlockM>;  // 64 keys x kBlockM queries
   using MmaGrad = ptx::Wgmma<Element, T::kHeadDim>;   // 64 keys x head dim
 
-  // Shared memory from `smem`: K, V (kKvBytes each), kStages stages, the dS^T tile (the kernel
-  // lays out anything after it).
+  // Shared memory from `smem`: K, V (kKvBytes each), the two stages, the dS^T tile(s) (the kernel
+  // lays out anything after them).
   __device__ __forceinline__ BwdSm90Block(const BwdKernelArgs& args, uint32_t smem, int batch,
                                           int kv_head, int n_block)
       : args_(args), f_(args.fwd), kv_head_(kv_head) {

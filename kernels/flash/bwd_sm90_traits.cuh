@@ -1,8 +1,7 @@
 // Compile-time geometry of the Hopper (sm_90a) backward dK/dV kernel (element type x head dim):
 // 128 keys per CTA in two 64-key warpgroups, query tiles of kBlockM rows streamed through two
 // stages, and the shared-memory layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
-//   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D | dS^T
-//   (, the odd tiles' dS^T with ATTN_FLASH_SM90_BWD_DEFER_DQ at head dim 64).
+//   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D | dS^T.
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -38,12 +37,6 @@ struct BwdSm90Traits {
   static constexpr int kStages = 2;
   static constexpr bool kFlatLoads = false;  // whole rows per thread pass (LoadSwizzledAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  // Deferred dQ (ATTN_FLASH_SM90_BWD_DEFER_DQ, tile_config.h: it sizes the shared memory, so
-  // the head dims it applies to are chosen there, 64 only): tile it's dQ = dS K is issued in
-  // tile it+1 behind its S^T / dP^T, so tile it's dS^T tile must outlive tile it+1's: dS^T of
-  // tile it in buffer it % kDsBuffers.
-  static constexpr bool kDeferDq = Sm90BackwardDeferDq(kHeadDim);
-  static constexpr int kDsBuffers = Sm90BackwardDsBuffers(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
@@ -56,9 +49,8 @@ struct BwdSm90Traits {
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
-  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + 1024,
+  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBytes + 1024,
                 "host and device agree");
-  static_assert(kDsBuffers == (kDeferDq ? 2 : 1), "deferred dQ: one dS^T tile per tile parity");
 };
 
 }  // namespace attnserve::kernels::flash

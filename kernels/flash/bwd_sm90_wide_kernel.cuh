@@ -2,36 +2,27 @@
 // at head dims 192 and 256"). At 128 keys per CTA (the hdim-64/128 kernel's block) dK + dV would
 // be 192-256 floats per thread, so here one CTA takes 64 keys and its two warpgroups split the
 // work by role instead of by keys; each holds one of dK, dV for the 64 keys x the whole head dim
-// (96 / 128 floats per thread). Per query tile (64 rows, streamed through two cp.async stages
-// (ATTN_FLASH_SM90_BWD_WIDE_STAGES=3 at 192: three) in wgmma's 128-byte swizzle, zero-filled
-// past the sequence, as in the hdim-64/128 kernel):
+// (96 / 128 floats per thread). Per query tile (64 rows, streamed through two cp.async stages in
+// wgmma's 128-byte swizzle, zero-filled past the sequence, as in the hdim-64/128 kernel):
 //   warpgroup 0                              warpgroup 1
-//   S^T = K Q^T      (SS, 64 x 64, K = d)    dP^T = V dO^T     (SS, 64 x 64, K = d)
+//   S^T(it) = K Q^T  (SS, 64 x 64, K = d)    dP^T(it) = V dO^T (SS, 64 x 64, K = d)
+//   dQ(it-1) = dS K, half the head dim       dQ(it-1), the other half (SS, MN-major: SSTrans)
 //   P^T = exp2(S^T c - lse log2 e)           (waits on barrier 1)
 //   G = P^T (1 - tanh^2) -> exchange tile
-//   (arrives on barrier 1)                   dS^T = G (dP^T - D) -> dS^T tile
+//   (arrives on barrier 1)                   dS^T = G (dP^T - D) -> dS^T tile it % 2
 //   dV += P^T dO     (RS, N = d)             dK += dS^T Q      (RS, N = d)
-//   ---------------- fence.proxy.async + barrier (the dS^T tile) ----------------
-//   dQ (+)= dS K for half the head dim each (SS, MN-major: SSTrans), into the float32 dQ
-//   workspace (red.global.add.v4.f32)
-// P^T and dS^T come out of the 64-key accumulators in the RS A-fragment layout (keys as the M
-// side, as in the hdim-64/128 kernel), so neither product reads them from shared memory; the
-// exchange tile keeps G in float32 (dS from P rounded to 16 bits cost the sm80 role split 5-30x
-// the dq error, NOTES.md "Backward at head dims 192 and 256"). The masks, softcap, tile range,
-// GQA sums and the dQ reductions are the hdim-64/128 kernel's. At 256 (by default; any head dim
-// with ATTN_FLASH_SM90_BWD_WIDE_PIPELINE, traits) the tiles are pipelined: the next tile's S^T /
-// dP^T go to the tensor cores before this tile's dQ reductions (RunPipelined). With
-// ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ=1 (tile_config.h; off by default, at 192 and 256, before any
-// pipelining mode) each tile's dQ products are issued in the next tile instead, straight behind
-// its S^T / dP^T, so that the tensor cores have them while warpgroup 0 computes P^T (and
-// warpgroup 1 waits for G); their reductions run under dV / dK, the dS^T tile is double-buffered
-// and the barrier before dQ goes (RunDeferred):
-//   warpgroup 0                              warpgroup 1
-//   S^T(it), dQ(it-1) (half the head dim)    dP^T(it), dQ(it-1) (the other half)
-//   P^T, G -> exchange tile, arrive          (waits on barrier 1)
-//   dV += P^T dO (it)                        dS^T(it) -> dS^T tile it % 2, dK += dS^T Q (it)
 //   dQ(it-1) reductions                      dQ(it-1) reductions
-//   ---------------- loop-top fence.proxy.async + barrier (tile it's dS^T) -----------------
+//   ---------- loop-top fence.proxy.async + barrier (publishes tile it's dS^T) ----------
+// Each tile's dQ products are issued in the next tile, straight behind its S^T / dP^T, so that
+// the tensor cores have them while warpgroup 0 computes P^T and warpgroup 1 waits for G (with
+// dQ at the end of its own tile they idled there, behind a barrier before dQ); the reductions
+// into the float32 dQ workspace (red.global.add.v4.f32) run under dV / dK. That takes two dS^T
+// tiles; the last tile's dQ follows the loop. P^T and dS^T come out of the 64-key accumulators
+// in the RS A-fragment layout (keys as the M side, as in the hdim-64/128 kernel), so neither
+// product reads them from shared memory; the exchange tile keeps G in float32 (dS from P
+// rounded to 16 bits cost the sm80 role split 5-30x the dq error, NOTES.md "Backward at head
+// dims 192 and 256"). The masks, softcap, tile range, GQA sums and the dQ reductions are the
+// hdim-64/128 kernel's.
 #pragma once
 
 #include <cmath>
@@ -39,7 +30,6 @@
 
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_sm90_block.cuh"
-#include "kernels/flash/bwd_sm90_kernel.cuh"
 #include "kernels/flash/bwd_sm90_wide_traits.cuh"
 #include "kernels/flash/fwd_sm90_kernel.cuh"
 #include "kernels/flash/ptx.cuh"
@@ -71,48 +61,20 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     g_smem_ = ds_smem_ + T::kDsBuffers * T::kDsBytes;
   }
 
-  // One query tile per iteration. Every wgmma of a tile is complete at the end of its Step, so
-  // the barrier at the top of the next iteration frees that tile's stage (which then takes the
-  // tile after the next), the dS^T tile and the exchange tile.
-  __device__ __forceinline__ void Run() {
-    ZeroGrad();
-    for (int it = 0; it < iters_; ++it) {
-      BeginTile(it);
-      Step(it);
-    }
-  }
-
-  // Run() with tile it+1's S^T / dP^T issued before tile it's dQ reductions
-  // (ATTN_FLASH_SM90_BWD_WIDE_PIPELINE, traits). The loop-top barrier moves into the tile: once
-  // both warpgroups' dK / dV products of tile it are complete (their stage is free) and stage
-  // it+1 has landed, one barrier lets the tensor cores take S^T / dP^T of it+1 straight after
-  // the dQ products of it, and tile it+2's loads and tile it's reductions are issued under them.
-  // The last tile issues nothing ahead (a separate instantiation, so that whether an S^T is in
-  // flight is a compile-time fact for ptxas: no wgmma serialization).
-  __device__ __forceinline__ void RunPipelined() {
-    ZeroGrad();
-    if (iters_ == 0) return;
-    float sc[T::kSTiles][4];
-    NextTile(sc, -1);
-    for (int it = 0; it + 1 < iters_; ++it) StepPipelined<true>(sc, it);
-    StepPipelined<false>(sc, iters_ - 1);
-  }
-
-  // Run() with each tile's dQ products deferred to the next tile
-  // (ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ, traits kDeferDq; StepDeferred). Tile it's dS^T tile
-  // (buffer it % 2) is published to both warpgroups by the loop-top fence and barrier of tile
-  // it+1, whose dQ products read it while warpgroup 1 writes tile it+1's into the other buffer;
-  // the last tile's dQ follows the loop behind one more fence and barrier. The first tile is a
-  // separate instantiation (no dQ), so the wgmma groups in flight at every wait are
+  // One query tile per iteration, each issuing the previous tile's dQ products (Step). Tile it's
+  // dS^T tile (buffer it % 2) is published to both warpgroups by the loop-top fence and barrier
+  // of tile it+1, whose dQ products read it while warpgroup 1 writes tile it+1's into the other
+  // buffer; the last tile's dQ follows the loop behind one more fence and barrier. The first
+  // tile is a separate instantiation (no dQ), so the wgmma groups in flight at every wait are
   // compile-time facts (no serialization).
-  __device__ __forceinline__ void RunDeferred() {
+  __device__ __forceinline__ void Run() {
     ZeroGrad();
     if (iters_ == 0) return;
     BeginTile(0);
-    StepDeferred<false>(0);
+    Step<false>(0);
     for (int it = 1; it < iters_; ++it) {
       BeginTile(it);
-      StepDeferred<true>(it);
+      Step<true>(it);
     }
     const int tid = ptx::FreshThreadIdx();
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -131,8 +93,17 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   }
 
  private:
-  // Query tile `it`. The two warpgroups run the same wgmma instructions on different operands
-  // (warpgroup-uniform selects), so only the element-wise math between them branches.
+  // Query tile `it` and, kDq (every tile but the first), tile it-1's dQ products: issued
+  // straight behind this tile's S^T / dP^T, so the tensor cores run them while warpgroup 0
+  // computes P^T and warpgroup 1 waits for G; their reductions then run under the dV / dK
+  // product. Tile it-1's dS^T tile (buffer (it-1) % 2) was published by the loop-top barrier;
+  // warpgroup 1 writes tile it's into the other buffer, which no wgmma reads any more (tile
+  // it-2's dQ products completed before that barrier). The two warpgroups run the same wgmma
+  // instructions on different operands (warpgroup-uniform selects), so only the element-wise
+  // math between them branches. Every wgmma of the tile is complete at its end, so the next
+  // loop-top barrier frees its stage (which then takes the tile after the next) and the
+  // exchange tile.
+  template <bool kDq>
   __device__ __forceinline__ void Step(int it) {
     const int tid = ptx::FreshThreadIdx();
     // Warp-uniform as far as the compiler can see (broadcast from lane 0).
@@ -143,98 +114,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     const uint32_t q_st = StageSmem(it);
     const uint32_t do_st = q_st + T::kTileBytes;
 
-    // S^T = K Q^T (warpgroup 0) or dP^T = V dO^T (warpgroup 1).
-    float sc[T::kSTiles][4];
-    ptx::WgmmaFence();
-    IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? q_st : do_st);
-    ptx::WgmmaWait<0>(sc);
-
-    uint32_t a[T::kGradSteps][4];
-    GradFragments(sc, a, it, tid, warpgroup);
-    ptx::WgmmaFence();
-    IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
-    Dq(it, warpgroup, warp, group, quad_lane);  // the gradient product completes with dQ A
-  }
-
-  // The loop top of tile it (Run, RunDeferred): its stage landed and, with every wgmma of the
-  // previous tile complete, that tile's stage, the exchange tile and (RunDeferred: the older)
-  // dS^T tile free; the fence in every thread also hands the previous tile's dS^T stores to the
-  // tensor cores (RunDeferred's dQ products of it-1 read them). Then tile it + kStages - 1 is
-  // loaded into the freed stage.
-  __device__ __forceinline__ void BeginTile(int it) {
-    ptx::WaitAsyncGroups<Sm80, T::kStages - 2>();  // tile it's group (it+1's may be in flight)
-    ptx::FenceProxyAsyncShared();
-    __syncthreads();
-    if (it + T::kStages - 1 < iters_) LoadStage(it + T::kStages - 1);
-    ptx::CommitAsyncGroup<Sm80>();
-  }
-
-  // The element-wise phase of tile it, sc complete: the A fragments of this warpgroup's
-  // gradient product, P^T (dV, from S^T, handing G to warpgroup 1) or dS^T (dK, from dP^T and
-  // G; also into the dS^T tile that dQ reads).
-  __device__ __forceinline__ void GradFragments(float (&sc)[T::kSTiles][4],
-                                                uint32_t (&a)[T::kGradSteps][4], int it, int tid,
-                                                int warpgroup) {
-    const int warp = tid % 128 / 32;
-    const int group = tid % 32 / 4;
-    const int quad_lane = tid % 4;
-    if (warpgroup == 0) {
-      ScoresToP(sc, a, it, key_first_ + warp * 16, group, quad_lane);
-      // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
-      // apart between consecutive threads (conflict-free); warpgroup 1's thread of the same
-      // index holds dP^T of the same elements and reads them back.
-#pragma unroll
-      for (int nt = 0; nt < T::kSTiles; ++nt) {
-        ptx::StoreShared128(g_smem_ + (nt * 128 + tid % 128) * 16,
-                            make_uint4(__float_as_uint(sc[nt][0]), __float_as_uint(sc[nt][1]),
-                                       __float_as_uint(sc[nt][2]), __float_as_uint(sc[nt][3])));
-      }
-      ptx::NamedBarrierArrive<T::kThreads>(1);
-    } else {
-      ptx::NamedBarrierSync<T::kThreads>(1);
-      GradToDs(sc, a, it, warp, group, quad_lane);
-    }
-  }
-
-  // dQ = dS K of tile it once warpgroup 1's dS^T rows are in shared memory (written by the
-  // generic proxy, read by the tensor cores: fence, then barrier). Two products per warpgroup
-  // (columns DqColA / DqColB, traits), both committed before the first wait so that the
-  // reductions of the first run under the second. Step's gradient product, still in flight,
-  // completes with the first (RunDeferred's last tile has none in flight).
-  __device__ __forceinline__ void Dq(int it, int warpgroup, int warp, int group, int quad_lane) {
-    ptx::FenceProxyAsyncShared();
-    __syncthreads();
-    float dq_a[T::kDqColsA / 8][4];
-    float dq_b[T::kDqColsB / 8][4];
-    ptx::WgmmaFence();
-    IssueDq<MmaDqA>(dq_a, it, T::DqColA(warpgroup));
-    IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
-    ptx::WgmmaWait<1>(dq_a);  // and the gradient product before it
-    PinRegisters(grad_);
-    AddDq(dq_a, it, warp * 16 + group, T::DqColA(warpgroup) + 4 * (quad_lane / 2),
-          quad_lane & 1);
-    ptx::WgmmaWait<0>(dq_b);
-    AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
-          quad_lane & 1);
-  }
-
-  // (kDeferDq) Query tile `it` and, kDq (every tile but the first), tile it-1's dQ products:
-  // issued straight behind this tile's S^T / dP^T, so the tensor cores run them while warpgroup
-  // 0 computes P^T and warpgroup 1 waits for G (in Step they idle there); their reductions then
-  // run under the dV / dK product. Tile it-1's dS^T tile (buffer (it-1) % 2)
-  // was published by the loop-top barrier; warpgroup 1 writes tile it's into the other buffer,
-  // which no wgmma reads any more (tile it-2's dQ products completed before that barrier).
-  // Every wgmma of the tile is complete at its end, as in Step.
-  template <bool kDq>
-  __device__ __forceinline__ void StepDeferred(int it) {
-    const int tid = ptx::FreshThreadIdx();
-    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int warp = tid % 128 / 32;
-    const int group = tid % 32 / 4;
-    const int quad_lane = tid % 4;
-    const uint32_t q_st = StageSmem(it);
-    const uint32_t do_st = q_st + T::kTileBytes;
-
+    // S^T = K Q^T (warpgroup 0) or dP^T = V dO^T (warpgroup 1), then dQ of tile it-1.
     float sc[T::kSTiles][4];
     float dq_a[T::kDqColsA / 8][4];
     float dq_b[T::kDqColsB / 8][4];
@@ -265,81 +145,63 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     ptx::WgmmaWait<0>(grad_);
   }
 
-  // (kPipeline) Stage it+1 landed and visible to the tensor cores, every wgmma of tile it that
-  // reads its stage complete in both warpgroups (the caller waited for them): S^T (warpgroup
-  // 0) or dP^T (warpgroup 1) of tile it+1 into sc, one committed group, then the loads of tile
-  // it + kStages into tile it's stage.
-  __device__ __forceinline__ void NextTile(float (&sc)[T::kSTiles][4], int it) {
-    ptx::WaitAsyncGroups<Sm80, T::kStages - 2>();  // tile it+1's group
+  // The loop top of tile it: its stage landed and, with every wgmma of the previous tile
+  // complete, that tile's stage, the exchange tile and the older dS^T tile are free; the fence
+  // in every thread also hands the previous tile's dS^T stores to the tensor cores (this tile's
+  // dQ products read them). Then tile it+1 is loaded into the freed stage.
+  __device__ __forceinline__ void BeginTile(int it) {
+    ptx::WaitAsyncGroups<Sm80, 0>();
     ptx::FenceProxyAsyncShared();
     __syncthreads();
-    const int warpgroup = __shfl_sync(0xffffffffu, ptx::FreshThreadIdx() / 128, 0);
-    const uint32_t st = StageSmem(it + 1);
-    ptx::WgmmaFence();
-    IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? st : st + T::kTileBytes);
-    if (it + T::kStages < iters_) LoadStage(it + T::kStages);
+    if (it + 1 < iters_) LoadStage(it + 1);
     ptx::CommitAsyncGroup<Sm80>();
   }
 
-  // (kPipeline) Query tile `it`, its S^T / dP^T already issued into sc; kNext: issues tile
-  // it+1's into sc (NextTile) once this tile's gradient product is complete: after the first
-  // dQ half's reductions (kPipeline 1), before any dQ reduction (2), or between the two dQ
-  // products (3). The element-wise math is Step's.
-  template <bool kNext>
-  __device__ __forceinline__ void StepPipelined(float (&sc)[T::kSTiles][4], int it) {
-    const int tid = ptx::FreshThreadIdx();
-    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+  // The element-wise phase of tile it, sc complete: the A fragments of this warpgroup's
+  // gradient product, P^T (dV, from S^T, handing G to warpgroup 1) or dS^T (dK, from dP^T and
+  // G; also into the dS^T tile that dQ reads).
+  __device__ __forceinline__ void GradFragments(float (&sc)[T::kSTiles][4],
+                                                uint32_t (&a)[T::kGradSteps][4], int it, int tid,
+                                                int warpgroup) {
     const int warp = tid % 128 / 32;
     const int group = tid % 32 / 4;
     const int quad_lane = tid % 4;
-    const uint32_t q_st = StageSmem(it);
-    const uint32_t do_st = q_st + T::kTileBytes;
-    ptx::WgmmaWait<0>(sc);
+    if (warpgroup == 0) {
+      ScoresToP(sc, a, it, key_first_ + warp * 16, group, quad_lane);
+      // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
+      // apart between consecutive threads (conflict-free); warpgroup 1's thread of the same
+      // index holds dP^T of the same elements and reads them back.
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt) {
+        ptx::StoreShared128(g_smem_ + (nt * 128 + tid % 128) * 16,
+                            make_uint4(__float_as_uint(sc[nt][0]), __float_as_uint(sc[nt][1]),
+                                       __float_as_uint(sc[nt][2]), __float_as_uint(sc[nt][3])));
+      }
+      ptx::NamedBarrierArrive<T::kThreads>(1);
+    } else {
+      ptx::NamedBarrierSync<T::kThreads>(1);
+      GradToDs(sc, a, it, warp, group, quad_lane);
+    }
+  }
 
-    uint32_t a[T::kGradSteps][4];
-    GradFragments(sc, a, it, tid, warpgroup);
-    ptx::WgmmaFence();
-    IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
-
+  // dQ = dS K of the last tile, after the loop, once warpgroup 1's dS^T rows are in shared
+  // memory (written by the generic proxy, read by the tensor cores: fence, then barrier). Two
+  // products per warpgroup (columns DqColA / DqColB, traits), both committed before the first
+  // wait so that the reductions of the first run under the second.
+  __device__ __forceinline__ void Dq(int it, int warpgroup, int warp, int group, int quad_lane) {
     ptx::FenceProxyAsyncShared();
     __syncthreads();
     float dq_a[T::kDqColsA / 8][4];
     float dq_b[T::kDqColsB / 8][4];
-    const int dq_row = warp * 16 + group;
-    const int col_a = T::DqColA(warpgroup) + 4 * (quad_lane / 2);
-    const int col_b = T::DqColB(warpgroup) + 4 * (quad_lane / 2);
-    const bool odd = quad_lane & 1;
     ptx::WgmmaFence();
     IssueDq<MmaDqA>(dq_a, it, T::DqColA(warpgroup));
-    if constexpr (!kNext || T::kPipeline != 3) IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
-    // Committed groups in flight here: gradient product, dQ A (, dQ B).
-    if constexpr (!kNext) {  // the last tile: nothing ahead
-      ptx::WgmmaWait<1>(dq_a);
-      PinRegisters(grad_);
-      AddDq(dq_a, it, dq_row, col_a, odd);
-      ptx::WgmmaWait<0>(dq_b);
-    } else if constexpr (T::kPipeline == 1) {  // next S^T after dQ A's reductions
-      ptx::WgmmaWait<1>(dq_a);
-      PinRegisters(grad_);
-      AddDq(dq_a, it, dq_row, col_a, odd);
-      NextTile(sc, it);
-      ptx::WgmmaWait<1>(dq_b);
-    } else if constexpr (T::kPipeline == 2) {  // next S^T before any reduction
-      ptx::WgmmaWait<2>(grad_);
-      NextTile(sc, it);
-      ptx::WgmmaWait<2>(dq_a);
-      AddDq(dq_a, it, dq_row, col_a, odd);
-      ptx::WgmmaWait<1>(dq_b);
-    } else {  // 3: next S^T between the dQ halves (dQ B issued behind it, one dQ half live)
-      ptx::WgmmaWait<1>(grad_);
-      NextTile(sc, it);
-      ptx::WgmmaWait<1>(dq_a);
-      AddDq(dq_a, it, dq_row, col_a, odd);
-      ptx::WgmmaFence();
-      IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
-      ptx::WgmmaWait<0>(dq_b);  // and the next S^T (issued before it)
-    }
-    AddDq(dq_b, it, dq_row, col_b, odd);
+    IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
+    ptx::WgmmaWait<1>(dq_a);
+    AddDq(dq_a, it, warp * 16 + group, T::DqColA(warpgroup) + 4 * (quad_lane / 2),
+          quad_lane & 1);
+    ptx::WgmmaWait<0>(dq_b);
+    AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
+          quad_lane & 1);
   }
 
   // Warpgroup 1: dS^T = G (dP^T - D) with G from the exchange tile: the A fragments of
@@ -388,8 +250,8 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     ptx::WgmmaCommit();
   }
 
-  // Tile it's dS^T tile: one, or (kDeferDq) one per tile parity, so that tile it+1's can be
-  // written while tile it's dQ products read it.
+  // Tile it's dS^T tile, one per tile parity, so that tile it+1's can be written while tile
+  // it's dQ products read it.
   __device__ __forceinline__ uint32_t DsSmem(int it) const {
     return ds_smem_ + (it % T::kDsBuffers) * T::kDsBytes;
   }
@@ -402,7 +264,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     }
   }
 
-  uint32_t g_smem_;  // the exchange tile, after the dS^T tile(s)
+  uint32_t g_smem_;  // the exchange tile, after the dS^T tiles
   float grad_[T::kDTiles][4];  // dV (warpgroup 0) or dK (warpgroup 1), unscaled
 };
 
@@ -415,13 +277,7 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
                                                   blockIdx.x);
   if (!runner.Exists()) return;
   runner.Prologue();
-  if constexpr (BwdSm90WideTraits<kDType, kHeadDim>::kDeferDq) {
-    runner.RunDeferred();
-  } else if constexpr (BwdSm90WideTraits<kDType, kHeadDim>::kPipeline != 0) {
-    runner.RunPipelined();
-  } else {
-    runner.Run();
-  }
+  runner.Run();
   runner.Epilogue();
 }
 

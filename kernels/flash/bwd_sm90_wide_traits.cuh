@@ -2,28 +2,13 @@
 // (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, two warpgroups split by role, query tiles of 64
 // rows streamed through two stages, and the shared-memory layout (every bf16/fp16 tile 128-byte
 // swizzled for wgmma, 1 KB aligned):
-//   K, V (64 rows each) | stage 0, stage 1 (, stage 2): Q, dO (64 rows each), lse, D | dS^T
-//   (, the odd tiles' dS^T with ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ) | exchange (G).
+//   K, V (64 rows each) | stage 0, stage 1: Q, dO (64 rows each), lse, D | dS^T of the even
+//   tiles, of the odd tiles | exchange (G).
 #pragma once
 
 #include "kernels/attention_params.h"
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/tile_config.h"
-
-// Cross-tile pipelining (NOTES.md "Hopper backward at head dims 192 and 256", "v2"): tile it+1's
-// S^T / dP^T issued while tile it's dQ product is still on the tensor cores, so the dQ
-// reductions and the next tile's loads run under tensor work instead of before the loop-top
-// barrier. 1: after the first dQ half's reductions (registers: dK or dV, S^T or dP^T and one dQ
-// half live); 2: right after the dQ products are issued (both dQ halves live too; spills at
-// 256, so runs as 1 there); 3: between the two dQ products (the second issued behind it);
-// 0: every tile in series (v1). Unset (-1): the measured default, 1 at head dim 256 (+1-6% on
-// 9 of the 10 anchor rows) and 0 at 192 (no mode measured faster there).
-// ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ=1 (tile_config.h: it sizes the shared memory) takes
-// precedence over every mode: each tile's dQ product is issued in the next tile instead
-// (RunDeferred), at 192 and 256.
-#ifndef ATTN_FLASH_SM90_BWD_WIDE_PIPELINE
-#define ATTN_FLASH_SM90_BWD_WIDE_PIPELINE -1
-#endif
 
 namespace attnserve::kernels::flash {
 
@@ -54,16 +39,8 @@ struct BwdSm90WideTraits {
     return kHeadDim == 256 ? warpgroup * 128 + 64 : 64 + warpgroup * 32;
   }
 
-  // Pipelining mode (see ATTN_FLASH_SM90_BWD_WIDE_PIPELINE); mode 2 spills at 256 (dV / dK,
-  // both dQ halves and S^T / dP^T: 224 floats), so there it runs as mode 1.
-  static constexpr int kPipelineAsked = ATTN_FLASH_SM90_BWD_WIDE_PIPELINE < 0
-                                            ? (kHeadDim == 256 ? 1 : 0)
-                                            : ATTN_FLASH_SM90_BWD_WIDE_PIPELINE;
-  static constexpr int kPipeline = kPipelineAsked == 2 && kHeadDim == 256 ? 1 : kPipelineAsked;
-  // Deferred dQ (ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ; replaces kPipeline's schedule): tile it's dQ
-  // products are issued in tile it+1 behind its S^T / dP^T, so tile it's dS^T tile must outlive
-  // tile it+1's: dS^T of tile it in buffer it % kDsBuffers.
-  static constexpr bool kDeferDq = Sm90BackwardDeferDq(kHeadDim);
+  // Tile it's dQ products are issued in tile it+1 behind its S^T / dP^T (the kernel's Step),
+  // so tile it's dS^T tile must outlive tile it+1's: dS^T of tile it in buffer it % 2.
   static constexpr int kDsBuffers = Sm90BackwardDsBuffers(kHeadDim);
 
   static constexpr int kVecElems = 16 / sizeof(Element);
@@ -71,7 +48,7 @@ struct BwdSm90WideTraits {
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
   static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
-  static constexpr int kStages = Sm90BackwardStages(kHeadDim);  // 2, or 3 at 192 (tile_config.h)
+  static constexpr int kStages = 2;
   static constexpr bool kFlatLoads = true;  // 24-vector rows at 192 (LoadSwizzledFlatAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
@@ -87,14 +64,11 @@ struct BwdSm90WideTraits {
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
-  static_assert(kStages == 2 || kStages == 3, "ATTN_FLASH_SM90_BWD_WIDE_STAGES: 2 or 3");
+  static_assert(kDsBuffers == 2, "one dS^T tile per tile parity");
   static_assert(kSmemBytes == 2 * kKvBytes + kStages * kStageBytes + kDsBuffers * kDsBytes +
                                    kExchangeBytes + 1024,
                 "host and device agree");
-  static_assert(kDsBuffers == (kDeferDq ? 2 : 1), "deferred dQ: one dS^T tile per tile parity");
-  static_assert(kPipeline >= 0 && kPipeline <= 3, "ATTN_FLASH_SM90_BWD_WIDE_PIPELINE: 0 to 3");
-  static_assert(kSmemBytes <= 232448,
-                "fits an H100 block (227 KB; at 192 not with both three stages and deferred dQ)");
+  static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB, all of it at head dim 256)");
 };
 
 }  // namespace attnserve::kernels::flash

@@ -7,8 +7,7 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
   1. SwizzledOffset is a bijection of (row, 16-byte vector) onto the tile and equals wgmma's
      128-byte swizzle of the canonical K-major address (K, V, Q, dO tiles).
   2. The dS^T tile as stored by the threads (32-bit pairs from the S^T accumulator layout) is
-     exactly what the MN-major A descriptor of dQ = dS K reads for every (query, key), in either
-     dS^T buffer (ATTN_FLASH_SM90_BWD_DEFER_DQ: the second one kDsBytes after the first), and K
+     exactly what the MN-major A descriptor of dQ = dS K reads for every (query, key), and K
      read through the MN-major B descriptor (N = 32 or 64 columns from column c0) is K, for
      the dQ split by head-dim halves.
   3. The accumulator layout of wgmma (m64nN) packed as the kernel packs P^T / dS^T is the
@@ -22,10 +21,10 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
   7. The wide kernel (bwd_sm90_wide_kernel.cuh, head dims 192 / 256, 64 keys per CTA): the flat
      cp.async loader covers every vector of a tile once; the exchange tile hands warpgroup 1's
      thread t the G of exactly the elements its dP^T holds; warpgroup 1's dS^T tile is what the
-     dQ descriptors read, in either dS^T buffer (ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ: the second
-     one kDsBytes after the first), K read through the B descriptors of the two dQ products of
-     each warpgroup (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the
-     head dim once; the dQ reductions, epilogue and masks of 4 warps x 16 keys.
+     dQ descriptors read, in both dS^T buffers (one per tile parity, the second kDsBytes after
+     the first), K read through the B descriptors of the two dQ products of each warpgroup
+     (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the head dim once;
+     the dQ reductions, epilogue and masks of 4 warps x 16 keys.
 """
 
 import random
@@ -89,25 +88,21 @@ def check_fragments(block_m):
 
 def check_ds_tile_and_dq_operands(head_dim, block_m):
     # Stores: thread t of warpgroup wg writes the pair (key, query 8 nt + 2 (t % 4) + {0, 1}) at
-    # DsSmem(it) + SwizzledOffset<128>(key, nt) + (t % 4) * 4, key = 64 wg + 16 warp + group +
-    # 8 h (offsets from the first buffer; with deferred dQ the odd tiles' buffer follows it,
-    # both 1024-byte aligned).
-    ds_bytes = BLOCK_N * block_m * 2
+    # SwizzledOffset<128>(key, nt) + (t % 4) * 4, key = 64 wg + 16 warp + group + 8 h.
     memory = {}
-    for ds in (0, ds_bytes):
-        for wg in range(2):
-            for t in range(128):
-                for nt in range(block_m // 8):
-                    for h in range(2):
-                        row, col = accumulator_coords(t, 4 * nt + 2 * h)
-                        key = 64 * wg + row
-                        assert col == 8 * nt + 2 * (t % 4)
-                        base = ds + swizzled_offset(BLOCK_N, key, nt) + (t % 4) * 4
-                        for half in range(2):
-                            addr = base + 2 * half
-                            assert addr not in memory
-                            memory[addr] = (ds, key, col + half)
-    assert len(memory) == 2 * BLOCK_N * block_m
+    for wg in range(2):
+        for t in range(128):
+            for nt in range(block_m // 8):
+                for h in range(2):
+                    row, col = accumulator_coords(t, 4 * nt + 2 * h)
+                    key = 64 * wg + row
+                    assert col == 8 * nt + 2 * (t % 4)
+                    base = swizzled_offset(BLOCK_N, key, nt) + (t % 4) * 4
+                    for half in range(2):
+                        addr = base + 2 * half
+                        assert addr not in memory
+                        memory[addr] = (key, col + half)
+    assert len(memory) == BLOCK_N * block_m
     # dQ = dS K per warpgroup: A = dS (M = the 64 queries, K = keys), MN-major, start
     # ds + key_rows + kk * 16 * 128, SBO = 1024; B = K (K = keys, N = dq_cols head-dim columns
     # from col0), MN-major. Split by head-dim halves (all 128 keys).
@@ -116,12 +111,11 @@ def check_ds_tile_and_dq_operands(head_dim, block_m):
         key0, steps, dq_cols, col0 = 0, BLOCK_N // 16, head_dim // 2, wg * head_dim // 2
         key_rows = key0 * 128
         for kk in range(steps):
-            for ds in (0, ds_bytes):
-                start = ds + key_rows + kk * 16 * 128
-                for m in range(64):
-                    for k in range(16):
-                        canonical = start + (k // 8) * 1024 + (k % 8) * 128 + m * 2
-                        assert memory[hw_swizzle(canonical)] == (ds, key0 + kk * 16 + k, m)
+            start = key_rows + kk * 16 * 128
+            for m in range(64):
+                for k in range(16):
+                    canonical = start + (k // 8) * 1024 + (k % 8) * 128 + m * 2
+                    assert memory[hw_swizzle(canonical)] == (key0 + kk * 16 + k, m)
         k_cols = key_rows + (col0 // 64) * BLOCK_N * 128 + (col0 % 64) * 2
         for kk in range(steps):
             start = k_cols + kk * 16 * 128

@@ -139,46 +139,18 @@ constexpr int Sm90BackwardStageBytes(int head_dim) {
 constexpr int Sm90BackwardExchangeBytes(int head_dim) {
   return head_dim <= 128 ? 0 : Sm90BackwardBlockN(head_dim) * Sm90BackwardBlockM(head_dim) * 4;
 }
-// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256"): 3 streams the query
-// tiles of the head-dim-192 kernel through three stages (loads two tiles ahead; 220 KB). Host
-// and device code both read it (the dispatcher checks the block's shared memory), so it must be
-// set for the whole build. Head dim 256 has no room for a third stage (219 KB with two).
-#ifndef ATTN_FLASH_SM90_BWD_WIDE_STAGES
-#define ATTN_FLASH_SM90_BWD_WIDE_STAGES 2
-#endif
-constexpr int Sm90BackwardStages(int head_dim) {
-  return head_dim == 192 ? ATTN_FLASH_SM90_BWD_WIDE_STAGES : 2;
-}
-// Benchmark switch (NOTES.md "Hopper backward at head dims 192 and 256", "Deferred dQ"): 1 makes
-// the head-dim-192/256 kernel issue each tile's dQ = dS K in the next tile, under its S^T / dP^T
-// and element-wise phase (RunDeferred). That needs two dS^T tiles (+8 KB: 179 / 227 KB at 192 /
-// 256; three stages at 192 no longer fit). Host and device code both read it, as the stages
-// switch above: set it for the whole build.
-#ifndef ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ
-#define ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ 0
-#endif
-// The same for the head-dim-64/128 kernel (NOTES.md "Hopper backward (sm90)", "Deferred dQ at
-// head dims 64/128"; BwdSm90BlockRunner::RunDeferred): 1 issues each tile's dQ = dS K in the next
-// tile behind its S^T / dP^T, with two dS^T tiles (+16 KB: 99 KB at head dim 64). Head dim 64
-// only: at 128 the dQ accumulator (32 floats per thread) live across the P^T / dS^T phase
-// beside dK, dV (128 floats), S^T and dP^T spilled (ptxas: 254 registers, 48 bytes of spill
-// stores and loads, and C7512: wgmma serialized for lack of registers; also with the dQ
-// reductions moved before the dS^T math), so 128 keeps Run() and one dS^T tile.
-#ifndef ATTN_FLASH_SM90_BWD_DEFER_DQ
-#define ATTN_FLASH_SM90_BWD_DEFER_DQ 0
-#endif
-constexpr bool Sm90BackwardDeferDq(int head_dim) {
-  return head_dim > 128 ? ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ != 0
-                        : ATTN_FLASH_SM90_BWD_DEFER_DQ != 0 && head_dim <= 64;
-}
-// dS^T tiles: one, or (deferred dQ) one per tile parity.
-constexpr int Sm90BackwardDsBuffers(int head_dim) { return Sm90BackwardDeferDq(head_dim) ? 2 : 1; }
-// K and V (resident), two stages, the dS^T tile(s) (keys x queries, 16 bits), the exchange tile
-// (192 / 256), 1 KB for alignment: 83 / 147 / 171 / 219 KB at head dim 64 / 128 / 192 / 256
-// (deferred dQ: 99 KB at 64, 179 / 227 KB at 192 / 256).
+// dS^T tiles (keys x queries, 16 bits): one at head dims 64 / 128 (its dQ product completes
+// within the tile); two at 192 / 256, whose kernel issues each tile's dQ = dS K in the next tile
+// under its S^T / dP^T and element-wise phase, so tile it's dS^T tile outlives tile it+1's
+// (measured faster, NOTES.md "Hopper backward at head dims 192 and 256", "Deferred dQ"; the
+// same at 64 measured no faster).
+constexpr int Sm90BackwardDsBuffers(int head_dim) { return head_dim > 128 ? 2 : 1; }
+// K and V (resident), two stages, the dS^T tile(s), the exchange tile (192 / 256), 1 KB for
+// alignment: 83 / 147 / 179 / 227 KB at head dim 64 / 128 / 192 / 256 (a third stage would fit
+// neither at 192 nor at 256).
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
-         Sm90BackwardStages(head_dim) * Sm90BackwardStageBytes(head_dim) +
+         2 * Sm90BackwardStageBytes(head_dim) +
          Sm90BackwardDsBuffers(head_dim) * Sm90BackwardBlockN(head_dim) *
              Sm90BackwardBlockM(head_dim) * 2 +
          Sm90BackwardExchangeBytes(head_dim) + 1024;
