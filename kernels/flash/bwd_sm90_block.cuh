@@ -13,8 +13,23 @@
 #include "kernels/flash/fwd_sm90_kernel.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
+#include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
+
+// This CTA's (batch, kv head, key block) from the grid LaunchBackwardSm90With sets up.
+struct BwdSm90CtaCoords {
+  int batch, kv_head, n_block;
+};
+__device__ __forceinline__ BwdSm90CtaCoords Sm90BackwardCtaCoords() {
+  if constexpr (ATTN_FLASH_SM90_BWD_HEADS_FIRST != 0) {
+    return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.x),
+            static_cast<int>(blockIdx.y)};
+  } else {
+    return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
+            static_cast<int>(blockIdx.x)};
+  }
+}
 
 // Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
 // wait), zero-filling rows at or past rows_valid and vectors at or past vecs_valid (nothing is
@@ -95,6 +110,7 @@ class BwdSm90Block {
     m_begin_ = row_first / T::kBlockM;
     m_count_ = row_first > row_last ? 0 : row_last / T::kBlockM - m_begin_ + 1;
     iters_ = m_count_ * f_.head_group;
+    rotate_ = ATTN_FLASH_SM90_BWD_ROTATE_TILES != 0 && m_count_ > 0 ? n_block % m_count_ : 0;
   }
 
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
@@ -104,7 +120,12 @@ class BwdSm90Block {
     return kv_head_ * f_.head_group + it / m_count_;
   }
   __device__ __forceinline__ int Row0Of(int it) const {
-    return (m_begin_ + it % m_count_) * T::kBlockM;
+    int tile = it % m_count_;
+    if constexpr (ATTN_FLASH_SM90_BWD_ROTATE_TILES != 0) {
+      tile += rotate_;
+      if (tile >= m_count_) tile -= m_count_;
+    }
+    return (m_begin_ + tile) * T::kBlockM;
   }
 
   // Q, dO, lse and D of query tile `it` into its stage. Rows past the sequence read 0 (their Q
@@ -285,6 +306,7 @@ class BwdSm90Block {
   int k_begin_, len_k_, key_first_, q_begin_, len_q_, offset_;
   int vecs_valid_;
   int m_begin_, m_count_, iters_;
+  int rotate_;  // the first query tile (ATTN_FLASH_SM90_BWD_ROTATE_TILES), else 0
   uint32_t k_smem_, v_smem_, stage_smem_, ds_smem_;
 
  private:

@@ -43,8 +43,15 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
     if (err != cudaSuccess) return BackwardSm90LaunchError("preprocess launch", err);
   }
   if (grid.max_seqlen_k > 0) {
-    const dim3 blocks((grid.max_seqlen_k + T::kBlockN - 1) / T::kBlockN,
-                      args.fwd.num_heads / args.fwd.head_group, grid.batch);
+    const unsigned key_blocks = (grid.max_seqlen_k + T::kBlockN - 1) / T::kBlockN;
+    const unsigned kv_heads = args.fwd.num_heads / args.fwd.head_group;
+    if (ATTN_FLASH_SM90_BWD_HEADS_FIRST != 0 && key_blocks > 65535) {
+      return KernelStatus::Error("flash: sm90 backward with ATTN_FLASH_SM90_BWD_HEADS_FIRST: " +
+                                 std::to_string(key_blocks) + " key blocks exceed gridDim.y");
+    }
+    const dim3 blocks = ATTN_FLASH_SM90_BWD_HEADS_FIRST != 0
+                            ? dim3(kv_heads, key_blocks, grid.batch)
+                            : dim3(key_blocks, kv_heads, grid.batch);
     dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
     err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardSm90LaunchError("dK/dV launch", err);
