@@ -13,22 +13,21 @@
 #include "kernels/flash/fwd_sm90_kernel.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
-#include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
 
-// This CTA's (batch, kv head, key block) from the grid LaunchBackwardSm90With sets up.
+// This CTA's (batch, kv head, key block). The grid (LaunchBackwardSm90With) is kv heads x key
+// blocks in x, the kv head varying fastest, and the batch in z: the CTAs are dispatched in x
+// order, so every head's key block 0 comes first, then every head's block 1, and so on. Under a
+// causal mask the early key blocks see the most query tiles; dispatched first, they no longer
+// finish last, as the last head's did with the key block fastest (NOTES.md "CTA order").
 struct BwdSm90CtaCoords {
   int batch, kv_head, n_block;
 };
-__device__ __forceinline__ BwdSm90CtaCoords Sm90BackwardCtaCoords() {
-  if constexpr (ATTN_FLASH_SM90_BWD_HEADS_FIRST != 0) {
-    return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.x),
-            static_cast<int>(blockIdx.y)};
-  } else {
-    return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
-            static_cast<int>(blockIdx.x)};
-  }
+__device__ __forceinline__ BwdSm90CtaCoords Sm90BackwardCtaCoords(const FwdKernelArgs& f) {
+  const int kv_heads = f.num_heads / f.head_group;
+  const int x = static_cast<int>(blockIdx.x);
+  return {static_cast<int>(blockIdx.z), x % kv_heads, x / kv_heads};
 }
 
 // Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
@@ -110,7 +109,6 @@ class BwdSm90Block {
     m_begin_ = row_first / T::kBlockM;
     m_count_ = row_first > row_last ? 0 : row_last / T::kBlockM - m_begin_ + 1;
     iters_ = m_count_ * f_.head_group;
-    rotate_ = ATTN_FLASH_SM90_BWD_ROTATE_TILES != 0 && m_count_ > 0 ? n_block % m_count_ : 0;
   }
 
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
@@ -120,12 +118,7 @@ class BwdSm90Block {
     return kv_head_ * f_.head_group + it / m_count_;
   }
   __device__ __forceinline__ int Row0Of(int it) const {
-    int tile = it % m_count_;
-    if constexpr (ATTN_FLASH_SM90_BWD_ROTATE_TILES != 0) {
-      tile += rotate_;
-      if (tile >= m_count_) tile -= m_count_;
-    }
-    return (m_begin_ + tile) * T::kBlockM;
+    return (m_begin_ + it % m_count_) * T::kBlockM;
   }
 
   // Q, dO, lse and D of query tile `it` into its stage. Rows past the sequence read 0 (their Q
@@ -306,7 +299,6 @@ class BwdSm90Block {
   int k_begin_, len_k_, key_first_, q_begin_, len_q_, offset_;
   int vecs_valid_;
   int m_begin_, m_count_, iters_;
-  int rotate_;  // the first query tile (ATTN_FLASH_SM90_BWD_ROTATE_TILES), else 0
   uint32_t k_smem_, v_smem_, stage_smem_, ds_smem_;
 
  private:

@@ -171,20 +171,6 @@ constexpr bool Sm90BackwardDeferDq(int head_dim) {
   return head_dim > 128 ? ATTN_FLASH_SM90_BWD_WIDE_DEFER_DQ != 0
                         : ATTN_FLASH_SM90_BWD_DEFER_DQ != 0 && head_dim <= 64;
 }
-// Benchmark switches (NOTES.md "Hopper backward: tile order and CTA order"), read by host and
-// device code: set them for the whole build.
-// ATTN_FLASH_SM90_BWD_ROTATE_TILES=1: the CTA of key block n starts its query tiles at tile
-// n mod count and wraps around, so the CTAs of one head that run together add into different
-// dQ rows instead of all into the same ones.
-#ifndef ATTN_FLASH_SM90_BWD_ROTATE_TILES
-#define ATTN_FLASH_SM90_BWD_ROTATE_TILES 0
-#endif
-// ATTN_FLASH_SM90_BWD_HEADS_FIRST=1: grid (heads, key blocks, batch) instead of (key blocks,
-// heads, batch), so every head's key block 0 is dispatched first: with a causal mask the
-// longest CTAs start first rather than one head at a time (the last head's long ones last).
-#ifndef ATTN_FLASH_SM90_BWD_HEADS_FIRST
-#define ATTN_FLASH_SM90_BWD_HEADS_FIRST 0
-#endif
 // dS^T tiles: one, or (deferred dQ) one per tile parity.
 constexpr int Sm90BackwardDsBuffers(int head_dim) { return Sm90BackwardDeferDq(head_dim) ? 2 : 1; }
 // K and V (resident), two stages, the dS^T tile(s) (keys x queries, 16 bits), the exchange tile
