@@ -273,8 +273,9 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
   extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
-  BwdSm90WideBlockRunner<kDType, kHeadDim> runner(args, base, blockIdx.z, blockIdx.y,
-                                                  blockIdx.x);
+  const BwdSm90CtaCoords cta = Sm90BackwardCtaCoords(args.fwd);
+  BwdSm90WideBlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head,
+                                                  cta.n_block);
   if (!runner.Exists()) return;
   runner.Prologue();
   runner.Run();
