@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/flash/bwd_args.h"
+#include "kernels/flash/bwd_cta_order.cuh"
 #include "kernels/flash/bwd_traits.cuh"
 #include "kernels/flash/bwd_warp_gemm.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
@@ -61,9 +62,10 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
   extern __shared__ __align__(16) unsigned char smem[];
   const FwdKernelArgs& f = args.fwd;
 
-  const int n_block = blockIdx.x;
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const DkDvCtaCoords cta = Sm80DkDvCta(f);
+  const int n_block = cta.n_block;
+  const int kv_head = cta.kv_head;
+  const int batch = cta.batch;
   const int k_begin = f.cu_seqlens_k[batch];
   const int len_k = f.cu_seqlens_k[batch + 1] - k_begin;
   const int key_first = n_block * kBlockN;

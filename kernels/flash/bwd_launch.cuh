@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "kernels/flash/bwd_cta_order.cuh"
 #include "kernels/flash/bwd_dkdv_kernel.cuh"
 #include "kernels/flash/bwd_dkdv_pair_kernel.cuh"
 #include "kernels/flash/bwd_dq_kernel.cuh"
@@ -62,8 +63,13 @@ KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
     if (err != cudaSuccess) return BackwardLaunchError("preprocess launch", err);
   }
   if (grid.max_seqlen_k > 0) {
-    const dim3 blocks((grid.max_seqlen_k + T::kResidentRows - 1) / T::kResidentRows,
-                      args.fwd.num_heads / args.fwd.head_group, grid.batch);
+    dim3 blocks((grid.max_seqlen_k + T::kResidentRows - 1) / T::kResidentRows,
+                args.fwd.num_heads / args.fwd.head_group, grid.batch);
+    if constexpr (ATTN_FLASH_BWD_SM80_HEADS_FIRST != 0) {
+      if (KernelStatus s = HeadsFirstDkDvGrid(args.fwd, grid, T::kResidentRows, &blocks); !s.ok) {
+        return s;
+      }
+    }
     dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardLaunchError("dK/dV launch", err);

@@ -10,25 +10,12 @@
 #include <cstdint>
 
 #include "kernels/flash/bwd_args.h"
+#include "kernels/flash/bwd_cta_order.cuh"
 #include "kernels/flash/fwd_sm90_kernel.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 
 namespace attnserve::kernels::flash {
-
-// This CTA's (batch, kv head, key block). The grid (LaunchBackwardSm90With) is kv heads x key
-// blocks in x, the kv head varying fastest, and the batch in z: the CTAs are dispatched in x
-// order, so every head's key block 0 comes first, then every head's block 1, and so on. Under a
-// causal mask the early key blocks see the most query tiles; dispatched first, they no longer
-// finish last, as the last head's did with the key block fastest (NOTES.md "CTA order").
-struct BwdSm90CtaCoords {
-  int batch, kv_head, n_block;
-};
-__device__ __forceinline__ BwdSm90CtaCoords Sm90BackwardCtaCoords(const FwdKernelArgs& f) {
-  const int kv_heads = f.num_heads / f.head_group;
-  const int x = static_cast<int>(blockIdx.x);
-  return {static_cast<int>(blockIdx.z), x % kv_heads, x / kv_heads};
-}
 
 // Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
 // wait), zero-filling rows at or past rows_valid and vectors at or past vecs_valid (nothing is

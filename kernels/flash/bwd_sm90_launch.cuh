@@ -4,8 +4,6 @@
 // conversion (the sm80 path's preprocess and conversion kernels, unchanged).
 #pragma once
 
-#include <cstdint>
-#include <limits>
 #include <string>
 
 #include "kernels/flash/bwd_launch.h"
@@ -45,16 +43,8 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
     if (err != cudaSuccess) return BackwardSm90LaunchError("preprocess launch", err);
   }
   if (grid.max_seqlen_k > 0) {
-    // Sm90BackwardCtaCoords: kv heads x key blocks in x (kv head fastest), the batch in z.
-    const int64_t key_blocks = (grid.max_seqlen_k + T::kBlockN - 1) / T::kBlockN;
-    const int64_t ctas = key_blocks * (args.fwd.num_heads / args.fwd.head_group);
-    if (ctas > std::numeric_limits<int>::max()) {
-      return KernelStatus::Error(
-          "flash: sm90 backward needs " + std::to_string(ctas) +
-          " CTAs per sequence (key blocks x kv heads), over the grid's limit of " +
-          std::to_string(std::numeric_limits<int>::max()) + " in x");
-    }
-    const dim3 blocks(static_cast<unsigned>(ctas), 1, grid.batch);
+    dim3 blocks;
+    if (KernelStatus s = HeadsFirstDkDvGrid(args.fwd, grid, T::kBlockN, &blocks); !s.ok) return s;
     dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
     err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardSm90LaunchError("dK/dV launch", err);

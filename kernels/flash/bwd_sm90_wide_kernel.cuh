@@ -273,7 +273,7 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
   extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
-  const BwdSm90CtaCoords cta = Sm90BackwardCtaCoords(args.fwd);
+  const DkDvCtaCoords cta = HeadsFirstDkDvCta(args.fwd);
   BwdSm90WideBlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head,
                                                   cta.n_block);
   if (!runner.Exists()) return;

@@ -1,0 +1,54 @@
+// The dK/dV kernels' grid: one CTA per (kv head, key block) in x, the kv head varying fastest,
+// and the sequence in z. The GPU dispatches CTAs in x order, so every head's key block 0 comes
+// first, then every head's block 1, and so on. Under a causal mask the early key blocks see the
+// most query tiles: dispatched first, the longest CTAs no longer finish last, as the last head's
+// did with the key block fastest (NOTES.md "Hopper backward: CTA order").
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "kernels/attention_params.h"
+#include "kernels/flash/bwd_args.h"
+
+namespace attnserve::kernels::flash {
+
+// This CTA's (sequence, kv head, key block).
+struct DkDvCtaCoords {
+  int batch, kv_head, n_block;
+};
+__device__ __forceinline__ DkDvCtaCoords HeadsFirstDkDvCta(const FwdKernelArgs& f) {
+  const int kv_heads = f.num_heads / f.head_group;
+  const int x = static_cast<int>(blockIdx.x);
+  return {static_cast<int>(blockIdx.z), x % kv_heads, x / kv_heads};
+}
+
+// The grid HeadsFirstDkDvCta reads, for key blocks of block_n keys; an error when the CTAs of
+// one sequence would not fit in x.
+inline KernelStatus HeadsFirstDkDvGrid(const FwdKernelArgs& f, const BwdGrid& grid, int block_n,
+                                       dim3* blocks) {
+  const int64_t key_blocks = (int64_t{grid.max_seqlen_k} + block_n - 1) / block_n;
+  const int64_t ctas = key_blocks * (f.num_heads / f.head_group);
+  if (ctas > std::numeric_limits<int>::max()) {
+    return KernelStatus::Error(
+        "flash: backward needs " + std::to_string(ctas) +
+        " CTAs per sequence (key blocks x kv heads), over the grid's limit of " +
+        std::to_string(std::numeric_limits<int>::max()) + " in x");
+  }
+  *blocks = dim3(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(grid.batch));
+  return KernelStatus::Ok();
+}
+
+// Benchmark switch: 1 gives the sm80/sm75 dK/dV kernels the heads-first grid too (read by host
+// and device code: set it for the whole build); 0 keeps their grid (key blocks, kv heads, batch).
+#ifndef ATTN_FLASH_BWD_SM80_HEADS_FIRST
+#define ATTN_FLASH_BWD_SM80_HEADS_FIRST 0
+#endif
+__device__ __forceinline__ DkDvCtaCoords Sm80DkDvCta(const FwdKernelArgs& f) {
+  if constexpr (ATTN_FLASH_BWD_SM80_HEADS_FIRST != 0) return HeadsFirstDkDvCta(f);
+  return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
+          static_cast<int>(blockIdx.x)};
+}
+
+}  // namespace attnserve::kernels::flash
