@@ -1,8 +1,9 @@
-// The dK/dV kernels' grid: one CTA per (kv head, key block) in x, the kv head varying fastest,
-// and the sequence in z. The GPU dispatches CTAs in x order, so every head's key block 0 comes
-// first, then every head's block 1, and so on. Under a causal mask the early key blocks see the
-// most query tiles: dispatched first, the longest CTAs no longer finish last, as the last head's
-// did with the key block fastest (NOTES.md "Hopper backward: CTA order").
+// The grid of every dK/dV kernel (sm90, sm80/sm75, the pair kernel): one CTA per (kv head, key
+// block) in x, the kv head varying fastest, and the sequence in z. The GPU dispatches CTAs in x
+// order, so every head's key block 0 comes first, then every head's block 1, and so on. Under a
+// causal mask the early key blocks see the most query tiles: dispatched first, the longest CTAs
+// no longer finish last, as the last head's did with the key block fastest (NOTES.md "Backward:
+// CTA order").
 #pragma once
 
 #include <cstdint>
@@ -38,17 +39,6 @@ inline KernelStatus HeadsFirstDkDvGrid(const FwdKernelArgs& f, const BwdGrid& gr
   }
   *blocks = dim3(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(grid.batch));
   return KernelStatus::Ok();
-}
-
-// Benchmark switch: 1 gives the sm80/sm75 dK/dV kernels the heads-first grid too (read by host
-// and device code: set it for the whole build); 0 keeps their grid (key blocks, kv heads, batch).
-#ifndef ATTN_FLASH_BWD_SM80_HEADS_FIRST
-#define ATTN_FLASH_BWD_SM80_HEADS_FIRST 0
-#endif
-__device__ __forceinline__ DkDvCtaCoords Sm80DkDvCta(const FwdKernelArgs& f) {
-  if constexpr (ATTN_FLASH_BWD_SM80_HEADS_FIRST != 0) return HeadsFirstDkDvCta(f);
-  return {static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
-          static_cast<int>(blockIdx.x)};
 }
 
 }  // namespace attnserve::kernels::flash

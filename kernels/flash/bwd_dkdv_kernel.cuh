@@ -126,7 +126,7 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
   extern __shared__ __align__(16) unsigned char smem[];
   const FwdKernelArgs& f = args.fwd;
 
-  const DkDvCtaCoords cta = Sm80DkDvCta(f);
+  const DkDvCtaCoords cta = HeadsFirstDkDvCta(f);
   const int n_block = cta.n_block;
   const int kv_head = cta.kv_head;
   const int batch = cta.batch;

@@ -63,12 +63,9 @@ KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
     if (err != cudaSuccess) return BackwardLaunchError("preprocess launch", err);
   }
   if (grid.max_seqlen_k > 0) {
-    dim3 blocks((grid.max_seqlen_k + T::kResidentRows - 1) / T::kResidentRows,
-                args.fwd.num_heads / args.fwd.head_group, grid.batch);
-    if constexpr (ATTN_FLASH_BWD_SM80_HEADS_FIRST != 0) {
-      if (KernelStatus s = HeadsFirstDkDvGrid(args.fwd, grid, T::kResidentRows, &blocks); !s.ok) {
-        return s;
-      }
+    dim3 blocks;
+    if (KernelStatus s = HeadsFirstDkDvGrid(args.fwd, grid, T::kResidentRows, &blocks); !s.ok) {
+      return s;
     }
     dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
     const cudaError_t err = cudaGetLastError();
