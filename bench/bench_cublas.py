@@ -2,8 +2,8 @@
 """A quick timing of the cublas family (through libattn_capi.so) against PyTorch's math and
 memory-efficient SDPA on a few anchor rows, forward and backward, fp32 and bf16. Equal-length
 sequences (so SDPA runs on one padded-free [B, H, S, D] batch); same inputs for all; median of
-CUDA-event-timed repeats after warm-ups; TFLOP/s with FLOPs = 4 * sum(s^2) * d * heads, halved if
-causal, times 2.5 for the backward. Workspace: the family's own ForwardWorkspaceBytes /
+CUDA-event-timed repeats after warm-ups, a row's columns timed in turns (gpu_timing.py); TFLOP/s
+with FLOPs = 4 * sum(s^2) * d * heads, halved if causal, times 2.5 for the backward. Workspace: the family's own ForwardWorkspaceBytes /
 BackwardWorkspaceBytes (capped at 256 MiB), allocated once outside the timing.
 
   python3 bench/bench_cublas.py [--markdown FILE] [--repeats N]
@@ -14,7 +14,6 @@ import ctypes
 import datetime
 import math
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -23,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "capi"))
 import attn_capi  # noqa: E402
+from gpu_timing import time_columns  # noqa: E402
 
 # (dtype, head_dim, heads, sequences, causal)
 ROWS = [
@@ -34,25 +34,6 @@ ROWS = [
     (torch.bfloat16, 128, 16, [4096] * 2, True),
     (torch.bfloat16, 512, 8, [2048] * 2, True),
 ]
-HOST_SLACK_CYCLES = 200_000
-
-
-def time_ms(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(HOST_SLACK_CYCLES)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
 def bench_row(family, dtype, head_dim, heads, lens, causal, warmup, repeats):
     batch, seq = len(lens), lens[0]
     total = batch * seq
@@ -72,11 +53,13 @@ def bench_row(family, dtype, head_dim, heads, lens, causal, warmup, repeats):
                                                          dtype_code=_code(dtype)),
                          dtype=torch.uint8, device="cuda")
     result = {}
-    result["ours fwd"] = time_ms(lambda: family.forward(
-        q, k, v, cu, cu, seq, seq, out=out, lse=lse, workspace=fwd_ws, **common), warmup, repeats)
-    result["ours bwd"] = time_ms(lambda: family.backward(
-        dout, q, k, v, out, lse, cu, cu, seq, seq, dq=grads[0], dk=grads[1], dv=grads[2],
-        workspace=bwd_ws, **common), warmup, repeats)
+    fns = {
+        "ours fwd": lambda: family.forward(q, k, v, cu, cu, seq, seq, out=out, lse=lse,
+                                           workspace=fwd_ws, **common),
+        "ours bwd": lambda: family.backward(dout, q, k, v, out, lse, cu, cu, seq, seq,
+                                            dq=grads[0], dk=grads[1], dv=grads[2],
+                                            workspace=bwd_ws, **common),
+    }
 
     def padded(t):
         return t.view(batch, seq, heads, head_dim).transpose(1, 2)
@@ -84,30 +67,29 @@ def bench_row(family, dtype, head_dim, heads, lens, causal, warmup, repeats):
     qp, kp, vp = (padded(t).detach().requires_grad_() for t in (q, k, v))
     dp = padded(dout)
     ref = padded(out).float()
+    peers = []
     for name, backend in (("math", SDPBackend.MATH), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
-        try:
+        def fwd(backend=backend):
             with sdpa_kernel(backend):
-                o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, scale=scale)
-                diff = ((o.float() - ref).norm() / ref.norm()).item()
+                return F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, scale=scale)
 
-                def fwd():
-                    with sdpa_kernel(backend):
-                        F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, scale=scale)
-
-                def bwd():
-                    with sdpa_kernel(backend):
-                        o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal,
-                                                           scale=scale)
-                    o.backward(dp)
-
-                result[f"{name} fwd"] = time_ms(fwd, warmup, repeats)
-                # Backward timed with its forward; the forward's time is subtracted.
-                result[f"{name} bwd"] = max(time_ms(bwd, warmup, repeats) - result[f"{name} fwd"],
-                                            1e-6)
-                result[f"{name} diff"] = diff
-        except RuntimeError as e:  # out of memory or unsupported configuration
+        def fwd_bwd(fwd=fwd):
+            fwd().backward(dp)
+        try:
+            result[f"{name} diff"] = ((fwd().float() - ref).norm() / ref.norm()).item()
+            fwd_bwd()  # out of memory or an unsupported configuration shows here
+        except RuntimeError as e:
+            result.pop(f"{name} diff", None)
             result[f"{name} error"] = str(e).splitlines()[0][:60]
             torch.cuda.empty_cache()
+            continue
+        fns[f"{name} fwd"] = fwd
+        fns[f"{name} fwd+bwd"] = fwd_bwd
+        peers.append(name)
+    result.update(time_columns(fns, warmup, repeats))
+    for name in peers:
+        # A peer's backward is timed with its forward; the forward's time is subtracted.
+        result[f"{name} bwd"] = max(result.pop(f"{name} fwd+bwd") - result[f"{name} fwd"], 1e-6)
     return result
 
 
@@ -139,7 +121,7 @@ def main():
     lines = [
         f"{datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"median of {args.repeats} CUDA-event timed repeats after {args.warmup} warm-ups, "
-        "TFLOP/s (ms)",
+        "columns timed in turns, TFLOP/s (ms)",
         "",
         "| dtype | hdim | heads | seqs | causal | ours fwd | math fwd | efficient fwd | ours bwd "
         "| math bwd | efficient bwd | ours vs efficient out |",

@@ -7,8 +7,8 @@ cu_seqlens), on the rows of shared/anchors/h100.md, measured side by side in one
   bf16 columns: ours on the device's own code path (sm80+: mma.sync m16n8k16) vs mem-eff bf16;
   fp16 columns: ours on the sm75 code path (mma.sync m16n8k8, what a T4 runs) vs mem-eff fp16.
 
-Same inputs for both; median of CUDA-event-timed repeats after warm-ups (bench_flash.py's
-method); TFLOP/s with FLOPs = 4 * sum(s^2) * d * heads, halved if causal, x2.5 backward.
+Same inputs for both; median of CUDA-event-timed repeats after warm-ups, ours and mem-eff of a
+dtype timed in turns (gpu_timing.time_columns, as bench_flash.py); TFLOP/s with FLOPs = 4 * sum(s^2) * d * heads, halved if causal, x2.5 backward.
 
   python3 bench/bench_fallback.py [--backward] [--head-dims 64,128,256] [--markdown FILE]
 """
@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "capi"))
 import attn_capi  # noqa: E402
+from gpu_timing import flops, seq_name, time_columns  # noqa: E402
 
 HEAD_CONFIGS = [(64, 32), (128, 16), (256, 8)]
 SEQUENCE_SETS = [
@@ -33,36 +34,6 @@ SEQUENCE_SETS = [
     [16384],
     [100, 3000, 700, 5000, 1200, 6384],
 ]
-HOST_SLACK_CYCLES = 200_000  # GPU busy-wait before each timed call hides host launch overhead
-
-
-def seq_name(lens):
-    if all(x == lens[0] for x in lens):
-        return f"{len(lens)}x{lens[0]}"
-    return "x".join(str(x) for x in lens)
-
-
-def flops(lens, head_dim, heads, causal):
-    total = 4 * sum(x * x for x in lens) * head_dim * heads
-    return total / 2 if causal else total
-
-
-def time_ms(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(HOST_SLACK_CYCLES)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
 def _call_by_schema(op, **values):
     """Calls an aten op with the named values its schema has (names differ across versions)."""
     names = [a.name for a in op.default._schema.arguments]
@@ -110,17 +81,14 @@ def bench_row(ours, head_dim, heads, lens, causal, backward, warmup, repeats):
         kw = dict(softmax_scale=scale, causal=causal)
         out, lse = family.forward(q, k, v, cu, cu, max_len, max_len, **kw)
         suffix = "bf16" if dtype == torch.bfloat16 else "fp16"
+        fns = {}
+        row[f"memeff_{suffix}"], ref = None, None
         try:
-            if backward:
-                memeff_fn = memeff.backward_fn(dout)
-                ref = memeff_fn()[0].squeeze(0)
-            else:
-                memeff_fn = memeff.forward
-                ref = memeff_fn()[0].squeeze(0)
-            row[f"memeff_{suffix}"] = work / time_ms(memeff_fn, warmup, repeats) / 1e9
+            memeff_fn = memeff.backward_fn(dout) if backward else memeff.forward
+            ref = memeff_fn()[0].squeeze(0)
+            fns[f"memeff_{suffix}"] = memeff_fn
         except RuntimeError as err:
             print(f"mem-eff {suffix} unavailable for {row['seqs']}: {err}", file=sys.stderr)
-            row[f"memeff_{suffix}"], ref = None, None
         if backward:
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             workspace = torch.empty(max(1, family.backward_workspace_bytes(q, k, cu, cu)),
@@ -140,7 +108,9 @@ def bench_row(ours, head_dim, heads, lens, causal, backward, warmup, repeats):
             ours_fn()
         torch.cuda.synchronize()
         row[f"{column}_diff"] = rel_diff(result, ref) if ref is not None else math.nan
-        row[column] = work / time_ms(ours_fn, warmup, repeats) / 1e9
+        fns[column] = ours_fn
+        for name, ms in time_columns(fns, warmup, repeats).items():
+            row[name] = work / ms / 1e9
     return row
 
 
@@ -206,7 +176,7 @@ def main():
     header = (f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name()}, "
               f"torch {torch.__version__}, fallback {'backward' if args.backward else 'forward'}"
               f", median of {args.repeats} CUDA-event timed repeats after {args.warmup} "
-              f"warm-ups, TFLOP/s")
+              f"warm-ups, columns of a dtype timed in turns, TFLOP/s")
     text = header + "\n\n" + table(rows, kind) + "\n\n" + summary(rows) + "\n"
     print("\n" + text)
     if args.markdown:

@@ -24,7 +24,6 @@ import argparse
 import datetime
 import math
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -33,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "capi"))
 import attn_capi  # noqa: E402
+from gpu_timing import flops, seq_name, time_columns  # noqa: E402
 
 # (head_dim, heads) x sequence-length sets x causal, as in shared/anchors/h100.md (hdim 192 has
 # no anchor rows; it takes the hdim-256 rows' 8 heads).
@@ -44,46 +44,6 @@ SEQUENCE_SETS = [
     [16384],
     [100, 3000, 700, 5000, 1200, 6384],
 ]
-
-
-def seq_name(lens):
-    if all(x == lens[0] for x in lens):
-        return f"{len(lens)}x{lens[0]}"
-    return "x".join(str(x) for x in lens)
-
-
-def flops(lens, head_dim, heads, causal):
-    total = 4 * sum(x * x for x in lens) * head_dim * heads
-    return total / 2 if causal else total
-
-
-# GPU cycles of busy-wait queued before each timed call (~100 us), so the host's launch overhead
-# (Python, ctypes, the dispatcher) hides behind it and the events time the GPU work alone.
-HOST_SLACK_CYCLES = 200_000
-
-
-def time_columns(fns, warmup, repeats):
-    """Median milliseconds of each named callable. The callables take turns, one call each per
-    round with the order rotated, so a slow stretch of the GPU (clocks, power, a neighbour's
-    work) weighs on every column of the row alike; timed one after another, such a stretch
-    lowered whichever column it fell on by 10-30% in some runs."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    names = list(fns)
-    times = {name: [] for name in names}
-    for round_ in range(repeats):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = torch.cuda.Event(enable_timing=True)
-            stop = torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(HOST_SLACK_CYCLES)
-            start.record()
-            fns[name]()
-            stop.record()
-            stop.synchronize()
-            times[name].append(start.elapsed_time(stop))
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def add_throughputs(row, fns, work, warmup, repeats):
