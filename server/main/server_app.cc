@@ -13,8 +13,11 @@
 namespace attnserve {
 namespace {
 
-// How long refused callers get to see UNAVAILABLE before the gRPC transport closes.
-constexpr absl::Duration kRefusalLinger = absl::Milliseconds(250);
+// How long refused callers get to see UNAVAILABLE before the gRPC transport closes. A caller
+// answered at the very end of the drain needs this long to send its next call and reach the
+// engine's refusal; with 250 ms such a call on a loaded 2-core host (the server under TSan)
+// arrived after the transport had closed and was reset with CANCELLED.
+constexpr absl::Duration kRefusalLinger = absl::Seconds(1);
 // Calls outside the engine (GetServerInfo, health) are short; past this they are cancelled.
 constexpr absl::Duration kTransportShutdownTimeout = absl::Seconds(1);
 
