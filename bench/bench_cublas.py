@@ -76,13 +76,13 @@ def bench_row(family, dtype, head_dim, heads, lens, causal, warmup, repeats):
         def fwd_bwd(fwd=fwd):
             fwd().backward(dp)
         try:
-            result[f"{name} diff"] = ((fwd().float() - ref).norm() / ref.norm()).item()
+            diff = ((fwd().float() - ref).norm() / ref.norm()).item()
             fwd_bwd()  # out of memory or an unsupported configuration shows here
         except RuntimeError as e:
-            result.pop(f"{name} diff", None)
             result[f"{name} error"] = str(e).splitlines()[0][:60]
             torch.cuda.empty_cache()
             continue
+        result[f"{name} diff"] = diff
         fns[f"{name} fwd"] = fwd
         fns[f"{name} fwd+bwd"] = fwd_bwd
         peers.append(name)

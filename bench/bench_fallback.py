@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "capi"))
 import attn_capi  # noqa: E402
-from gpu_timing import flops, seq_name, time_columns  # noqa: E402
+from gpu_timing import add_throughputs, flops, seq_name  # noqa: E402
 
 HEAD_CONFIGS = [(64, 32), (128, 16), (256, 8)]
 SEQUENCE_SETS = [
@@ -109,8 +109,7 @@ def bench_row(ours, head_dim, heads, lens, causal, backward, warmup, repeats):
         torch.cuda.synchronize()
         row[f"{column}_diff"] = rel_diff(result, ref) if ref is not None else math.nan
         fns[column] = ours_fn
-        for name, ms in time_columns(fns, warmup, repeats).items():
-            row[name] = work / ms / 1e9
+        add_throughputs(row, fns, work, warmup, repeats)
     return row
 
 

@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels" / "capi"))
 import attn_capi  # noqa: E402
-from gpu_timing import flops, seq_name, time_columns  # noqa: E402
+from gpu_timing import add_throughputs, flops, seq_name  # noqa: E402
 
 # (head_dim, heads) x sequence-length sets x causal, as in shared/anchors/h100.md (hdim 192 has
 # no anchor rows; it takes the hdim-256 rows' 8 heads).
@@ -44,12 +44,6 @@ SEQUENCE_SETS = [
     [16384],
     [100, 3000, 700, 5000, 1200, 6384],
 ]
-
-
-def add_throughputs(row, fns, work, warmup, repeats):
-    """row[name] = TFLOP/s of each callable, timed together (time_columns)."""
-    for name, ms in time_columns(fns, warmup, repeats).items():
-        row[name] = work / ms / 1e9
 
 
 def fa2_varlen(q, k, v, cu, max_len, causal, scale):

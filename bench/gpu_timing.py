@@ -34,6 +34,12 @@ def time_columns(fns, warmup, repeats):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def add_throughputs(row, fns, work, warmup, repeats):
+    """row[name] = TFLOP/s of each callable doing `work` FLOPs, timed together (time_columns)."""
+    for name, ms in time_columns(fns, warmup, repeats).items():
+        row[name] = work / ms / 1e9
+
+
 def seq_name(lens):
     if all(x == lens[0] for x in lens):
         return f"{len(lens)}x{lens[0]}"
