@@ -6,7 +6,7 @@
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
 #                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
 #                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-env-column NAME=VAR=VALUE]...
-#                    [--bwd-atomic-only] [--bwd-variant-tests EXPR]
+#                    [--bwd-atomic-only] [--bwd-variant-tests EXPR] [--ref-tree DIR]
 #
 # --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id);
 # --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows.
@@ -23,6 +23,9 @@
 # --bwd-variant-tests EXPR runs, after the benchmarks, the --tests PATH cases selected by
 # pytest -k EXPR against each --bwd-variant build (all at once, the device path's atomic mode
 # only, each within $VARIANT_TEST_TIMEOUT seconds if set; logs $OUT/pytest-NAME.log).
+# --ref-tree DIR builds another checkout of the project (e.g. `git archive main` unpacked into
+# the ignored .ref-tree/, sent with the run tool's carry) with the same head dims and adds it as
+# the column `ref` to both benchmarks: a change measured side by side with what it replaces.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attn_gpu_out}"
@@ -40,6 +43,7 @@ variant_head_dims="64;128"
 bwd_env_columns=()
 bwd_bench_flags=()
 variant_tests=""
+ref_tree=""
 # Options that take a value need one.
 value_of() {  # option, remaining argument count
   if (($2 < 2)); then echo "$1 needs a value" >&2; exit 2; fi
@@ -57,6 +61,7 @@ while (($#)); do
       ;;
     --bwd-env-column) value_of "$1" $#; bwd_env_columns+=("$2"); shift ;;
     --bwd-variant-tests) value_of "$1" $#; variant_tests="$2"; shift ;;
+    --ref-tree) value_of "$1" $#; ref_tree="$2"; shift ;;
     --bwd-atomic-only) bwd_bench_flags+=("--no-deterministic") ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
@@ -79,7 +84,7 @@ export PYTHONUNBUFFERED=1
 configure_and_build() {  # build_dir log [extra cmake args...]
   local dir="$1" log="$2"
   shift 2
-  { cmake -S kernels -B "$dir" -G Ninja -DATTN_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
+  { cmake -S "${SOURCE_TREE:-.}/kernels" -B "$dir" -G Ninja -DATTN_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DATTN_FLASH_PTXAS_VERBOSE=ON "$@" && cmake --build "$dir" -j "$JOBS"; } >"$log" 2>&1
 }
 
@@ -104,6 +109,13 @@ if ((variants)); then
       "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
     variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
   done
+fi
+
+ref_libs=()
+if [[ -n "$ref_tree" ]]; then
+  SOURCE_TREE="$ref_tree" configure_and_build build-gpu-ref "$OUT/build-ref.log" \
+    "${build_head_dims[@]}" &
+  ref_libs=("--lib" "ref=$PWD/build-gpu-ref/lib/libattn_capi.so")
 fi
 
 bwd_variant_libs=()
@@ -135,12 +147,13 @@ if ((variants)); then
 fi
 
 if ((run_bench && run_fwd_bench)); then
-  python3 bench/bench_flash.py --lib "ours=$ATTN_CAPI" "${variant_libs[@]}" \
+  python3 bench/bench_flash.py --lib "ours=$ATTN_CAPI" "${variant_libs[@]}" "${ref_libs[@]}" \
     --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 fi
 if ((run_bench && run_bwd_bench)); then
   python3 bench/bench_flash.py --backward --head-dims "$bwd_head_dims" --lib "ours=$ATTN_CAPI" \
-    "${bwd_variant_libs[@]}" "${bwd_bench_flags[@]}" --markdown "$OUT/bench_bwd.md" 2>&1 |
+    "${bwd_variant_libs[@]}" "${ref_libs[@]}" "${bwd_bench_flags[@]}" \
+    --markdown "$OUT/bench_bwd.md" 2>&1 |
     tee "$OUT/bench_bwd.log"
 fi
 if [[ -n "$variant_tests" ]]; then

@@ -59,7 +59,7 @@ class BwdSm90Block {
                            len_k_ - key_first_, tid);
       LoadRows<T::kBlockN>(v_smem_, static_cast<const Element*>(f_.v) + kv_offset, kv_stride,
                            len_k_ - key_first_, tid);
-      LoadStage(0);
+      LoadStage(FirstTile(), StageSmem(0));
     }
     ptx::CommitAsyncGroup<Sm80>();
   }
@@ -68,6 +68,12 @@ class BwdSm90Block {
   using Element = typename T::Element;
   using MmaScores = ptx::Wgmma<Element, T::kBlockM>;  // 64 keys x kBlockM queries
   using MmaGrad = ptx::Wgmma<Element, T::kHeadDim>;   // 64 keys x head dim
+
+  // A query tile of the loop: its query head (of the kv head's group) and first row.
+  struct QueryTile {
+    int head;
+    int row0;
+  };
 
   // Shared memory from `smem`: K, V (kKvBytes each), the two stages, the dS^T tile(s) (the kernel
   // lays out anything after them).
@@ -94,23 +100,28 @@ class BwdSm90Block {
     iters_ = m_count_ * f_.head_group;
   }
 
+  // The loop's query tiles: every tile of the group's first query head, then of the next.
+  // Stepping through them (no division per iteration), a loop keeps its own.
+  __device__ __forceinline__ QueryTile FirstTile() const {
+    return {kv_head_ * f_.head_group, m_begin_ * T::kBlockM};
+  }
+  __device__ __forceinline__ void Next(QueryTile& tile) const {
+    tile.row0 += T::kBlockM;
+    if (tile.row0 == (m_begin_ + m_count_) * T::kBlockM) {
+      tile.row0 = m_begin_ * T::kBlockM;
+      ++tile.head;
+    }
+  }
+
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
     return stage_smem_ + (it % T::kStages) * T::kStageBytes;
   }
-  __device__ __forceinline__ int HeadOf(int it) const {
-    return kv_head_ * f_.head_group + it / m_count_;
-  }
-  __device__ __forceinline__ int Row0Of(int it) const {
-    return (m_begin_ + it % m_count_) * T::kBlockM;
-  }
-
-  // Q, dO, lse and D of query tile `it` into its stage. Rows past the sequence read 0 (their Q
-  // and dO are 0, so they contribute exactly nothing, and their dQ is never stored).
-  __device__ __forceinline__ void LoadStage(int it) {
+  // Q, dO, lse and D of query tile `tile` into stage `st`. Rows past the sequence read 0 (their
+  // Q and dO are 0, so they contribute exactly nothing, and their dQ is never stored).
+  __device__ __forceinline__ void LoadStage(QueryTile tile, uint32_t st) {
     const int tid = ptx::FreshThreadIdx();
-    const int head = HeadOf(it);
-    const int row0 = Row0Of(it);
-    const uint32_t st = StageSmem(it);
+    const int head = tile.head;
+    const int row0 = tile.row0;
     const int64_t q_offset = (int64_t{q_begin_} + row0) * f_.q_row_stride +
                              int64_t{head} * f_.head_dim;
     const int q_stride = static_cast<int>(f_.q_row_stride);
@@ -131,13 +142,13 @@ class BwdSm90Block {
   // fences first): both K-major, the k16 step kk in head-dim block kk / 4 at 32 bytes per step.
   __device__ __forceinline__ void IssueScores(float (&acc)[T::kSTiles][4], uint32_t keys,
                                               uint32_t queries) {
+    const uint64_t keys_desc = ptx::MatrixDescriptor128B(keys, 16, 1024);
+    const uint64_t queries_desc = ptx::MatrixDescriptor128B(queries, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < T::kScoreSteps; ++kk) {
       const uint32_t step = (kk % 4) * 32;
-      const uint64_t a =
-          ptx::MatrixDescriptor128B(keys + (kk / 4) * T::kBlockN * 128 + step, 16, 1024);
-      const uint64_t b =
-          ptx::MatrixDescriptor128B(queries + (kk / 4) * T::kBlockM * 128 + step, 16, 1024);
+      const uint64_t a = ptx::DescriptorPlus(keys_desc, (kk / 4) * T::kBlockN * 128 + step);
+      const uint64_t b = ptx::DescriptorPlus(queries_desc, (kk / 4) * T::kBlockM * 128 + step);
       MmaScores::SS(acc, a, b, kk > 0);
     }
     ptx::WgmmaCommit();
@@ -149,24 +160,28 @@ class BwdSm90Block {
   __device__ __forceinline__ void IssueGrad(float (&acc)[T::kDTiles][4],
                                             const uint32_t (&a)[T::kGradSteps][4],
                                             uint32_t rows) {
+    const uint64_t rows_desc = ptx::MatrixDescriptor128B(rows, T::kBlockM * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < T::kGradSteps; ++kk) {
-      const uint64_t b = ptx::MatrixDescriptor128B(rows + kk * 16 * 128, T::kBlockM * 128, 1024);
-      MmaGrad::RS(acc, a[kk], b, 1);
+      MmaGrad::RS(acc, a[kk], ptx::DescriptorPlus(rows_desc, kk * 16 * 128), 1);
     }
     ptx::WgmmaCommit();
   }
 
-  // Softcap, the masks and P^T = exp2(S^T c - lse log2 e) of query tile `it` for the warp's 16
-  // keys from warp_key_first, rounded into the A fragments of dV += P^T dO (the accumulator
-  // layout of two 8-query tiles is one k16 A fragment); s becomes G = P^T in float32 (times
-  // 1 - tanh^2 with softcap; -inf masked scores clamp the factor to 0), dS^T's factor.
+  // Softcap, the masks and P^T = exp2(S^T c - lse log2 e) of the query tile from row0 (its
+  // stage at st) for the warp's 16 keys from warp_key_first, rounded into the A fragments of
+  // dV += P^T dO (the accumulator layout of two 8-query tiles is one k16 A fragment); s becomes
+  // G = P^T in float32 (times 1 - tanh^2 with softcap; -inf masked scores clamp the factor to
+  // 0), dS^T's factor. kMaySoftcap false: the caller has checked that softcap is off, and no
+  // softcap code is issued (predicated off, it cost ~130 issue slots per warp and tile).
+  template <bool kMaySoftcap>
   __device__ __forceinline__ void ScoresToP(float (&s)[T::kSTiles][4],
-                                            uint32_t (&p)[T::kGradSteps][4], int it,
-                                            int warp_key_first, int group, int quad_lane) {
-    const int row0 = Row0Of(it);
-    const uint32_t lse_at = StageSmem(it) + 2 * T::kTileBytes + 2 * quad_lane * 4;
-    if (f_.softcap) {
+                                            uint32_t (&p)[T::kGradSteps][4], int row0,
+                                            uint32_t st, int warp_key_first, int group,
+                                            int quad_lane) {
+    const uint32_t lse_at = st + 2 * T::kTileBytes + 2 * quad_lane * 4;
+    const bool softcap = kMaySoftcap && f_.softcap;
+    if (softcap) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
 #pragma unroll
@@ -194,7 +209,6 @@ class BwdSm90Block {
         }
       }
     }
-    const bool softcap = f_.softcap;
     const float exp2_scale = f_.exp2_scale;
     const float lse2_scale = args_.lse_log2_scale;
 #pragma unroll
@@ -214,29 +228,25 @@ class BwdSm90Block {
     }
   }
 
-  // Adds a dQ product into the float32 workspace: lanes 2j, 2j+1 of a quad swap halves (one
-  // shuffle per pair) so each adds 4 consecutive columns of one row with one v4 reduction per
-  // 8-column tile (the sm80 kernel's scheme).
+  // Adds a dQ product (rows `row` and row + 8 of query tile `tile`, columns col0 + 8 t + {0, 1}
+  // of each 8-column tile t: the accumulator layout) into the float32 workspace, one v2
+  // reduction per row and tile. The sm80 kernels' lane pairs swap halves to make v4 reductions
+  // of half as many instructions, but their shuffles, selects and branches cost more issue slots
+  // than they save here (measured: +0-4% at head dims 64/128, bench/RESULTS.md "Hopper backward:
+  // fewer instructions per tile").
   template <int kTiles>
-  __device__ __forceinline__ void AddDq(const float (&dq)[kTiles][4], int it, int row, int col0,
-                                        bool odd) {
-    const int row0 = Row0Of(it);
-    const int q_row = row + (odd ? 8 : 0);
-    float* dst = args_.dq_accum + (int64_t{q_begin_} + row0 + q_row) * f_.q_row_stride +
-                 int64_t{HeadOf(it)} * f_.head_dim;
-    const bool row_valid = q_row < len_q_ - row0;
+  __device__ __forceinline__ void AddDqPairs(const float (&dq)[kTiles][4], QueryTile tile,
+                                             int row, int col0) {
+    float* dst = args_.dq_accum + (int64_t{q_begin_} + tile.row0 + row) * f_.q_row_stride +
+                 int64_t{tile.head} * f_.head_dim + col0;
+    float* dst8 = dst + 8 * f_.q_row_stride;
+    const bool valid = row < len_q_ - tile.row0;
+    const bool valid8 = row + 8 < len_q_ - tile.row0;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
-      const float y0 = __shfl_xor_sync(0xffffffffu, odd ? dq[t][0] : dq[t][2], 1);
-      const float y1 = __shfl_xor_sync(0xffffffffu, odd ? dq[t][1] : dq[t][3], 1);
-      const int col = col0 + t * 8;
-      if (row_valid && col < f_.head_dim) {
-        if (odd) {
-          ptx::AtomicAddQuad(dst + col, y0, y1, dq[t][2], dq[t][3]);
-        } else {
-          ptx::AtomicAddQuad(dst + col, dq[t][0], dq[t][1], y0, y1);
-        }
-      }
+      const bool col_valid = col0 + t * 8 < f_.head_dim;
+      ptx::AtomicAddPairIf(valid && col_valid, dst + t * 8, dq[t][0], dq[t][1]);
+      ptx::AtomicAddPairIf(valid8 && col_valid, dst8 + t * 8, dq[t][2], dq[t][3]);
     }
   }
 

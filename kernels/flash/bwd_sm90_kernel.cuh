@@ -51,10 +51,11 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using typename Base::MmaScores;
   using typename Base::MmaGrad;
   using MmaDq = ptx::Wgmma<Element, T::kDqCols>;  // 64 queries x 32 or 64 columns
-  using Base::args_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
+  using typename Base::QueryTile;
+  using Base::args_, Base::f_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
-  using Base::StageSmem, Base::LoadStage, Base::IssueScores, Base::IssueGrad, Base::ScoresToP,
-      Base::StoreKeyRows, Base::AddDq;
+  using Base::StageSmem, Base::FirstTile, Base::Next, Base::LoadStage, Base::IssueScores,
+      Base::IssueGrad, Base::StoreKeyRows, Base::AddDqPairs;
 
  public:
   // Per thread of warp w (of its warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
@@ -65,25 +66,13 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
 
   // One query tile per iteration. Every wgmma of a tile is complete at the end of its Step, so
   // the barrier at the top of the next iteration frees that tile's stage (which then takes the
-  // tile after the next) and the dS^T tile.
+  // tile after the next) and the dS^T tile. Two copies of the loop, with and without softcap,
+  // so that the common case issues no softcap code at all.
   __device__ __forceinline__ void Run() {
-#pragma unroll
-    for (int nt = 0; nt < T::kDTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        dk_[nt][e] = 0.0f;
-        dv_[nt][e] = 0.0f;
-      }
-    }
-    for (int it = 0; it < iters_; ++it) {
-      // Tile it has landed and is visible to the tensor cores; every warpgroup is done with
-      // tile it - 1, whose stage now takes tile it + 1.
-      ptx::WaitAsyncGroups<Sm80, 0>();
-      ptx::FenceProxyAsyncShared();
-      __syncthreads();
-      if (it + 1 < iters_) LoadStage(it + 1);
-      ptx::CommitAsyncGroup<Sm80>();
-      Step(it);
+    if (f_.softcap) {
+      RunTiles<true>();
+    } else {
+      RunTiles<false>();
     }
   }
 
@@ -98,14 +87,44 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   }
 
  private:
-  // Query tile `it`: the five products, with the P^T and dS^T math under the running wgmma.
-  __device__ __forceinline__ void Step(int it) {
+  template <bool kSoftcap>
+  __device__ __forceinline__ void RunTiles() {
+#pragma unroll
+    for (int nt = 0; nt < T::kDTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dk_[nt][e] = 0.0f;
+        dv_[nt][e] = 0.0f;
+      }
+    }
+    QueryTile tile = FirstTile();
+    QueryTile ahead = tile;
+    Next(ahead);
+    for (int it = 0; it < iters_; ++it) {
+      // Tile it has landed and is visible to the tensor cores; every warpgroup is done with
+      // tile it - 1, whose stage now takes tile it + 1.
+      ptx::WaitAsyncGroups<Sm80, 0>();
+      ptx::FenceProxyAsyncShared();
+      __syncthreads();
+      if (it + 1 < iters_) LoadStage(ahead, StageSmem(it + 1));
+      ptx::CommitAsyncGroup<Sm80>();
+      Step<kSoftcap>(StageSmem(it), tile);
+      tile = ahead;
+      Next(ahead);
+    }
+  }
+
+  // One query tile (stage at q_st): the five products, with the P^T and dS^T math under the
+  // running wgmma.
+  template <bool kSoftcap>
+  __device__ __forceinline__ void Step(uint32_t q_st, QueryTile tile) {
     const int tid = ptx::FreshThreadIdx();
-    const int warpgroup = tid / 128;
+    // Warp-uniform as far as the compiler can see (broadcast from lane 0), so that the operand
+    // addresses and descriptors stay in uniform registers.
+    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int warp = tid % 128 / 32;
     const int group = tid % 32 / 4;
     const int quad_lane = tid % 4;
-    const uint32_t q_st = StageSmem(it);
     const uint32_t do_st = q_st + T::kTileBytes;
     const uint32_t dsum_at = q_st + 2 * T::kTileBytes + T::kBlockM * 4 + 2 * quad_lane * 4;
 
@@ -118,7 +137,8 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
 
     // P^T into the A fragments of dV += P^T dO; s keeps G for dS^T.
     uint32_t p[T::kGradSteps][4];
-    ScoresToP(s, p, it, key_first_ + warpgroup * 64 + warp * 16, group, quad_lane);
+    this->template ScoresToP<kSoftcap>(s, p, tile.row0, q_st,
+                                       key_first_ + warpgroup * 64 + warp * 16, group, quad_lane);
     ptx::WgmmaFence();
     IssueGrad(dv_, p, do_st);
     // S^T and dP^T are done; dV runs on under the dS^T math (its P^T fragments stay live until
@@ -154,21 +174,20 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     // (N = 32 starts mid-row at 64 bytes; the swizzle comes from the address bits, as for the
     // 32-byte k steps of the K-major operands).
     const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
+    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds_smem_, T::kBlockN * 128, 1024);
+    const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
     ptx::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < T::kDqSteps; ++kk) {
       // 16 keys per step: 16 rows of 128 bytes in both MN-major tiles.
-      const uint64_t a =
-          ptx::MatrixDescriptor128B(ds_smem_ + kk * 16 * 128, T::kBlockN * 128, 1024);
-      const uint64_t b =
-          ptx::MatrixDescriptor128B(k_cols + kk * 16 * 128, T::kBlockN * 128, 1024);
-      MmaDq::SSTrans(dq, a, b, kk > 0);
+      MmaDq::SSTrans(dq, ptx::DescriptorPlus(ds_desc, kk * 16 * 128),
+                     ptx::DescriptorPlus(k_desc, kk * 16 * 128), kk > 0);
     }
     ptx::WgmmaCommit();
     ptx::WgmmaWait<0>(dq);
     PinRegisters(dk_);
     PinRegisters(dv_);
-    AddDq(dq, it, warp * 16 + group, dq_col0 + 4 * (quad_lane / 2), quad_lane & 1);
+    AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
   }
 
   float dk_[T::kDTiles][4];

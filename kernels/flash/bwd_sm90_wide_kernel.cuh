@@ -44,10 +44,11 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   using typename Base::Element;
   using typename Base::MmaScores;
   using typename Base::MmaGrad;
+  using typename Base::QueryTile;
   using Base::args_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
-  using Base::StageSmem, Base::LoadStage, Base::IssueScores, Base::IssueGrad, Base::ScoresToP,
-      Base::StoreKeyRows, Base::AddDq;
+  using Base::StageSmem, Base::FirstTile, Base::Next, Base::LoadStage, Base::IssueScores,
+      Base::IssueGrad, Base::StoreKeyRows, Base::AddDqPairs;
   using MmaDqA = ptx::Wgmma<Element, T::kDqColsA>;  // 64 queries x 64 columns
   using MmaDqB = ptx::Wgmma<Element, T::kDqColsB>;  // 64 queries x 32 or 64 columns
 
@@ -70,15 +71,30 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   __device__ __forceinline__ void Run() {
     ZeroGrad();
     if (iters_ == 0) return;
-    BeginTile(0);
-    Step<false>(0);
+    if (Base::f_.softcap) {
+      RunTiles<true>();
+    } else {
+      RunTiles<false>();
+    }
+  }
+
+  template <bool kSoftcap>
+  __device__ __forceinline__ void RunTiles() {
+    QueryTile tile = FirstTile();
+    QueryTile ahead = tile;
+    Next(ahead);
+    BeginTile(0, ahead);
+    Step<false, kSoftcap>(0, tile, tile);
     for (int it = 1; it < iters_; ++it) {
-      BeginTile(it);
-      Step<true>(it);
+      const QueryTile prev = tile;
+      tile = ahead;
+      Next(ahead);
+      BeginTile(it, ahead);
+      Step<true, kSoftcap>(it, prev, tile);
     }
     const int tid = ptx::FreshThreadIdx();
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
-    Dq(iters_ - 1, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
+    Dq(iters_ - 1, tile, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
   }
 
   // dV (warpgroup 0) or dK times softmax_scale (warpgroup 1) through the V or K buffer (each
@@ -103,8 +119,8 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // math between them branches. Every wgmma of the tile is complete at its end, so the next
   // loop-top barrier frees its stage (which then takes the tile after the next) and the
   // exchange tile.
-  template <bool kDq>
-  __device__ __forceinline__ void Step(int it) {
+  template <bool kDq, bool kSoftcap>
+  __device__ __forceinline__ void Step(int it, QueryTile prev, QueryTile tile) {
     const int tid = ptx::FreshThreadIdx();
     // Warp-uniform as far as the compiler can see (broadcast from lane 0).
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -128,17 +144,16 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     ptx::WgmmaWait<kDq ? 2 : 0>(sc);
 
     uint32_t a[T::kGradSteps][4];
-    GradFragments(sc, a, it, tid, warpgroup);
+    GradFragments<kSoftcap>(sc, a, it, tile.row0, tid, warpgroup);
     ptx::WgmmaFence();
     IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
     if constexpr (kDq) {
       // In flight: dQ A, dQ B (it-1), the gradient product (it).
       const int dq_row = warp * 16 + group;
-      const bool odd = quad_lane & 1;
       ptx::WgmmaWait<2>(dq_a);
-      AddDq(dq_a, it - 1, dq_row, T::DqColA(warpgroup) + 4 * (quad_lane / 2), odd);
+      AddDqPairs(dq_a, prev, dq_row, T::DqColA(warpgroup) + 2 * quad_lane);
       ptx::WgmmaWait<1>(dq_b);
-      AddDq(dq_b, it - 1, dq_row, T::DqColB(warpgroup) + 4 * (quad_lane / 2), odd);
+      AddDqPairs(dq_b, prev, dq_row, T::DqColB(warpgroup) + 2 * quad_lane);
     }
     // The gradient product: the stage is free at the next loop-top barrier, and dK / dV are
     // read after this wait (next tile's product, the epilogue).
@@ -149,25 +164,27 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // complete, that tile's stage, the exchange tile and the older dS^T tile are free; the fence
   // in every thread also hands the previous tile's dS^T stores to the tensor cores (this tile's
   // dQ products read them). Then tile it+1 is loaded into the freed stage.
-  __device__ __forceinline__ void BeginTile(int it) {
+  __device__ __forceinline__ void BeginTile(int it, QueryTile ahead) {
     ptx::WaitAsyncGroups<Sm80, 0>();
     ptx::FenceProxyAsyncShared();
     __syncthreads();
-    if (it + 1 < iters_) LoadStage(it + 1);
+    if (it + 1 < iters_) LoadStage(ahead, StageSmem(it + 1));
     ptx::CommitAsyncGroup<Sm80>();
   }
 
   // The element-wise phase of tile it, sc complete: the A fragments of this warpgroup's
   // gradient product, P^T (dV, from S^T, handing G to warpgroup 1) or dS^T (dK, from dP^T and
   // G; also into the dS^T tile that dQ reads).
+  template <bool kSoftcap>
   __device__ __forceinline__ void GradFragments(float (&sc)[T::kSTiles][4],
-                                                uint32_t (&a)[T::kGradSteps][4], int it, int tid,
-                                                int warpgroup) {
+                                                uint32_t (&a)[T::kGradSteps][4], int it, int row0,
+                                                int tid, int warpgroup) {
     const int warp = tid % 128 / 32;
     const int group = tid % 32 / 4;
     const int quad_lane = tid % 4;
     if (warpgroup == 0) {
-      ScoresToP(sc, a, it, key_first_ + warp * 16, group, quad_lane);
+      this->template ScoresToP<kSoftcap>(sc, a, row0, StageSmem(it),
+                                     key_first_ + warp * 16, group, quad_lane);
       // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
       // apart between consecutive threads (conflict-free); warpgroup 1's thread of the same
       // index holds dP^T of the same elements and reads them back.
@@ -188,7 +205,8 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // memory (written by the generic proxy, read by the tensor cores: fence, then barrier). Two
   // products per warpgroup (columns DqColA / DqColB, traits), both committed before the first
   // wait so that the reductions of the first run under the second.
-  __device__ __forceinline__ void Dq(int it, int warpgroup, int warp, int group, int quad_lane) {
+  __device__ __forceinline__ void Dq(int it, QueryTile tile, int warpgroup, int warp, int group,
+                                     int quad_lane) {
     ptx::FenceProxyAsyncShared();
     __syncthreads();
     float dq_a[T::kDqColsA / 8][4];
@@ -197,11 +215,9 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     IssueDq<MmaDqA>(dq_a, it, T::DqColA(warpgroup));
     IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
     ptx::WgmmaWait<1>(dq_a);
-    AddDq(dq_a, it, warp * 16 + group, T::DqColA(warpgroup) + 4 * (quad_lane / 2),
-          quad_lane & 1);
+    AddDqPairs(dq_a, tile, warp * 16 + group, T::DqColA(warpgroup) + 2 * quad_lane);
     ptx::WgmmaWait<0>(dq_b);
-    AddDq(dq_b, it, warp * 16 + group, T::DqColB(warpgroup) + 4 * (quad_lane / 2),
-          quad_lane & 1);
+    AddDqPairs(dq_b, tile, warp * 16 + group, T::DqColB(warpgroup) + 2 * quad_lane);
   }
 
   // Warpgroup 1: dS^T = G (dP^T - D) with G from the exchange tile: the A fragments of
@@ -239,13 +255,13 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   __device__ __forceinline__ void IssueDq(float (&dq)[kTiles][4], int it, int col0) {
     const uint32_t ds = DsSmem(it);
     const uint32_t k_cols = k_smem_ + (col0 / 64) * T::kBlockN * 128 + (col0 % 64) * 2;
+    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds, T::kBlockN * 128, 1024);
+    const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < T::kDqSteps; ++kk) {
       // 16 keys per step: 16 rows of 128 bytes in both tiles.
-      const uint64_t a = ptx::MatrixDescriptor128B(ds + kk * 16 * 128, T::kBlockN * 128, 1024);
-      const uint64_t b =
-          ptx::MatrixDescriptor128B(k_cols + kk * 16 * 128, T::kBlockN * 128, 1024);
-      Mma::SSTrans(dq, a, b, kk > 0);
+      Mma::SSTrans(dq, ptx::DescriptorPlus(ds_desc, kk * 16 * 128),
+                   ptx::DescriptorPlus(k_desc, kk * 16 * 128), kk > 0);
     }
     ptx::WgmmaCommit();
   }

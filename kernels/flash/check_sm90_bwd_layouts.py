@@ -12,7 +12,7 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
      the dQ split by head-dim halves.
   3. The accumulator layout of wgmma (m64nN) packed as the kernel packs P^T / dS^T is the
      register A fragment layout of wgmma m64k16 (RS), per k16 step.
-  4. The dQ reductions (lane pairs swap halves, v4 adds) cover every element of each
+  4. The dQ reductions (v2 adds straight from the accumulators) cover every element of each
      warpgroup's dQ product exactly once, with the right value.
   5. The epilogue copy-out: each warp reads back exactly the 16 rows it wrote.
   6. Masking: the per-warp decision never skips a tile that has an element to hide, and the
@@ -129,27 +129,24 @@ def check_ds_tile_and_dq_operands(head_dim, block_m):
 
 
 def check_dq_reductions(dq_cols):
+    """AddDqPairs: each thread adds its two consecutive columns of rows r and r + 8 per 8-column
+    tile straight from the accumulator registers (one v2 reduction each)."""
     tiles = dq_cols // 8
     for warp in range(4):
         written = {}
-        regs = {lane: [[(16 * warp + lane // 4 + 8 * (e // 2), 8 * t + 2 * (lane % 4) + e % 2)
-                        for e in range(4)] for t in range(tiles)] for lane in range(32)}
         for lane in range(32):
-            q = lane % 4
-            odd = q & 1
-            partner = lane ^ 1
-            row = 16 * warp + lane // 4 + (8 if odd else 0)
+            regs = [[(16 * warp + lane // 4 + 8 * (e // 2), 8 * t + 2 * (lane % 4) + e % 2)
+                     for e in range(4)] for t in range(tiles)]
+            row = 16 * warp + lane // 4
+            col0 = 2 * (lane % 4)
             for t in range(tiles):
-                mine = regs[lane][t]
-                theirs = regs[partner][t]
-                y0 = theirs[0] if (partner % 4) & 1 else theirs[2]  # the partner's selection
-                y1 = theirs[1] if (partner % 4) & 1 else theirs[3]
-                values = [y0, y1, mine[2], mine[3]] if odd else [mine[0], mine[1], y0, y1]
-                col = 8 * t + 4 * (q // 2)
-                for j, value in enumerate(values):
-                    assert value == (row, col + j), (lane, t, j, value)
-                    assert (row, col + j) not in written
-                    written[(row, col + j)] = True
+                for half, r in ((0, row), (1, row + 8)):
+                    values = regs[t][2 * half:2 * half + 2]
+                    for j, value in enumerate(values):
+                        target = (r, col0 + 8 * t + j)
+                        assert value == target, (lane, t, half, j, value)
+                        assert target not in written
+                        written[target] = True
         assert len(written) == 16 * dq_cols
 
 

@@ -66,4 +66,13 @@ __device__ __forceinline__ uint64_t MatrixDescriptor128B(uint32_t smem, uint32_t
          (uint64_t{(stride_bytes >> 4) & 0x3fffu} << 32) | (uint64_t{1} << 62);
 }
 
+// `desc` with its start address moved on by `bytes` (a multiple of 16). The start address field
+// holds address bits 4-17 and every tile lies below 256 KB of shared memory, so the add stays
+// inside that field: one add on the low word per wgmma, where building each descriptor from its
+// address took about eight instructions (the tile loops issue dozens of wgmmas per tile).
+__device__ __forceinline__ uint64_t DescriptorPlus(uint64_t desc, uint32_t bytes) {
+  const uint32_t low = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | low;
+}
+
 }  // namespace attnserve::kernels::flash::ptx
