@@ -98,19 +98,25 @@ class BwdSm90Block {
     m_begin_ = row_first / T::kBlockM;
     m_count_ = row_first > row_last ? 0 : row_last / T::kBlockM - m_begin_ + 1;
     iters_ = m_count_ * f_.head_group;
+    // A key block that no mask cuts off from any query row starts at its own query tile
+    // (n_block mod the tile count) and wraps around. Without a mask every CTA of a head has the
+    // same tiles, and the CTAs that run together (heads first: consecutive key blocks of each
+    // head) would add into the same dQ rows at the same time; staggered, each adds into its own.
+    // Under a mask the ranges start at different tiles already.
+    const bool all_rows = m_begin_ == 0 && m_count_ * T::kBlockM >= len_q_;
+    first_row0_ = (m_begin_ + (all_rows && m_count_ > 0 ? n_block % m_count_ : 0)) * T::kBlockM;
   }
 
-  // The loop's query tiles: every tile of the group's first query head, then of the next.
-  // Stepping through them (no division per iteration), a loop keeps its own.
+  // The loop's query tiles: every tile of the group's first query head (from first_row0_,
+  // wrapping around), then of the next. Stepping through them (no division per iteration), a
+  // loop keeps its own.
   __device__ __forceinline__ QueryTile FirstTile() const {
-    return {kv_head_ * f_.head_group, m_begin_ * T::kBlockM};
+    return {kv_head_ * f_.head_group, first_row0_};
   }
   __device__ __forceinline__ void Next(QueryTile& tile) const {
     tile.row0 += T::kBlockM;
-    if (tile.row0 == (m_begin_ + m_count_) * T::kBlockM) {
-      tile.row0 = m_begin_ * T::kBlockM;
-      ++tile.head;
-    }
+    if (tile.row0 == (m_begin_ + m_count_) * T::kBlockM) tile.row0 = m_begin_ * T::kBlockM;
+    if (tile.row0 == first_row0_) ++tile.head;
   }
 
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
@@ -292,6 +298,7 @@ class BwdSm90Block {
   int k_begin_, len_k_, key_first_, q_begin_, len_q_, offset_;
   int vecs_valid_;
   int m_begin_, m_count_, iters_;
+  int first_row0_;
   uint32_t k_smem_, v_smem_, stage_smem_, ds_smem_;
 
  private:

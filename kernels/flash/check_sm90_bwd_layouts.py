@@ -18,7 +18,9 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
   6. Masking: the per-warp decision never skips a tile that has an element to hide, and the
      element-wise bounds hide exactly the (key, query) pairs the contract hides; the query-tile
      range of a key block holds every row that sees one of its keys.
-  7. The wide kernel (bwd_sm90_wide_kernel.cuh, head dims 192 / 256, 64 keys per CTA): the flat
+  7. The walk over a key block's query tiles (FirstTile / Next, rotated when no mask cuts the
+     block's range) visits every (query head, tile) of the range once.
+  8. The wide kernel (bwd_sm90_wide_kernel.cuh, head dims 192 / 256, 64 keys per CTA): the flat
      cp.async loader covers every vector of a tile once; the exchange tile hands warpgroup 1's
      thread t the G of exactly the elements its dP^T holds; warpgroup 1's dS^T tile is what the
      dQ descriptors read, in both dS^T buffers (one per tile parity, the second kDsBytes after
@@ -291,8 +293,36 @@ def check_masks(block_m, trials=40, block_n=BLOCK_N, warps=8):
                             assert (col < lo or col > hi) == (not vis), (key, i)
 
 
+def check_tile_walk(block_m=64, trials=2000):
+    """FirstTile / Next (bwd_sm90_block.cuh): from the key block's first tile (rotated by n_block
+    when the block sees every query row), iters = tiles x group steps visit every (query head,
+    tile) of the block's range exactly once."""
+    rng = random.Random(3)
+    for _ in range(trials):
+        len_q = rng.randint(1, 2000)
+        tiles_total = (len_q + block_m - 1) // block_m
+        m_begin = rng.choice([0, rng.randint(0, tiles_total - 1)])
+        m_count = rng.randint(1, tiles_total - m_begin)
+        group, kv_head, n_block = rng.randint(1, 4), rng.randint(0, 3), rng.randint(0, 300)
+        all_rows = m_begin == 0 and m_count * block_m >= len_q
+        first = (m_begin + (n_block % m_count if all_rows else 0)) * block_m
+        head, row0 = kv_head * group, first
+        seen = set()
+        for _ in range(m_count * group):
+            seen.add((head, row0))
+            row0 += block_m
+            if row0 == (m_begin + m_count) * block_m:
+                row0 = m_begin * block_m
+            if row0 == first:
+                head += 1
+        want = {(kv_head * group + g, (m_begin + t) * block_m)
+                for g in range(group) for t in range(m_count)}
+        assert seen == want, (len_q, m_begin, m_count, group, n_block)
+
+
 def main():
     check_tiles()
+    check_tile_walk()
     check_fragments(64)
     for head_dim in (64, 128):
         check_ds_tile_and_dq_operands(head_dim, 64)

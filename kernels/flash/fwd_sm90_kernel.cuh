@@ -233,17 +233,18 @@ class FwdSm90BlockRunner {
 
   // S = Q K(n)^T, one committed group (the caller fences first).
   __device__ __forceinline__ void IssueScores(float (&s)[T::kSTiles][4], int n) {
-    // Warp-uniform as far as the compiler can see (broadcast from lane 0), so that the
-    // descriptors stay in uniform registers.
-    const int warpgroup = __shfl_sync(0xffffffffu, ptx::FreshThreadIdx() / 128, 0);
-    const uint64_t q_desc = ptx::MatrixDescriptor128B(q_smem_ + warpgroup * 64 * 128, 16, 1024);
-    const uint64_t k_desc = ptx::MatrixDescriptor128B(KSmem(n), 16, 1024);
+    const int warpgroup = ptx::FreshThreadIdx() / 128;
+    const uint32_t q = q_smem_ + warpgroup * 64 * 128;
+    const uint32_t k = KSmem(n);
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; ++kk) {
       // k16 step kk: head-dim block kk / 4, 32 bytes per step inside its 128-byte rows.
       const uint32_t step = (kk % 4) * 32;
-      Mma::SS(s, ptx::DescriptorPlus(q_desc, (kk / 4) * T::kBlockM * 128 + step),
-              ptx::DescriptorPlus(k_desc, (kk / 4) * T::kBlockN * 128 + step), kk > 0);
+      const uint64_t a = ptx::MatrixDescriptor128B(q + (kk / 4) * T::kBlockM * 128 + step, 16,
+                                                   1024);
+      const uint64_t b = ptx::MatrixDescriptor128B(k + (kk / 4) * T::kBlockN * 128 + step, 16,
+                                                   1024);
+      Mma::SS(s, a, b, kk > 0);
     }
     ptx::WgmmaCommit();
   }
@@ -252,10 +253,11 @@ class FwdSm90BlockRunner {
   // head-dim columns per 128-byte row, key rows 128 bytes apart, head-dim blocks kBlockN * 128
   // bytes apart.
   __device__ __forceinline__ void IssuePV(const uint32_t (&p)[T::kPvSteps][4], int n) {
-    const uint64_t v_desc = ptx::MatrixDescriptor128B(VSmem(n), T::kBlockN * 128, 1024);
+    const uint32_t v = VSmem(n);
 #pragma unroll
     for (int kk = 0; kk < T::kPvSteps; ++kk) {
-      MmaPv::RS(o_, p[kk], ptx::DescriptorPlus(v_desc, kk * 16 * 128), 1);
+      const uint64_t b = ptx::MatrixDescriptor128B(v + kk * 16 * 128, T::kBlockN * 128, 1024);
+      MmaPv::RS(o_, p[kk], b, 1);
     }
     ptx::WgmmaCommit();
   }
