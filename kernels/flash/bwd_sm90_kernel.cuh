@@ -13,7 +13,7 @@
 //   dK += dS^T Q                         wgmma RS
 //   dQ (+)= dS K                         wgmma SS, both operands MN-major (dS^T tile, K),
 //                                        64 queries x half the head dim per warpgroup, added
-//                                        to the float32 dQ workspace (red.global.add.v4.f32)
+//                                        to the float32 dQ workspace (red.global.add.v2.f32)
 // so only the atomic-dQ mode exists here (the deterministic one stays on the sm80 path); the
 // preprocess (D) and the dQ conversion are the sm80 path's kernels. dK is scaled by
 // softmax_scale at the end. Two CTA barriers per tile: the loop top (stages) and one before dQ

@@ -16,7 +16,7 @@
 // Each tile's dQ products are issued in the next tile, straight behind its S^T / dP^T, so that
 // the tensor cores have them while warpgroup 0 computes P^T and warpgroup 1 waits for G (with
 // dQ at the end of its own tile they idled there, behind a barrier before dQ); the reductions
-// into the float32 dQ workspace (red.global.add.v4.f32) run under dV / dK. That takes two dS^T
+// into the float32 dQ workspace (red.global.add.v2.f32) run under dV / dK. That takes two dS^T
 // tiles; the last tile's dQ follows the loop. P^T and dS^T come out of the 64-key accumulators
 // in the RS A-fragment layout (keys as the M side, as in the hdim-64/128 kernel), so neither
 // product reads them from shared memory; the exchange tile keeps G in float32 (dS from P
@@ -183,8 +183,8 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     const int group = tid % 32 / 4;
     const int quad_lane = tid % 4;
     if (warpgroup == 0) {
-      this->template ScoresToP<kSoftcap>(sc, a, row0, StageSmem(it),
-                                     key_first_ + warp * 16, group, quad_lane);
+      this->template ScoresToP<kSoftcap>(sc, a, row0, StageSmem(it), key_first_ + warp * 16,
+                                         group, quad_lane);
       // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
       // apart between consecutive threads (conflict-free); warpgroup 1's thread of the same
       // index holds dP^T of the same elements and reads them back.
