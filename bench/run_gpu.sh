@@ -84,8 +84,10 @@ export PYTHONUNBUFFERED=1
 configure_and_build() {  # build_dir log [extra cmake args...]
   local dir="$1" log="$2"
   shift 2
-  { cmake -S "${SOURCE_TREE:-.}/kernels" -B "$dir" -G Ninja -DATTN_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DATTN_FLASH_PTXAS_VERBOSE=ON "$@" && cmake --build "$dir" -j "$JOBS"; } >"$log" 2>&1
+  # SOURCE_TREE: another checkout to build (--ref-tree); this one by default.
+  { cmake -S "${SOURCE_TREE:-.}/kernels" -B "$dir" -G Ninja -DATTN_BUILD_TESTS=OFF \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DATTN_FLASH_PTXAS_VERBOSE=ON "$@" &&
+      cmake --build "$dir" -j "$JOBS"; } >"$log" 2>&1
 }
 
 start=$(date +%s)
