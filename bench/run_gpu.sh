@@ -26,6 +26,7 @@
 # --ref-tree DIR builds another checkout of the project (e.g. `git archive main` unpacked into
 # the ignored .ref-tree/, sent with the run tool's carry) with the same head dims and adds it as
 # the column `ref` to both benchmarks: a change measured side by side with what it replaces.
+# TEST_TIMEOUT=SECONDS bounds the main test run (a kernel that hangs on a barrier fails it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attn_gpu_out}"
@@ -136,7 +137,8 @@ for spec in "${bwd_env_columns[@]}"; do
   bwd_variant_libs+=("--lib" "${spec%%=*}=$ATTN_CAPI+${spec#*=}")
 done
 if ((run_tests)); then
-  python3 -m pytest "$test_path" -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
+  timeout "${TEST_TIMEOUT:-0}" python3 -m pytest "$test_path" -q -rfE -p no:cacheprovider 2>&1 |
+    tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}
 fi
 wait

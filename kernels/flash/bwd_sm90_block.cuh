@@ -11,7 +11,7 @@
 
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_cta_order.cuh"
-#include "kernels/flash/fwd_sm90_kernel.cuh"
+#include "kernels/flash/sm90_swizzled_tile.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 

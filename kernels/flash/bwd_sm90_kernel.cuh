@@ -26,7 +26,7 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_sm90_block.cuh"
 #include "kernels/flash/bwd_sm90_traits.cuh"
-#include "kernels/flash/fwd_sm90_kernel.cuh"
+#include "kernels/flash/sm90_swizzled_tile.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 

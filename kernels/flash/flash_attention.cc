@@ -109,16 +109,13 @@ const BackwardKernelEntry* FindSm90BackwardKernel(int head_dim) {
   return nullptr;
 }
 
-// An environment switch over a Hopper kernel: "0" never runs it, "1" runs it wherever it is
-// built and fits, anything else (unset) leaves the choice to the dispatcher. For operators, and
-// for the GPU tests and benchmarks, which run every path on one device. Read per call (one
-// getenv, no allocation) rather than once, so one process can set and clear it between calls.
-enum class Sm90Switch { kAuto, kOff, kOn };
-Sm90Switch ReadSm90Switch(const char* name) {
+// An environment switch over a Hopper kernel: "0" never runs it; anything else (unset) runs it
+// wherever it is built and fits. For operators, and for the GPU tests and benchmarks, which run
+// every path on one device. Read per call (one getenv, no allocation) rather than once, so one
+// process can set and clear it between calls.
+bool Sm90Allowed(const char* name) {
   const char* value = std::getenv(name);
-  if (value == nullptr || value[0] == '\0' || value[1] != '\0') return Sm90Switch::kAuto;
-  if (value[0] == '0') return Sm90Switch::kOff;
-  return value[0] == '1' ? Sm90Switch::kOn : Sm90Switch::kAuto;
+  return value == nullptr || value[0] != '0' || value[1] != '\0';
 }
 
 const TuringKernelEntry* FindTuringKernel(int head_dim) {
@@ -358,21 +355,17 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = ForwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper: the wgmma kernel where one is built for this head dim, fits the block's shared
-    // memory (every feature is supported there) and is the faster one at these lengths
-    // (Sm90ForwardPays; ATTN_FLASH_FWD_SM90=0/1 overrides); otherwise the sm80 kernel. Its
-    // sm_90a code runs on compute capability 9.x devices only (arch-specific features are not
-    // forward compatible), so newer GPUs keep the sm80 kernel.
+    // Hopper: the wgmma kernel where one is built for this head dim and fits the block's shared
+    // memory (every feature is supported there; ATTN_FLASH_FWD_SM90=0 switches it off);
+    // otherwise the sm80 kernel. Its sm_90a code runs on compute capability 9.x devices only
+    // (arch-specific features are not forward compatible), so newer GPUs keep the sm80 kernel.
     const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
     if (target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 && sm90 != nullptr &&
-        Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit) {
-      const Sm90Switch choice = ReadSm90Switch("ATTN_FLASH_FWD_SM90");
-      if (choice == Sm90Switch::kOn ||
-          (choice == Sm90Switch::kAuto && Sm90ForwardPays(kernel_head_dim, s.max_seqlen_k))) {
-        launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
-        smem = Sm90ForwardSmemBytes(kernel_head_dim);
-      }
+        Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
+        Sm90Allowed("ATTN_FLASH_FWD_SM90")) {
+      launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
+      smem = Sm90ForwardSmemBytes(kernel_head_dim);
     }
   }
   if (s.total_q == 0) return KernelStatus::Ok();
@@ -426,7 +419,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
         target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 &&
         Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
-        ReadSm90Switch("ATTN_FLASH_BWD_SM90") != Sm90Switch::kOff) {
+        Sm90Allowed("ATTN_FLASH_BWD_SM90")) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);
     }

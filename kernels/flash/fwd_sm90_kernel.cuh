@@ -1,13 +1,15 @@
-// The Hopper (sm_90a) flash forward: FlashAttention-2's algorithm on warpgroup MMA. One CTA per
-// (query block, head, sequence) with a warpgroup per 64 rows (two or three). Q and two-stage
-// rings of K and V tiles live in shared memory in wgmma's 128-byte-swizzled layout, filled with
+// The Hopper (sm_90a) flash forward: FlashAttention-2's algorithm on warpgroup MMA, warp
+// specialized. One CTA per (query block, head, sequence): a producer warpgroup streams Q, K and
+// V into a ring of shared-memory stages (fwd_sm90_ring.cuh) and a consumer warpgroup per 64 query
+// rows (two or three) computes. Tiles are in wgmma's 128-byte-swizzled layout, filled with
 // cp.async (zero-fill past the sequence and in the head-dim padding, so varlen needs no tensor
-// maps). Per key tile each warpgroup computes S = Q K^T (wgmma, both operands from shared
+// maps). Per key tile each consumer computes S = Q K^T (wgmma, both operands from shared
 // memory), masks and runs the online softmax in registers, and adds P V (wgmma, P from
 // registers, V N-major from shared memory); the P V of one tile runs under the softmax of the
-// next, and the next tiles' K and V land in the other stages. Key tiles are visited last to
-// first, with the sm80 kernel's block location (fwd_block.cuh) and row-tile math (masks, online
-// softmax: fwd_row_tile.cuh), so both paths see exactly the same keys.
+// next, and with the ping-pong schedule one consumer's GEMMs run under the other's softmax. Key
+// tiles are visited last to first, with the sm80 kernel's block location (fwd_block.cuh) and
+// row-tile math (masks, online softmax: fwd_row_tile.cuh), so both paths see exactly the same
+// keys.
 #pragma once
 
 #include <cmath>
@@ -16,82 +18,47 @@
 #include "kernels/flash/fwd_args.h"
 #include "kernels/flash/fwd_block.cuh"
 #include "kernels/flash/fwd_row_tile.cuh"
+#include "kernels/flash/fwd_sm90_ring.cuh"
 #include "kernels/flash/fwd_sm90_traits.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
+#include "kernels/flash/sm90_swizzled_tile.cuh"
 
 namespace attnserve::kernels::flash {
 
-// Byte offset of 16-byte vector `vec` of row `row` in a tile of kRows rows stored as
-// head-dim blocks of 64 elements (kRows x 128 bytes each), 128-byte swizzled: vector v of a row
-// sits at v ^ (row % 8) within its 128-byte line.
-template <int kRows>
-__device__ __forceinline__ uint32_t SwizzledOffset(int row, int vec) {
-  return (vec / 8) * (kRows * 128) + row * 128 + (((vec % 8) ^ (row % 8)) * 16);
-}
+// Ping-pong between the consumer warpgroups (FlashAttention-3): each issues its GEMMs of a tile
+// only in its turn and passes the turn on once they are issued, so one warpgroup's softmax runs
+// under the other's GEMMs instead of all of them competing for the tensor cores at once.
+#ifndef ATTN_FLASH_SM90_FWD_PINGPONG
+#define ATTN_FLASH_SM90_FWD_PINGPONG 1
+#endif
 
-// Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
-// wait). Rows at or past rows_valid and vectors at or past vecs_valid are zero-filled, never
-// read. Every pass covers whole rows, a multiple of 8, so each thread's swizzle is fixed; the
-// last pass may cover fewer than kThreads / kRowVecs rows (384 threads, 128-row K/V tiles).
-template <int kRows, int kRowVecs, int kThreads, typename Element>
-__device__ __forceinline__ void LoadSwizzledAsync(uint32_t smem, const Element* src,
-                                                  int row_stride, int rows_valid, int vecs_valid,
-                                                  int tid) {
-  constexpr int kVecElems = 16 / sizeof(Element);
-  constexpr int kRowsPerPass = kThreads / kRowVecs;
-  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
-  static_assert(kThreads % kRowVecs == 0 && kRowsPerPass % 8 == 0,
-                "whole rows per pass, a multiple of the 8-row swizzle period");
-  const int row0 = tid / kRowVecs;
-  const int vec = tid % kRowVecs;
-  const int rows_left = rows_valid - row0;
-  const bool vec_valid = vec < vecs_valid;
-  const uint32_t smem0 = smem + SwizzledOffset<kRows>(row0, vec);
-  const Element* from = src + row0 * row_stride + vec * kVecElems;
-  const int pass_stride = kRowsPerPass * row_stride;
-#pragma unroll
-  for (int it = 0; it < kPasses; ++it) {
-    if (kRows % kRowsPerPass == 0 || it < kPasses - 1 || row0 < kRows - it * kRowsPerPass) {
-      ptx::CopyAsync16(smem0 + it * kRowsPerPass * 128, from,
-                       vec_valid && it * kRowsPerPass < rows_left);
-    }
-    from = ptx::Advance(from, pass_stride);
-  }
-}
-
+// One consumer warpgroup's share of a block: its 64 query rows against every key tile.
 template <DType kDType, int kHeadDim>
 class FwdSm90BlockRunner {
   using T = FwdSm90Traits<kDType, kHeadDim>;
+  using Ring = FwdSm90Ring<T>;
+  // Named barrier of warpgroup w's turn: 1 + w (0 is __syncthreads'), between w (bar.sync) and
+  // the warpgroup before it (bar.arrive).
+  static constexpr int kTurnBarrier = 1;
+  static constexpr bool kPingPong = ATTN_FLASH_SM90_FWD_PINGPONG != 0;
   using Element = typename T::Element;
   using Mma = ptx::Wgmma<Element, T::kBlockN>;    // S = Q K^T: 64 x kBlockN per warpgroup
   using MmaPv = ptx::Wgmma<Element, kHeadDim>;    // O += P V: 64 x kHeadDim per warpgroup
 
  public:
   __device__ __forceinline__ FwdSm90BlockRunner(const FwdKernelArgs& args, const FwdBlock& block,
-                                                int64_t kv_offset, uint32_t smem)
-      : args_(args), block_(block), kv_offset_(kv_offset) {
-    q_smem_ = smem;
-    kv_smem_ = smem + T::kQSmemBytes;
+                                                uint32_t q_smem, const Ring& ring, int warpgroup)
+      : args_(args), block_(block), ring_(ring), q_smem_(q_smem), warpgroup_(warpgroup) {
     vecs_valid_ = args.head_dim / T::kVecElems;
-  }
-
-  // Loads Q and the last tile's K (the first iteration loads its V).
-  __device__ __forceinline__ void Prologue(const Element* q) {
-    const int tid = threadIdx.x;
-    LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kThreads>(
-        q_smem_, q, static_cast<int>(args_.q_row_stride), block_.rows_valid, vecs_valid_, tid);
-    LoadKeyTile(KSmem(block_.n_end - 1), args_.k, block_.n_end - 1);
-    ptx::CommitAsyncGroup<Sm80>();
   }
 
   // Software-pipelined over key tiles (FlashAttention-3's intra-warpgroup overlap): iteration n
   // issues S(n) = Q K(n)^T and then O += P(n+1) V(n+1) on the tensor cores, waits for S(n)
   // only, and runs the softmax of tile n while P V still runs; O is rescaled once P V is done.
-  // The copies run one iteration ahead: iteration n loads K(n-1) and V(n), each into stage
-  // (tile % 2), whose previous tiles (K(n+1), V(n+2)) every warpgroup finished reading in
-  // iteration n+1, before this iteration's barrier.
+  // Each stage is handed back to the producer as soon as this warpgroup's wgmma reading it is
+  // complete.
   __device__ __forceinline__ void Run() {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -108,31 +75,36 @@ class FwdSm90BlockRunner {
     // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
     // rescaled under a running P V and serializes every wgmma (C7515).
     const int last = block_.n_end - 1;
-    if (last >= block_.mask_from || last < block_.mask_below) {
-      Step<true, false>(last, p);
-    } else {
-      Step<false, false>(last, p);
-    }
-    for (int n = last - 1; n >= block_.n_begin; --n) {
-      if (n >= block_.mask_from || n < block_.mask_below) {
-        Step<true, true>(n, p);
-      } else {
-        Step<false, true>(n, p);
+    if constexpr (kPingPong) {
+      // The last warpgroup hands the first turn to warpgroup 0.
+      if (warpgroup_ == T::kConsumerWarpgroups - 1) {
+        ptx::NamedBarrierArrive<256>(kTurnBarrier);
       }
     }
-    // The first tile's P V (its V was loaded in the last iteration).
-    ptx::WaitAsyncGroups<Sm80, 0>();
-    ptx::FenceProxyAsyncShared();
-    __syncthreads();
+    if (last >= block_.mask_from || last < block_.mask_below) {
+      Step<true, false>(last, 0, p);
+    } else {
+      Step<false, false>(last, 0, p);
+    }
+    int i = 1;
+    for (int n = last - 1; n >= block_.n_begin; --n, ++i) {
+      if (n >= block_.mask_from || n < block_.mask_below) {
+        Step<true, true>(n, i, p);
+      } else {
+        Step<false, true>(n, i, p);
+      }
+    }
+    // The first key tile's P V.
+    ptx::MbarrierWait(ring_.FullV(i - 1), Ring::Parity(i - 1));
     ptx::WgmmaFence();
-    IssuePV(p, block_.n_begin);
+    IssuePV(p, ring_.V(i - 1));
     ptx::WgmmaWait<0>(o_);
   }
 
   // Normalizes O, writes each warp's 16 rows through its own rows of the Q buffer (no wgmma
   // reads them any more) with 16-byte stores, and their lse.
   __device__ __forceinline__ void Epilogue(Element* out, float* lse) {
-    const int tid = threadIdx.x;
+    const int tid = ConsumerThread();
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int group = lane / 4;
@@ -167,47 +139,34 @@ class FwdSm90BlockRunner {
   }
 
  private:
-  // K(n) and V(n) live in stage n % 2 of their rings.
-  __device__ __forceinline__ uint32_t KSmem(int n) const {
-    return kv_smem_ + (n % 2) * T::kKvSmemBytes;
-  }
-  __device__ __forceinline__ uint32_t VSmem(int n) const {
-    return kv_smem_ + (2 + n % 2) * T::kKvSmemBytes;
+  // This thread among the consumers (the producer warpgroup comes first), read afresh
+  // (ptx::FreshThreadIdx) so that no register holds it through the loop.
+  __device__ __forceinline__ static int ConsumerThread() {
+    return ptx::FreshThreadIdx() - T::kProducerThreads;
   }
 
-  // K or V rows [n * kBlockN, (n + 1) * kBlockN) of this block's sequence and kv head. The
-  // tensor base comes from the kernel arguments each time (one 64-bit offset in registers).
-  __device__ __forceinline__ void LoadKeyTile(uint32_t smem, const void* tensor, int n) {
-    const int first_key = n * T::kBlockN;
-    const Element* src = static_cast<const Element*>(tensor) + kv_offset_ +
-                         int64_t{first_key} * args_.kv_row_stride;
-    LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kThreads>(
-        smem, src, static_cast<int>(args_.kv_row_stride), block_.len_k - first_key, vecs_valid_,
-        ptx::FreshThreadIdx());
-  }
-
-  // Key tile n: S(n) and (unless n is the last tile) P(n+1) V(n+1) on the tensor cores, the
-  // softmax of S(n) under the P V, then O rescaled and P(n) packed for the next iteration.
+  // Key tile n (load-order index i): S(n) and (unless n is the last tile) P(n+1) V(n+1) on the
+  // tensor cores, the softmax of S(n) under the P V, then O rescaled and P(n) packed for the
+  // next iteration.
   template <bool kMask, bool kPv>
-  __device__ __forceinline__ void Step(int n, uint32_t (&p)[T::kPvSteps][4]) {
-    // K(n) and V(n+1) have landed (visible to the tensor cores), and every warpgroup is done
-    // with K(n+1) and V(n+2), whose stages now take K(n-1) and V(n).
-    ptx::WaitAsyncGroups<Sm80, 0>();
-    ptx::FenceProxyAsyncShared();
-    __syncthreads();
-    if (n > block_.n_begin) LoadKeyTile(KSmem(n - 1), args_.k, n - 1);
-    LoadKeyTile(VSmem(n), args_.v, n);
-    ptx::CommitAsyncGroup<Sm80>();
-
+  __device__ __forceinline__ void Step(int n, int i, uint32_t (&p)[T::kPvSteps][4]) {
+    // V(i - 1) is published before K(i), so waiting for it here costs nothing; a wait between
+    // the two GEMMs would make ptxas re-fence the registers of the second (C7519).
+    ptx::MbarrierWait(ring_.FullK(i), Ring::Parity(i));
+    if constexpr (kPv) ptx::MbarrierWait(ring_.FullV(i - 1), Ring::Parity(i - 1));
+    if constexpr (kPingPong) ptx::NamedBarrierSync<256>(kTurnBarrier + warpgroup_);
     float s[T::kSTiles][4];
     ptx::WgmmaFence();
-    IssueScores(s, n);
-    if constexpr (kPv) {
-      IssuePV(p, n + 1);
-      ptx::WgmmaWait<1>(s);
-    } else {
-      ptx::WgmmaWait<0>(s);
+    IssueScores(s, ring_.K(i));
+    if constexpr (kPv) IssuePV(p, ring_.V(i - 1));
+    if constexpr (kPingPong) {
+      // The turn goes to the next warpgroup; the last one's final turn has no taker.
+      if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
+        ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
+      }
     }
+    ptx::WgmmaWait<kPv ? 1 : 0>(s);
+    ptx::MbarrierArrive(ring_.EmptyK(i));
     if (args_.softcap) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
@@ -218,7 +177,10 @@ class FwdSm90BlockRunner {
     if constexpr (kMask) ApplyMask(s, n);
     float correction[2];
     const bool any_new_max = UpdateSoftmax(s, correction);
-    if constexpr (kPv) ptx::WgmmaWait<0>(o_);
+    if constexpr (kPv) {
+      ptx::WgmmaWait<0>(o_);
+      ptx::MbarrierArrive(ring_.EmptyV(i - 1));
+    }
     if (__any_sync(0xffffffffu, any_new_max)) {
 #pragma unroll
       for (int nt = 0; nt < T::kOTiles; ++nt) {
@@ -231,11 +193,9 @@ class FwdSm90BlockRunner {
     for (int kk = 0; kk < T::kPvSteps; ++kk) PackPStep<Element>(s, kk, p[kk]);
   }
 
-  // S = Q K(n)^T, one committed group (the caller fences first).
-  __device__ __forceinline__ void IssueScores(float (&s)[T::kSTiles][4], int n) {
-    const int warpgroup = ptx::FreshThreadIdx() / 128;
-    const uint32_t q = q_smem_ + warpgroup * 64 * 128;
-    const uint32_t k = KSmem(n);
+  // S = Q K^T with the K tile at `k`, one committed group (the caller fences first).
+  __device__ __forceinline__ void IssueScores(float (&s)[T::kSTiles][4], uint32_t k) {
+    const uint32_t q = q_smem_ + warpgroup_ * 64 * 128;
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; ++kk) {
       // k16 step kk: head-dim block kk / 4, 32 bytes per step inside its 128-byte rows.
@@ -249,11 +209,10 @@ class FwdSm90BlockRunner {
     ptx::WgmmaCommit();
   }
 
-  // O += P V(n), one committed group (the caller fences first). V is the N-major B operand: 64
-  // head-dim columns per 128-byte row, key rows 128 bytes apart, head-dim blocks kBlockN * 128
-  // bytes apart.
-  __device__ __forceinline__ void IssuePV(const uint32_t (&p)[T::kPvSteps][4], int n) {
-    const uint32_t v = VSmem(n);
+  // O += P V with the V tile at `v`, one committed group (the caller fences first). V is the
+  // N-major B operand: 64 head-dim columns per 128-byte row, key rows 128 bytes apart, head-dim
+  // blocks kBlockN * 128 bytes apart.
+  __device__ __forceinline__ void IssuePV(const uint32_t (&p)[T::kPvSteps][4], uint32_t v) {
 #pragma unroll
     for (int kk = 0; kk < T::kPvSteps; ++kk) {
       const uint64_t b = ptx::MatrixDescriptor128B(v + kk * 16 * 128, T::kBlockN * 128, 1024);
@@ -264,7 +223,7 @@ class FwdSm90BlockRunner {
 
   // Masks this warp's 16-row tile (fwd_row_tile.cuh) of key tile n.
   __device__ __forceinline__ void ApplyMask(float (&s)[T::kSTiles][4], int n) {
-    const int tid = ptx::FreshThreadIdx();
+    const int tid = ConsumerThread();
     const int warp = tid / 32;
     const int group = tid % 32 / 4;
     const int first_col = n * T::kBlockN + 2 * (tid % 4);
@@ -286,9 +245,10 @@ class FwdSm90BlockRunner {
 
   const FwdKernelArgs& args_;
   const FwdBlock& block_;
-  int64_t kv_offset_;  // elements from the K/V base to this sequence's first row, this kv head
+  const Ring& ring_;
+  uint32_t q_smem_;
+  int warpgroup_;  // among the consumers; warp-uniform (from lane 0), so branches on it are too
   int vecs_valid_;
-  uint32_t q_smem_, kv_smem_;
   // Per thread: rows (group, group + 8) of its warp's 16; O columns 8 nt + 2 quad_lane + {0, 1}.
   float o_[T::kOTiles][4];
   float row_max_[2];
@@ -305,8 +265,19 @@ __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
 
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
-  FwdSm90BlockRunner<kDType, kHeadDim> runner(args, cta.block, cta.kv_offset, base);
-  runner.Prologue(cta.q);
+  const FwdSm90Ring<T> ring(base + T::kQSmemBytes);
+  if (threadIdx.x == 0) ring.Init();
+  __syncthreads();
+  // The role is taken from a warp-uniform value (lane 0's): on a branch ptxas sees as divergent
+  // it serializes every wgmma (C7520).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  if (warpgroup == 0) {
+    ptx::ReleaseRegisters<T::kProducerRegisters>();
+    ProduceTiles<T>(args, cta.block, cta.kv_offset, cta.q, base, ring, threadIdx.x);
+    return;
+  }
+  ptx::ClaimRegisters<T::kConsumerRegisters>();
+  FwdSm90BlockRunner<kDType, kHeadDim> runner(args, cta.block, base, ring, warpgroup - 1);
   runner.Run();
   runner.Epilogue(cta.out, cta.lse);
 }

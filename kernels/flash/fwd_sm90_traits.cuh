@@ -1,6 +1,7 @@
 // Compile-time geometry of one Hopper (sm_90a) flash forward kernel (element type x head dim):
-// 64-row warpgroups (two or three per CTA), the key-tile size from the heuristic, and the shared-memory
-// layout (Q, then two stages of K and V, all 128-byte swizzled for wgmma).
+// a producer warpgroup and 64-row consumer warpgroups (two or three per CTA), the registers each
+// role keeps, the key-tile size from the heuristic, and the shared-memory layout (Q, then the
+// K and V stages, all 128-byte swizzled for wgmma, then the stages' mbarriers).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -15,8 +16,14 @@ struct FwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = Sm90ForwardBlockM(kHeadDim);
   static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim);
-  static constexpr int kWarpgroups = kBlockM / 64;
-  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kStages = Sm90ForwardStages(kHeadDim);
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  // setmaxnreg split of the SM's 64K registers: the producer only computes addresses.
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
 
   static constexpr int kSTiles = kBlockN / 8;     // 8-column tiles of S per warp
   static constexpr int kOTiles = kHeadDim / 8;    // 8-column tiles of O per warp
@@ -27,6 +34,7 @@ struct FwdSm90Traits {
   static constexpr int kRowVecs = kHeadDim / kVecElems;
   static constexpr int kQSmemBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvSmemBytes = kBlockN * kHeadDim * 2;  // one K or V tile
+  static constexpr int kTileSmemBytes = kQSmemBytes + 2 * kStages * kKvSmemBytes;
   static constexpr int kSmemBytes = Sm90ForwardSmemBytes(kHeadDim);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
@@ -36,7 +44,10 @@ struct FwdSm90Traits {
   static_assert(kHeadDim <= 256, "P V: one wgmma N of at most 256");
   static_assert(kQSmemBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
-  static_assert(kSmemBytes == kQSmemBytes + 4 * kKvSmemBytes + 1024, "shared memory layout");
+  static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8, "shared memory layout");
+  static_assert(kProducerRegisters * kProducerThreads +
+                        kConsumerRegisters * kConsumerThreads <= 65536,
+                "the register split fits the SM's register file");
 };
 
 }  // namespace attnserve::kernels::flash

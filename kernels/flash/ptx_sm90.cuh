@@ -1,6 +1,7 @@
-// Hopper (sm_90a) instructions of the sm90 forward beside the wgmma wrappers (ptx_wgmma.cuh):
-// warpgroup fences and group bookkeeping, shared-memory matrix descriptors, and the proxy fence
-// that makes ordinary (cp.async) shared-memory writes visible to the tensor cores' async proxy.
+// Hopper (sm_90a) instructions of the sm90 kernels beside the wgmma wrappers (ptx_wgmma.cuh):
+// warpgroup fences and group bookkeeping, shared-memory matrix descriptors, the proxy fence
+// that makes ordinary (cp.async) shared-memory writes visible to the tensor cores' async proxy,
+// mbarriers and the register hand-over of warp-specialized kernels.
 // Only code compiled for sm_90a may call these (the sm90 instantiations guard their bodies).
 #pragma once
 
@@ -50,6 +51,48 @@ __device__ __forceinline__ void NamedBarrierSync(int id) {
 template <int kThreads>
 __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
+// mbarrier (8 bytes of shared memory) expecting `count` arrivals per phase. Thread 0 of the CTA
+// initializes; FenceMbarrierInit and a CTA barrier then publish it to every thread.
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void FenceMbarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival (release: this thread's earlier shared-memory accesses happen before the phase
+// completes for any thread that waits on it).
+__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits (acquire) until the phase of parity `parity` (0 for a fresh barrier's first phase) has
+// completed.
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Warp specialization: a warpgroup gives registers back to the SM (producers) or takes them
+// (consumers); every thread of the warpgroup executes it. kRegs: a multiple of 8, 24-256.
+template <int kRegs>
+__device__ __forceinline__ void ReleaseRegisters() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void ClaimRegisters() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
 // Shared-memory matrix descriptor of wgmma with the 128-byte swizzle (layout type 1, bits

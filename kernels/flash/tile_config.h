@@ -79,37 +79,43 @@ constexpr ForwardTiles ForwardTilesFor(int head_dim) {
 // of 64: whole 128-byte swizzle rows), and its tiles: 64 query rows per warpgroup, each
 // S = Q K^T one wgmma of N = block_n keys.
 inline constexpr int kSm90ForwardHeadDims[] = {64, 128, 256};
-// Benchmark-only switch: 192 query rows (three warpgroups, FlashAttention-3's hdim-64 tile) at
-// head dim 64. Measured with another block order (NOTES.md): +3-9% on long non-causal rows, -11%
-// on 32x512 causal, not yet measured in the shipped configuration, so off by default.
+// Query rows per CTA at head dim 64: 192 (three consumer warpgroups, FlashAttention-3's hdim-64
+// tile). Measured against 128 with the warp-specialized kernel (H100, bf16, bench/RESULTS.md
+// "Hopper forward, warp specialized"): +8 to +26% on every anchor row but 32x512 causal (-5%).
+// ATTN_FLASH_SM90_HDIM64_ROWS=128 builds the two-warpgroup tile (benchmarks).
 #ifndef ATTN_FLASH_SM90_HDIM64_ROWS
-#define ATTN_FLASH_SM90_HDIM64_ROWS 128
+#define ATTN_FLASH_SM90_HDIM64_ROWS 192
 #endif
 constexpr int Sm90ForwardBlockM(int head_dim) {
-  // Two warpgroups of 64 rows: O (32/64/128 floats at head dim 64/128/256) plus S and P leave
-  // no registers for a third at 128 and 256 (168 per thread at 384 threads).
+  // At 128 and 256 two consumer warpgroups of 64 rows: O (64/128 floats) plus S and P leave no
+  // registers for a third (160 per consumer thread with four warpgroups; enough at 64).
   return head_dim <= 64 ? ATTN_FLASH_SM90_HDIM64_ROWS : 128;
 }
 constexpr int Sm90ForwardBlockN(int head_dim) {
   // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay under the cap,
-  // and shared memory (Q + 2 stages of K and V) is 80/160 KB.
+  // and shared memory (Q + 2 / 3 stages of K and V) is 88/225 KB.
   // 256: O alone is 128 floats per thread and Q + 2 stages of 128-key K/V would be 320 KB;
   // 64-key tiles keep shared memory at 192 KB and S at 32 floats.
   return head_dim <= 128 ? 128 : 64;
 }
-// Whether the Hopper forward runs rather than the sm80 kernel on a 9.x device. At head dim 64 it
-// is one 8-warp CTA per SM (167 registers), the sm80 kernel two 4-warp CTAs (255 registers) that
-// hide each other's prologue (Q and first K/V loads) and epilogue; the wgmma kernel only pays
-// once every CTA streams many keys. Measured side by side (H100, bf16, bench/RESULTS.md "Hopper
-// forward at head dim 64: sm90 or sm80"): sm80 ahead by 3-10% up to 8x2048 and on the varlen
-// batch (longest 6384), sm90 ahead by 1-6% at 2x8192 and 1x16384.
-inline constexpr int kSm90ForwardHdim64MinKeys = 8192;
-constexpr bool Sm90ForwardPays(int head_dim, int max_seqlen_k) {
-  return head_dim > 64 || max_seqlen_k >= kSm90ForwardHdim64MinKeys;
+// Stages of the K/V ring between the producer warpgroup and the consumers. Measured (H100, bf16,
+// bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is worth +2 to +7% at head
+// dim 128 on every row with 2048 keys or more (-2 to -3% at 32x512; 225 KB of shared memory with
+// Q) and nothing at 64; at 256 only two fit.
+// ATTN_FLASH_SM90_FWD_STAGES overrides the count at head dims up to 128 (benchmarks).
+constexpr int Sm90ForwardStages(int head_dim) {
+#ifdef ATTN_FLASH_SM90_FWD_STAGES
+  if (head_dim <= 128) return ATTN_FLASH_SM90_FWD_STAGES;
+#endif
+  return head_dim == 128 ? 3 : 2;
 }
-// Q, two stages of K and V, and 1 KB to align the tiles to the swizzle atoms.
+// Q, the K and V stages, 1 KB to align the tiles to the swizzle atoms, and four 8-byte mbarriers
+// per stage (K full / V full / K empty / V empty).
 constexpr int Sm90ForwardSmemBytes(int head_dim) {
-  return (Sm90ForwardBlockM(head_dim) + 4 * Sm90ForwardBlockN(head_dim)) * head_dim * 2 + 1024;
+  return (Sm90ForwardBlockM(head_dim) +
+          2 * Sm90ForwardStages(head_dim) * Sm90ForwardBlockN(head_dim)) *
+             head_dim * 2 +
+         1024 + 32 * Sm90ForwardStages(head_dim);
 }
 
 // Hopper (sm_90a) backward dK/dV kernels (NOTES.md "Hopper backward"), query tiles of 64 rows

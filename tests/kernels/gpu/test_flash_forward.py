@@ -4,10 +4,8 @@ Each case draws fresh random inputs, poisons out/lse with NaN, and checks agains
 reference: ||out - ref|| / ||ref|| must be within 2x PyTorch's own fp16/bf16 attention error on
 the same inputs (plus a small floor) and under an absolute cap; lse within 2e-3; rows that see
 no key exactly 0 with lse +inf. On a GPU newer than sm80 every case runs both the device's own
-code path (on Hopper the sm90 wgmma kernel for head dims 72-256 that round up to 128/256, and at
-head dims 40-64 where the keys are long enough for it to pay) and the sm80 kernel as an A100
-would (compute_capability 80); on Hopper the cases at head dims up to 64 also run with
-ATTN_FLASH_FWD_SM90=1, the sm90 kernel whatever the lengths. Needs torch with CUDA and a
+code path (on Hopper the sm90 wgmma kernel for every head dim that rounds up to 64, 128 or 256)
+and the sm80 kernel as an A100 would (compute_capability 80). Needs torch with CUDA and a
 built libattn_capi.so ($ATTN_CAPI or build-gpu/lib/); skipped otherwise.
 
 Seed: $ATTN_TEST_SEED (default: random, printed in pytest's header) fixes every case's inputs.
@@ -31,12 +29,7 @@ LIB = load_family("flash")
 FORWARD_LIBS = [("device", LIB)]
 if torch.cuda.get_device_capability() > (8, 0):
     FORWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
-# Hopper at head dims up to 64 picks the sm80 kernel for short keys (Sm90ForwardPays); this path
-# runs its sm90 kernel on every case there.
-SM90_FORCED = load_family("flash", environment={"ATTN_FLASH_FWD_SM90": "1"})
 SM80_ON_HOPPER = load_family("flash", environment={"ATTN_FLASH_FWD_SM90": "0"})
-if torch.cuda.get_device_capability()[0] == 9:
-    FORWARD_LIBS.append(("sm90 forced", SM90_FORCED))
 
 BASE_SEED = int(os.environ["ATTN_TEST_SEED"])  # conftest.py draws one when unset
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -101,8 +94,6 @@ def check(q, k, v, cu_q, cu_k, opts):
     ref_out, ref_lse, seen = reference(q, k, v, cu_q, cu_k, opts)
     theirs = None
     for path, lib in FORWARD_LIBS:
-        if lib is SM90_FORCED and q.shape[2] > 64:
-            continue  # the device path runs the sm90 kernel there
         out, lse = run_flash(q, k, v, cu_q, cu_k, opts, lib)
         assert not out.isnan().any(), f"{path}: out has unwritten (NaN) elements"
         assert not lse.isnan().any(), f"{path}: lse has unwritten (NaN) elements"
@@ -268,15 +259,14 @@ def _forward_kernels(lib, head_dim, max_seqlen_k):
 @pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="needs a 9.x GPU")
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_sm90_forward_choice(head_dim):
-    """Hopper: the wgmma forward runs at head dim 128 always and at 64 once max_seqlen_k reaches
-    8192 (a bound, so 8192 with 1000-token sequences picks it too); ATTN_FLASH_FWD_SM90=1/0 force
-    it on and off (when this build has it: sm_90 targeted, the head dim in ATTN_HEAD_DIMS)."""
+    """Hopper: the wgmma forward runs whatever the lengths (when this build has it: sm_90
+    targeted, the head dim in ATTN_HEAD_DIMS); ATTN_FLASH_FWD_SM90=0 switches it off."""
     def ran_sm90(lib, max_seqlen_k):
         names = _forward_kernels(lib, head_dim, max_seqlen_k)
         assert any("FlashForward" in name for name in names), names
         return any("FlashForwardSm90Kernel" in name for name in names)
 
-    assert ran_sm90(LIB, 1000) == (head_dim > 64)
+    assert ran_sm90(LIB, 1000)
     assert ran_sm90(LIB, 8192)
-    assert ran_sm90(SM90_FORCED, 1000)
+    assert not ran_sm90(SM80_ON_HOPPER, 1000)
     assert not ran_sm90(SM80_ON_HOPPER, 8192)

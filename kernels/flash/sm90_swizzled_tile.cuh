@@ -1,0 +1,62 @@
+// The 128-byte-swizzled shared-memory tiles the Hopper (sm_90a) kernels hand to wgmma, and the
+// cp.async loads that fill them (forward and backward). Head dim in blocks of 64 elements, each
+// block kRows x 128 bytes; tiles 1024-byte aligned, since the swizzle pattern comes from address
+// bits.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/flash/ptx.cuh"
+
+namespace attnserve::kernels::flash {
+
+// Byte offset of 16-byte vector `vec` of row `row` in a tile of kRows rows stored as
+// head-dim blocks of 64 elements (kRows x 128 bytes each), 128-byte swizzled: vector v of a row
+// sits at v ^ (row % 8) within its 128-byte line.
+template <int kRows>
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int vec) {
+  return (vec / 8) * (kRows * 128) + row * 128 + (((vec % 8) ^ (row % 8)) * 16);
+}
+
+// Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
+// wait). Rows at or past rows_valid and vectors at or past vecs_valid are zero-filled, never
+// read. Every pass covers whole rows; where that is a multiple of 8 each thread's swizzle is
+// fixed (one add per pass), otherwise (128 threads at head dim 256: 4 rows) it cycles through
+// 8 / rows-per-pass phases.
+// The last pass may cover fewer than kThreads / kRowVecs rows (384 threads, 128-row tiles).
+template <int kRows, int kRowVecs, int kThreads, typename Element>
+__device__ __forceinline__ void LoadSwizzledAsync(uint32_t smem, const Element* src,
+                                                  int row_stride, int rows_valid, int vecs_valid,
+                                                  int tid) {
+  constexpr int kVecElems = 16 / sizeof(Element);
+  constexpr int kRowsPerPass = kThreads / kRowVecs;
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  static_assert(kThreads % kRowVecs == 0 && (kRowsPerPass % 8 == 0 || 8 % kRowsPerPass == 0),
+                "whole rows per pass, a multiple or a divisor of the 8-row swizzle period");
+  const int row0 = tid / kRowVecs;
+  const int vec = tid % kRowVecs;
+  const int rows_left = rows_valid - row0;
+  const bool vec_valid = vec < vecs_valid;
+  // Passes it and it + kPhases share a swizzle; their rows are (kPhases * kRowsPerPass) apart.
+  constexpr int kPhases = kRowsPerPass % 8 == 0 ? 1 : 8 / kRowsPerPass;
+  const uint32_t smem0 = smem + SwizzledOffset<kRows>(row0, vec);
+  uint32_t phase_smem[kPhases];  // [0] unused
+#pragma unroll
+  for (int ph = 1; ph < kPhases; ++ph) {
+    phase_smem[ph] = smem + SwizzledOffset<kRows>(row0 + ph * kRowsPerPass, vec);
+  }
+  const Element* from = src + row0 * row_stride + vec * kVecElems;
+  const int pass_stride = kRowsPerPass * row_stride;
+#pragma unroll
+  for (int it = 0; it < kPasses; ++it) {
+    if (kRows % kRowsPerPass == 0 || it < kPasses - 1 || row0 < kRows - it * kRowsPerPass) {
+      // Pass it has the swizzle of phase it % kPhases (phase 0: smem0's).
+      const uint32_t to = (it % kPhases == 0 ? smem0 : phase_smem[it % kPhases]) +
+                          (it / kPhases) * kPhases * kRowsPerPass * 128;
+      ptx::CopyAsync16(to, from, vec_valid && it * kRowsPerPass < rows_left);
+    }
+    from = ptx::Advance(from, pass_stride);
+  }
+}
+
+}  // namespace attnserve::kernels::flash
