@@ -101,7 +101,7 @@ constexpr int Sm90ForwardBlockN(int head_dim) {
 // Stages of the K/V ring between the producer warpgroup and the consumers. Measured (H100, bf16,
 // bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is worth +2 to +7% at head
 // dim 128 on every row with 2048 keys or more (-2 to -3% at 32x512; 225 KB of shared memory with
-// Q) and nothing at 64; at 256 only two fit.
+// Q) and 0 to -2% at 64; at 256 only two fit.
 // ATTN_FLASH_SM90_FWD_STAGES overrides the count at head dims up to 128 (benchmarks).
 constexpr int Sm90ForwardStages(int head_dim) {
 #ifdef ATTN_FLASH_SM90_FWD_STAGES
