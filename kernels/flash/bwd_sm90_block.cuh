@@ -4,7 +4,8 @@
 // through two cp.async stages in wgmma's 128-byte swizzle (zero-filled past the sequence),
 // the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks, exp2), the dQ reduction
 // into the float32 workspace, and the dK / dV stores.
-// T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; kFlatLoads picks the loader.
+// T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; kFlatLoads picks the loader, and
+// the loads run on threads [0, kLoaderThreads) (the producer warpgroup, or every thread).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,7 @@ class BwdSm90Block {
  public:
   __device__ __forceinline__ bool Exists() const { return key_first_ < len_k_; }
 
-  // K, V and the first query tile, one group (each tile's loop top then loads the next).
+  // K, V and the first query tile, one group (then each tile's loads follow).
   __device__ __forceinline__ void Prologue() {
     if (iters_ > 0) {
       const int tid = threadIdx.x;
@@ -75,7 +76,7 @@ class BwdSm90Block {
     int row0;
   };
 
-  // Shared memory from `smem`: K, V (kKvBytes each), the two stages, the dS^T tile(s) (the kernel
+  // Shared memory from `smem`: K, V (kKvBytes each), the two stages, the dS^T tiles (the kernel
   // lays out anything after them).
   __device__ __forceinline__ BwdSm90Block(const BwdKernelArgs& args, uint32_t smem, int batch,
                                           int kv_head, int n_block)
@@ -306,11 +307,11 @@ class BwdSm90Block {
   __device__ __forceinline__ void LoadRows(uint32_t smem, const Element* src, int row_stride,
                                            int rows_valid, int tid) {
     if constexpr (T::kFlatLoads) {
-      LoadSwizzledFlatAsync<kRows, T::kRowVecs, T::kThreads>(smem, src, row_stride, rows_valid,
-                                                              vecs_valid_, tid);
+      LoadSwizzledFlatAsync<kRows, T::kRowVecs, T::kLoaderThreads>(
+          smem, src, row_stride, rows_valid, vecs_valid_, tid);
     } else {
-      LoadSwizzledAsync<kRows, T::kRowVecs, T::kThreads>(smem, src, row_stride, rows_valid,
-                                                          vecs_valid_, tid);
+      LoadSwizzledAsync<kRows, T::kRowVecs, T::kLoaderThreads>(smem, src, row_stride, rows_valid,
+                                                                vecs_valid_, tid);
     }
   }
 };

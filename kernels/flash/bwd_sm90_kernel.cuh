@@ -1,10 +1,11 @@
 // The Hopper (sm_90a) backward dK/dV kernel on warpgroup MMA, FlashAttention-3's backward
-// structure without its producer warp (NOTES.md "Hopper backward").
-// One CTA per (128-key block, kv head, sequence), two warpgroups of 64 keys. K and V stay in
-// shared memory; for each query head of the kv head's group (GQA: dK/dV summed in registers) and
-// each query tile that sees a key of the block, Q, dO, lse and D stream through two cp.async
-// stages in wgmma's 128-byte swizzle (zero-filled past the sequence, as in the forward). Per
-// tile and warpgroup:
+// structure (NOTES.md "Hopper backward").
+// One CTA per (128-key block, kv head, sequence): a producer warpgroup and two consumer
+// warpgroups of 64 keys. K and V stay in shared memory; for each query head of the kv head's
+// group (GQA: dK/dV summed in registers) and each query tile that sees a key of the block, the
+// producer streams Q, dO, lse and D through two cp.async stages in wgmma's 128-byte swizzle
+// (zero-filled past the sequence, as in the forward), handed over by full / empty mbarriers
+// (sm90_stage_barriers.cuh). Per tile and consumer warpgroup:
 //   S^T = K Q^T, dP^T = V dO^T          wgmma SS (K-major operands), 64 keys x 64 queries
 //   P^T = exp2(S^T c - lse log2 e)       registers (the sm80 kernel's masks and softcap)
 //   dV += P^T dO                         wgmma RS (P^T's accumulator layout is the A fragment;
@@ -16,8 +17,9 @@
 //                                        to the float32 dQ workspace (red.global.add.v2.f32)
 // so only the atomic-dQ mode exists here (the deterministic one stays on the sm80 path); the
 // preprocess (D) and the dQ conversion are the sm80 path's kernels. dK is scaled by
-// softmax_scale at the end. Two CTA barriers per tile: the loop top (stages) and one before dQ
-// (both warpgroups' dS^T rows).
+// softmax_scale at the end. One barrier per tile among the consumers, before dQ (both
+// warpgroups' dS^T rows); it keeps them within a tile of each other, so two dS^T buffers (by
+// tile parity) suffice.
 #pragma once
 
 #include <cmath>
@@ -26,9 +28,10 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_sm90_block.cuh"
 #include "kernels/flash/bwd_sm90_traits.cuh"
-#include "kernels/flash/sm90_swizzled_tile.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
+#include "kernels/flash/sm90_stage_barriers.cuh"
+#include "kernels/flash/sm90_swizzled_tile.cuh"
 
 namespace attnserve::kernels::flash {
 
@@ -54,19 +57,43 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using typename Base::QueryTile;
   using Base::args_, Base::f_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
-  using Base::StageSmem, Base::FirstTile, Base::Next, Base::LoadStage, Base::IssueScores,
-      Base::IssueGrad, Base::StoreKeyRows, Base::AddDqPairs;
+  using Base::StageSmem, Base::FirstTile, Base::Next, Base::Prologue, Base::LoadStage,
+      Base::IssueScores, Base::IssueGrad, Base::StoreKeyRows, Base::AddDqPairs;
+  using Barriers = Sm90StageBarriers<T::kStages, 1>;
+  // Named barrier of the 256 consumer threads (0 is __syncthreads').
+  static constexpr int kConsumersBarrier = 1;
 
  public:
-  // Per thread of warp w (of its warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
+  // Per thread of warp w (of its consumer warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
   // 64 warpgroup + 16 w + l / 4 (+ 8), columns 8 t + 2 (l % 4) + {0, 1} of 8-column tile t.
   __device__ __forceinline__ BwdSm90BlockRunner(const BwdKernelArgs& args, uint32_t smem,
                                                 int batch, int kv_head, int n_block)
-      : Base(args, smem, batch, kv_head, n_block) {}
+      : Base(args, smem, batch, kv_head, n_block),
+        barriers_(ds_smem_ + T::kDsBuffers * T::kDsBytes) {}
 
-  // One query tile per iteration. Every wgmma of a tile is complete at the end of its Step, so
-  // the barrier at the top of the next iteration frees that tile's stage (which then takes the
-  // tile after the next) and the dS^T tile. Two copies of the loop, with and without softcap,
+  __device__ __forceinline__ const Barriers& barriers() const { return barriers_; }
+
+  // The producer warpgroup's whole work: K, V and the first query tile in one group, then each
+  // tile into its stage once the consumers released the stage's previous tile. Each tile is
+  // published as soon as this thread's copies of it landed: its stage's previous tile was
+  // released before it was issued, so waiting here never holds back a stage the consumers need.
+  __device__ __forceinline__ void Produce() {
+    Prologue();
+    QueryTile tile = FirstTile();
+    for (int it = 0; it < iters_; ++it) {
+      if (it > 0) {
+        if (it >= T::kStages) barriers_.WaitEmpty(0, it);
+        LoadStage(tile, StageSmem(it));
+        ptx::CommitAsyncGroup<Sm80>();
+      }
+      ptx::WaitAsyncGroups<Sm80, 0>();
+      barriers_.Publish(0, it);
+      Next(tile);
+    }
+  }
+
+  // The consumers: one query tile per iteration, its stage released once every wgmma of the
+  // tile is complete (the end of its Step). Two copies of the loop, with and without softcap,
   // so that the common case issues no softcap code at all.
   __device__ __forceinline__ void Run() {
     if (f_.softcap) {
@@ -79,9 +106,9 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   // dK (times softmax_scale) and dV through the K and V buffers (each warp its own 16 rows),
   // then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
-    ptx::WaitAsyncGroups<Sm80, 0>();
-    __syncthreads();  // no wgmma reads K or V any more (dQ of both warpgroups reads all of K)
-    const int tid = threadIdx.x;
+    // No wgmma reads K or V any more (dQ of both warpgroups reads all of K).
+    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
+    const int tid = ConsumerThread();
     StoreKeyRows(dk_, args_.grad_scale, k_smem_, args_.dk, tid / 32, tid % 32);
     StoreKeyRows(dv_, 1.0f, v_smem_, args_.dv, tid / 32, tid % 32);
   }
@@ -98,27 +125,24 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
       }
     }
     QueryTile tile = FirstTile();
-    QueryTile ahead = tile;
-    Next(ahead);
     for (int it = 0; it < iters_; ++it) {
-      // Tile it has landed and is visible to the tensor cores; every warpgroup is done with
-      // tile it - 1, whose stage now takes tile it + 1.
-      ptx::WaitAsyncGroups<Sm80, 0>();
-      ptx::FenceProxyAsyncShared();
-      __syncthreads();
-      if (it + 1 < iters_) LoadStage(ahead, StageSmem(it + 1));
-      ptx::CommitAsyncGroup<Sm80>();
-      Step<kSoftcap>(StageSmem(it), tile);
-      tile = ahead;
-      Next(ahead);
+      barriers_.WaitFull(0, it);
+      Step<kSoftcap>(StageSmem(it), ds_smem_ + (it % T::kDsBuffers) * T::kDsBytes, tile);
+      barriers_.Release(0, it);
+      Next(tile);
     }
   }
 
-  // One query tile (stage at q_st): the five products, with the P^T and dS^T math under the
-  // running wgmma.
+  // This thread among the consumers (the producer warpgroup comes first), read afresh.
+  __device__ __forceinline__ static int ConsumerThread() {
+    return ptx::FreshThreadIdx() - T::kProducerThreads;
+  }
+
+  // One query tile (stage at q_st, dS^T tile at ds_st): the five products, with the P^T and
+  // dS^T math under the running wgmma.
   template <bool kSoftcap>
-  __device__ __forceinline__ void Step(uint32_t q_st, QueryTile tile) {
-    const int tid = ptx::FreshThreadIdx();
+  __device__ __forceinline__ void Step(uint32_t q_st, uint32_t ds_st, QueryTile tile) {
+    const int tid = ConsumerThread();
     // Warp-uniform as far as the compiler can see (broadcast from lane 0), so that the operand
     // addresses and descriptors stay in uniform registers.
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -158,7 +182,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
                                    s[nt][2 * h + 1] * (dp[nt][2 * h + 1] - dsum.y));
         ds[nt / 2][(nt % 2) * 2 + h] = packed;
         ptx::StoreShared32(
-            ds_smem_ + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
+            ds_st + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
       }
     }
     ptx::WgmmaFence();
@@ -167,14 +191,14 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     // dQ = dS K once both warpgroups' dS^T rows are in shared memory (written by the generic
     // proxy, read by the tensor cores: fence, then barrier).
     ptx::FenceProxyAsyncShared();
-    __syncthreads();
+    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     float dq[T::kDqTiles][4];
     const int dq_col0 = warpgroup * T::kDqCols;
     // K's columns dq_col0.. : head-dim block dq_col0 / 64, byte (dq_col0 % 64) * 2 of its rows
     // (N = 32 starts mid-row at 64 bytes; the swizzle comes from the address bits, as for the
     // 32-byte k steps of the K-major operands).
     const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
-    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds_smem_, T::kBlockN * 128, 1024);
+    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds_st, T::kBlockN * 128, 1024);
     const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
     ptx::WgmmaFence();
 #pragma unroll
@@ -190,6 +214,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
   }
 
+  Barriers barriers_;
   float dk_[T::kDTiles][4];
   float dv_[T::kDTiles][4];
 };
@@ -199,10 +224,20 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& ar
   extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
+  using T = BwdSm90Traits<kDType, kHeadDim>;
   const DkDvCtaCoords cta = HeadsFirstDkDvCta(args.fwd);
   BwdSm90BlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head, cta.n_block);
   if (!runner.Exists()) return;
-  runner.Prologue();
+  if (threadIdx.x == 0) runner.barriers().Init(T::kProducerThreads, T::kConsumerThreads);
+  __syncthreads();
+  // The role is taken from a warp-uniform value (lane 0's): on a branch ptxas sees as divergent
+  // it serializes every wgmma (C7520).
+  if (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0) == 0) {
+    ptx::ReleaseRegisters<T::kProducerRegisters>();
+    runner.Produce();
+    return;
+  }
+  ptx::ClaimRegisters<T::kConsumerRegisters>();
   runner.Run();
   runner.Epilogue();
 }

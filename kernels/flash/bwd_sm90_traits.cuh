@@ -1,7 +1,9 @@
 // Compile-time geometry of the Hopper (sm_90a) backward dK/dV kernel (element type x head dim):
-// 128 keys per CTA in two 64-key warpgroups, query tiles of kBlockM rows streamed through two
-// stages, and the shared-memory layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
-//   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D | dS^T.
+// 128 keys per CTA in two 64-key consumer warpgroups beside a producer warpgroup, query tiles of
+// kBlockM rows streamed through two stages, the registers each role keeps, and the shared-memory
+// layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
+//   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D |
+//   dS^T x 2 | the stages' full / empty mbarriers.
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -10,14 +12,33 @@
 
 namespace attnserve::kernels::flash {
 
+// Registers of the producer warpgroup (setmaxnreg; a multiple of 8); the consumers get the rest
+// of the CTA's pool: 240 at 24. At 32 the consumers would get 232, and at head dim 128 ptxas then
+// spills 56 bytes and serializes the wgmma (C7512); at 24 the producer spills 28 bytes instead
+// (a few local loads per tile, off the consumers' path).
+#ifndef ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS
+#define ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS 24
+#endif
+
 template <DType kDType, int kHeadDim_>
 struct BwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = Sm90BackwardBlockN(kHeadDim);  // keys per CTA
   static constexpr int kBlockM = Sm90BackwardBlockM(kHeadDim);  // queries per streamed tile
-  static constexpr int kWarpgroups = kBlockN / 64;              // 64 keys each
-  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kWarpgroups = kBlockN / 64;              // consumers, 64 keys each
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kConsumerThreads = kWarpgroups * 128;
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
+  // setmaxnreg split of the SM's 64K registers: the producer only computes addresses.
+  static constexpr int kProducerRegisters = ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS;
+  // The CTA's register pool is what it launched with (ptxas' count for kThreads threads, 168),
+  // and setmaxnreg.inc waits until the pool has the registers: asking for more than the producer
+  // gave back hangs.
+  static constexpr int kRegisterPool = 65536 / kThreads / 8 * 8 * kThreads;
+  static constexpr int kConsumerRegisters =
+      (kRegisterPool - kProducerRegisters * kProducerThreads) / kConsumerThreads / 8 * 8;
 
   static constexpr int kSTiles = kBlockM / 8;      // 8-query tiles of S^T / dP^T per warp
   static constexpr int kDTiles = kHeadDim / 8;     // 8-column tiles of dK / dV per warp
@@ -37,6 +58,8 @@ struct BwdSm90Traits {
   static constexpr int kStages = 2;
   static constexpr bool kFlatLoads = false;  // whole rows per thread pass (LoadSwizzledAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kDsBuffers = Sm90BackwardDsBuffers(kHeadDim);
+  static constexpr int kBarrierBytes = Sm90BackwardBarrierBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
@@ -44,12 +67,14 @@ struct BwdSm90Traits {
   static_assert(kBlockN == 128 && kWarpgroups == 2, "two 64-key warpgroups");
   static_assert(kBlockM == 64, "dQ: one 64-query product per warpgroup");
   static_assert(kDqCols == 32 || kDqCols == 64, "dQ: a wgmma N of 32 or 64");
-  static_assert(2 * kBlockM <= kThreads, "lse and D of a tile: one float per thread");
+  static_assert(2 * kBlockM <= kLoaderThreads, "lse and D of a tile: one float per thread");
+  static_assert(kConsumerRegisters <= 256 && kDsBuffers == 2, "register split, dS^T buffers");
   static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
-  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBytes + 1024,
+  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + 1024 +
+                                  kBarrierBytes,
                 "host and device agree");
 };
 

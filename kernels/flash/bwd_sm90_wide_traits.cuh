@@ -49,6 +49,7 @@ struct BwdSm90WideTraits {
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
   static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
   static constexpr int kStages = 2;
+  static constexpr int kLoaderThreads = kThreads;  // every thread loads (no producer)
   static constexpr bool kFlatLoads = true;  // 24-vector rows at 192 (LoadSwizzledFlatAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);

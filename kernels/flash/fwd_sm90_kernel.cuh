@@ -95,7 +95,7 @@ class FwdSm90BlockRunner {
       }
     }
     // The first key tile's P V.
-    ptx::MbarrierWait(ring_.FullV(i - 1), Ring::Parity(i - 1));
+    ring_.WaitFull(Ring::kV, i - 1);
     ptx::WgmmaFence();
     IssuePV(p, ring_.V(i - 1));
     ptx::WgmmaWait<0>(o_);
@@ -152,8 +152,8 @@ class FwdSm90BlockRunner {
   __device__ __forceinline__ void Step(int n, int i, uint32_t (&p)[T::kPvSteps][4]) {
     // V(i - 1) is published before K(i), so waiting for it here costs nothing; a wait between
     // the two GEMMs would make ptxas re-fence the registers of the second (C7519).
-    ptx::MbarrierWait(ring_.FullK(i), Ring::Parity(i));
-    if constexpr (kPv) ptx::MbarrierWait(ring_.FullV(i - 1), Ring::Parity(i - 1));
+    ring_.WaitFull(Ring::kK, i);
+    if constexpr (kPv) ring_.WaitFull(Ring::kV, i - 1);
     if constexpr (kPingPong) ptx::NamedBarrierSync<256>(kTurnBarrier + warpgroup_);
     float s[T::kSTiles][4];
     ptx::WgmmaFence();
@@ -166,7 +166,7 @@ class FwdSm90BlockRunner {
       }
     }
     ptx::WgmmaWait<kPv ? 1 : 0>(s);
-    ptx::MbarrierArrive(ring_.EmptyK(i));
+    ring_.Release(Ring::kK, i);
     if (args_.softcap) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
@@ -179,7 +179,7 @@ class FwdSm90BlockRunner {
     const bool any_new_max = UpdateSoftmax(s, correction);
     if constexpr (kPv) {
       ptx::WgmmaWait<0>(o_);
-      ptx::MbarrierArrive(ring_.EmptyV(i - 1));
+      ring_.Release(Ring::kV, i - 1);
     }
     if (__any_sync(0xffffffffu, any_new_max)) {
 #pragma unroll
@@ -266,7 +266,7 @@ __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
   const FwdSm90Ring<T> ring(base + T::kQSmemBytes);
-  if (threadIdx.x == 0) ring.Init();
+  if (threadIdx.x == 0) ring.Init(T::kProducerThreads, T::kConsumerThreads);
   __syncthreads();
   // The role is taken from a warp-uniform value (lane 0's): on a branch ptxas sees as divergent
   // it serializes every wgmma (C7520).

@@ -14,29 +14,23 @@
 #include "kernels/flash/fwd_sm90_traits.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
+#include "kernels/flash/sm90_stage_barriers.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
 
 namespace attnserve::kernels::flash {
 
-// Stage addresses and mbarriers. Key tiles are numbered in load order, i = 0 for the block's
-// last tile (the consumers visit keys last to first); tile i uses stage i % kStages, for the
-// (i / kStages)-th time.
+// Stage addresses and their barriers (sm90_stage_barriers.cuh; kind 0 is K, 1 is V). Key tiles
+// are numbered in load order, i = 0 for the block's last tile (the consumers visit keys last to
+// first).
 template <class T>
-class FwdSm90Ring {
+class FwdSm90Ring : public Sm90StageBarriers<T::kStages, 2> {
  public:
-  __device__ __forceinline__ explicit FwdSm90Ring(uint32_t tiles)
-      : tiles_(tiles), barriers_(tiles + 2 * T::kStages * T::kKvSmemBytes) {}
+  static constexpr int kK = 0;
+  static constexpr int kV = 1;
 
-  // Thread 0 initializes every barrier; the caller then fences and syncs the CTA.
-  __device__ __forceinline__ void Init() const {
-    for (int s = 0; s < T::kStages; ++s) {
-      ptx::MbarrierInit(FullK(s), T::kProducerThreads);
-      ptx::MbarrierInit(FullV(s), T::kProducerThreads);
-      ptx::MbarrierInit(EmptyK(s), T::kConsumerThreads);
-      ptx::MbarrierInit(EmptyV(s), T::kConsumerThreads);
-    }
-    ptx::FenceMbarrierInit();
-  }
+  __device__ __forceinline__ explicit FwdSm90Ring(uint32_t tiles)
+      : Sm90StageBarriers<T::kStages, 2>(tiles + 2 * T::kStages * T::kKvSmemBytes),
+        tiles_(tiles) {}
 
   __device__ __forceinline__ uint32_t K(int i) const {
     return tiles_ + (i % T::kStages) * T::kKvSmemBytes;
@@ -44,30 +38,15 @@ class FwdSm90Ring {
   __device__ __forceinline__ uint32_t V(int i) const {
     return tiles_ + (T::kStages + i % T::kStages) * T::kKvSmemBytes;
   }
-  __device__ __forceinline__ uint32_t FullK(int i) const { return Barrier(0, i); }
-  __device__ __forceinline__ uint32_t FullV(int i) const { return Barrier(1, i); }
-  __device__ __forceinline__ uint32_t EmptyK(int i) const { return Barrier(2, i); }
-  __device__ __forceinline__ uint32_t EmptyV(int i) const { return Barrier(3, i); }
-
-  // The parity of the barrier phase that tile i's use of its stage completes.
-  __device__ __forceinline__ static uint32_t Parity(int i) { return (i / T::kStages) & 1; }
 
  private:
-  __device__ __forceinline__ uint32_t Barrier(int kind, int i) const {
-    return barriers_ + (kind * T::kStages + i % T::kStages) * 8;
-  }
-
   uint32_t tiles_;
-  uint32_t barriers_;
 };
 
 // The producer warpgroup's whole work: Q with the first K tile, then K and V of every key tile
-// into the ring. A stage is refilled once the empty barrier of its previous tile completed. Each
-// producer thread marks a tile full after its own copies of it completed (cp.async.wait_group)
-// and after a proxy fence, so that the consumers' wgmma (async proxy) reads see the cp.async
-// (generic proxy) writes: the fence has to follow the completed writes in the writing thread,
-// which is why this is not cp.async.mbarrier.arrive (that signals completion with no thread left
-// to fence). One group stays in flight while the previous one is waited for.
+// into the ring. A stage is refilled once the consumers released its previous tile; each tile is
+// published once this thread's copies of it landed (Sm90StageBarriers::Publish). One group stays
+// in flight while the previous one is waited for.
 template <class T>
 __device__ __forceinline__ void ProduceTiles(const FwdKernelArgs& args, const FwdBlock& block,
                                              int64_t kv_offset, const typename T::Element* q,
@@ -83,32 +62,27 @@ __device__ __forceinline__ void ProduceTiles(const FwdKernelArgs& args, const Fw
     LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kProducerThreads>(
         smem, src, row_stride, block.len_k - first_key, vecs_valid, tid);
   };
-  const auto publish = [&](uint32_t full) {
-    ptx::FenceProxyAsyncShared();
-    ptx::MbarrierArrive(full);
-  };
-
   LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
       q_smem, q, static_cast<int>(args.q_row_stride), block.rows_valid, vecs_valid, tid);
+  using Ring = FwdSm90Ring<T>;
   const int tiles = block.n_end - block.n_begin;
   for (int i = 0; i < tiles; ++i) {
     const int n = block.n_end - 1 - i;
-    const uint32_t reuse_parity = FwdSm90Ring<T>::Parity(i) ^ 1;  // tile i - kStages's phase
-    if (i >= T::kStages) ptx::MbarrierWait(ring.EmptyK(i), reuse_parity);
+    if (i >= T::kStages) ring.WaitEmpty(Ring::kK, i);
     load(ring.K(i), args.k, n);
     ptx::CommitAsyncGroup<Sm80>();
     if (i > 0) {
       ptx::WaitAsyncGroups<Sm80, 1>();  // V(i - 1) landed
-      publish(ring.FullV(i - 1));
+      ring.Publish(Ring::kV, i - 1);
     }
-    if (i >= T::kStages) ptx::MbarrierWait(ring.EmptyV(i), reuse_parity);
+    if (i >= T::kStages) ring.WaitEmpty(Ring::kV, i);
     load(ring.V(i), args.v, n);
     ptx::CommitAsyncGroup<Sm80>();
     ptx::WaitAsyncGroups<Sm80, 1>();  // K(i) (and Q with the first) landed
-    publish(ring.FullK(i));
+    ring.Publish(Ring::kK, i);
   }
   ptx::WaitAsyncGroups<Sm80, 0>();
-  publish(ring.FullV(tiles - 1));
+  ring.Publish(Ring::kV, tiles - 1);
 }
 
 }  // namespace attnserve::kernels::flash

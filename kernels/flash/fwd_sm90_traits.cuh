@@ -45,9 +45,12 @@ struct FwdSm90Traits {
   static_assert(kQSmemBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8, "shared memory layout");
+  // setmaxnreg.inc waits until the CTA's register pool (what it launched with: ptxas' count for
+  // kThreads threads) has the registers, so the split must fit the pool, not just the SM.
   static_assert(kProducerRegisters * kProducerThreads +
-                        kConsumerRegisters * kConsumerThreads <= 65536,
-                "the register split fits the SM's register file");
+                        kConsumerRegisters * kConsumerThreads <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "the register split fits the CTA's register pool");
 };
 
 }  // namespace attnserve::kernels::flash

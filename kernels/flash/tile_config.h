@@ -145,21 +145,23 @@ constexpr int Sm90BackwardStageBytes(int head_dim) {
 constexpr int Sm90BackwardExchangeBytes(int head_dim) {
   return head_dim <= 128 ? 0 : Sm90BackwardBlockN(head_dim) * Sm90BackwardBlockM(head_dim) * 4;
 }
-// dS^T tiles (keys x queries, 16 bits): one at head dims 64 / 128 (its dQ product completes
-// within the tile); two at 192 / 256, whose kernel issues each tile's dQ = dS K in the next tile
-// under its S^T / dP^T and element-wise phase, so tile it's dS^T tile outlives tile it+1's
-// (measured faster, NOTES.md "Hopper backward at head dims 192 and 256", "Deferred dQ"; the
-// same at 64 measured no faster).
-constexpr int Sm90BackwardDsBuffers(int head_dim) { return head_dim > 128 ? 2 : 1; }
-// K and V (resident), two stages, the dS^T tile(s), the exchange tile (192 / 256), 1 KB for
-// alignment: 83 / 147 / 179 / 227 KB at head dim 64 / 128 / 192 / 256 (a third stage would fit
-// neither at 192 nor at 256).
+// dS^T tiles (keys x queries, 16 bits), two: at head dims 64 / 128 the warp-specialized kernel's
+// consumer warpgroups drift up to one tile apart, so one may write tile it+1's dS^T while the
+// other's dQ still reads tile it's; at 192 / 256 the kernel issues each tile's dQ = dS K in the
+// next tile under its S^T / dP^T and element-wise phase (measured faster, NOTES.md "Hopper
+// backward at head dims 192 and 256", "Deferred dQ").
+constexpr int Sm90BackwardDsBuffers(int) { return 2; }
+// The stage ring's full / empty mbarriers (the warp-specialized kernel at 64 / 128).
+constexpr int Sm90BackwardBarrierBytes(int head_dim) { return head_dim <= 128 ? 2 * 2 * 8 : 0; }
+// K and V (resident), two stages, the dS^T tiles, the exchange tile (192 / 256), 1 KB for
+// alignment, the mbarriers: 99 / 163 / 179 / 227 KB at head dim 64 / 128 / 192 / 256 (a third
+// stage would fit neither at 192 nor at 256).
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          2 * Sm90BackwardStageBytes(head_dim) +
          Sm90BackwardDsBuffers(head_dim) * Sm90BackwardBlockN(head_dim) *
              Sm90BackwardBlockM(head_dim) * 2 +
-         Sm90BackwardExchangeBytes(head_dim) + 1024;
+         Sm90BackwardExchangeBytes(head_dim) + 1024 + Sm90BackwardBarrierBytes(head_dim);
 }
 
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows

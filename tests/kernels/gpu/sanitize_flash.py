@@ -1,7 +1,7 @@
 """A few small flash calls for compute-sanitizer, whose race and barrier checks are too slow for
 the whole GPU suite: the forward at every Hopper head dim (warp specialized: producer, consumers,
-mbarriers, ping-pong turns) on a varlen batch, causal and not, and one backward. Run on the GPU
-machine as
+mbarriers, ping-pong turns) on a varlen batch, causal and not, and the backward at the warp-
+specialized head dims (64, 128). Run on the GPU machine as
 
   compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
   compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
@@ -48,11 +48,20 @@ def main():
             err = (out.float() - attention(q, k, v, lens, causal)).abs().max().item()
             print(f"forward hdim {head_dim} causal {causal}: max abs error {err:.2e}")
             assert err < 2e-2, err
-    q, k, v = (torch.randn(total, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out, lse = LIB.forward(q, k, v, cu.cuda(), cu.cuda(), max(lens), max(lens), causal=True,
-                           cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
-    LIB.backward(torch.randn_like(q), q, k, v, out, lse, cu.cuda(), cu.cuda(), max(lens),
-                 max(lens), causal=True, cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
+    for head_dim in (64, 128):  # the warp-specialized backward's head dims
+        q, k, v = (torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        dout = torch.randn_like(q)
+        out, lse = LIB.forward(q, k, v, cu.cuda(), cu.cuda(), max(lens), max(lens), causal=True,
+                               cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
+        grads = LIB.backward(dout, q, k, v, out, lse, cu.cuda(), cu.cuda(), max(lens), max(lens),
+                             causal=True, cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
+        leaves = [t.float().requires_grad_() for t in (q, k, v)]
+        attention(*leaves, lens, True).backward(dout.float())
+        for name, ours, leaf in zip("qkv", grads, leaves):
+            err = ((ours.float() - leaf.grad).norm() / leaf.grad.norm()).item()
+            print(f"backward hdim {head_dim} d{name}: relative error {err:.2e}")
+            assert err < 2e-2, err
     torch.cuda.synchronize()
     print("sanitize_flash: done")
 

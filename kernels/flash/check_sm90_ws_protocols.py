@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""CPU check of the Hopper forward's synchronization (fwd_sm90_ring.cuh, fwd_sm90_kernel.cuh).
+"""CPU check of the warp-specialized Hopper kernels' synchronization: the forward
+(fwd_sm90_ring.cuh, fwd_sm90_kernel.cuh) and the backward dK/dV kernel at head dims 64/128
+(bwd_sm90_kernel.cuh), both on sm90_stage_barriers.cuh.
 
 The producer warpgroup and the consumer warpgroups run the kernel's sequence of barrier
-operations, copies and wgmma reads as coroutines under many random schedules. Checked:
+operations, copies and wgmma reads as coroutines under many random schedules. Checked in the
+forward:
 - every wgmma reads a stage that holds the tile it expects, landed, and not overwritten before
   the read completes (the producer waits for the stage's empty barrier);
 - mbarrier parity waits never alias: a waiter is never a whole phase behind (the parity would
@@ -10,6 +13,10 @@ operations, copies and wgmma reads as coroutines under many random schedules. Ch
 - the ping-pong turns alternate strictly (no bar.arrive lands on a barrier phase that already
   holds one, which would complete it without its owner) and none is left pending at exit;
 - nothing deadlocks.
+In the backward: every consumer reads a stage that holds its tile, landed and not overwritten;
+no consumer writes its dS^T rows into a buffer whose dQ product the other consumer still reads
+(two buffers by tile parity, the consumers' barrier before dQ bounding their drift); the
+epilogue overwrites K only after both consumers' last dQ; nothing deadlocks.
 A broken variant of each rule (--broken NAME) must fail; the script raises on the first problem.
 """
 import argparse
@@ -63,9 +70,28 @@ class Ring:
         self.v_readers = [set() for _ in range(stages)]
 
 
+BLOCKED = "blocked"  # what an agent yields while it waits, as opposed to making progress
+
+
 def wait(barrier, use):
     while not barrier.ready(use):
-        yield
+        yield BLOCKED
+
+
+def schedule(agents, seed, what):
+    """Steps random agents until all finish; raises Deadlock when none can make progress."""
+    rng = random.Random(seed)
+    live = list(agents)
+    blocked = 0
+    while live:
+        agent = rng.choice(live)
+        try:
+            blocked = blocked + 1 if next(agent) == BLOCKED else 0
+        except StopIteration:
+            live.remove(agent)
+            blocked = 0
+        if blocked > 200 * len(live):
+            raise Deadlock(what)
 
 
 def producer(ring, tiles, broken):
@@ -115,7 +141,7 @@ def consumer(ring, tiles, wg, warpgroups, turns, pingpong, broken):
         readers[i % s].discard(wg)
         empty[i % s].arrive()
 
-    if pingpong and wg == warpgroups - 1:
+    if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
         turns[0].arrive()
     for i in range(tiles):
         yield from wait(ring.full_k[i % s], i // s)
@@ -123,7 +149,7 @@ def consumer(ring, tiles, wg, warpgroups, turns, pingpong, broken):
             yield from wait(ring.full_v[(i - 1) % s], (i - 1) // s)
         if pingpong:
             while not turns[wg].arrived:
-                yield
+                yield BLOCKED
             turns[wg].arrived = 0
         read(ring.k, ring.k_readers, i)           # S = Q K(i)^T issued
         if i > 0:
@@ -143,24 +169,12 @@ def consumer(ring, tiles, wg, warpgroups, turns, pingpong, broken):
 
 
 def run(tiles, stages, warpgroups, pingpong, seed, broken=None):
-    rng = random.Random(seed)
     ring = Ring(stages, warpgroups)
     turns = [TurnBarrier() for _ in range(warpgroups)]
     agents = [producer(ring, tiles, broken)]
     agents += [consumer(ring, tiles, wg, warpgroups, turns, pingpong, broken)
                for wg in range(warpgroups)]
-    live = list(agents)
-    stalls = 0
-    while live:
-        agent = rng.choice(live)
-        try:
-            next(agent)
-            stalls = 0
-        except StopIteration:
-            live.remove(agent)
-        stalls += 1
-        if stalls > 10000:
-            raise Deadlock(f"tiles {tiles} stages {stages} warpgroups {warpgroups}")
+    schedule(agents, seed, f"forward: tiles {tiles} stages {stages} warpgroups {warpgroups}")
     assert not any(t.arrived for t in turns), "a turn left pending at exit"
 
 
@@ -173,26 +187,104 @@ def check(broken=None, seeds=60):
                         run(tiles, stages, warpgroups, pingpong, seed, broken)
 
 
-BROKEN = ("no-empty-wait", "early-full", "extra-turn")
+class NamedBarrier:
+    """bar.sync among `count` agents: each generation completes when all have arrived."""
+
+    def __init__(self, count):
+        self.count, self.arrived, self.generation = count, 0, 0
+
+    def sync(self):
+        generation = self.generation
+        self.arrived += 1
+        if self.arrived == self.count:
+            self.arrived, self.generation = 0, generation + 1
+        while self.generation == generation:
+            yield BLOCKED
+
+
+def backward_producer(ring, tiles, broken):
+    s = ring.stages
+    for it in range(tiles):
+        if it >= s and broken != "bwd-no-empty-wait":
+            yield from wait(ring.empty_k[it % s], it // s - 1)
+        assert not ring.k_readers[it % s], f"copy into a stage a consumer still reads (tile {it})"
+        ring.k[it % s] = (it, False)
+        yield
+        ring.k[it % s] = (it, True)  # cp.async.wait_group 0
+        ring.full_k[it % s].arrive()
+        yield
+
+
+def backward_consumer(ring, tiles, wg, ds, ds_readers, before_dq, keys, broken):
+    s = ring.stages
+    buffers = 1 if broken == "bwd-one-ds-buffer" else 2
+    for it in range(tiles):
+        yield from wait(ring.full_k[it % s], it // s)
+        assert ring.k[it % s] == (it, True), f"wg {wg} reads stage {it % s} for tile {it}"
+        ring.k_readers[it % s].add(wg)
+        yield                                      # S^T, dP^T, dV issued
+        buf = it % buffers
+        assert not ds_readers[buf] - {wg}, f"wg {wg} writes dS^T buffer {buf} under a dQ"
+        ds[buf][wg] = it
+        yield
+        if broken != "bwd-no-dq-barrier":
+            yield from before_dq.sync()
+        assert ds[buf] == [it, it], f"wg {wg}'s dQ of tile {it} reads dS^T {ds[buf]}"
+        ds_readers[buf].add(wg)
+        keys["readers"].add(wg)
+        yield                                      # dQ = dS K runs
+        assert ds[buf] == [it, it], f"dS^T buffer {buf} overwritten under wg {wg}'s dQ"
+        ds_readers[buf].discard(wg)
+        keys["readers"].discard(wg)
+        ring.k_readers[it % s].discard(wg)
+        ring.empty_k[it % s].arrive()              # every wgmma of the tile is complete
+    if broken != "bwd-no-epilogue-barrier":
+        yield from before_dq.sync()
+    assert not keys["readers"] - {wg}, f"wg {wg} overwrites K under the other's dQ"
+    keys["written"] = True
+
+
+def run_backward(tiles, stages, seed, broken=None):
+    ring = Ring(stages, 2)
+    ds = [[None, None], [None, None]]
+    ds_readers = [set(), set()]
+    before_dq = NamedBarrier(2)
+    keys = {"readers": set(), "written": False}
+    agents = [backward_producer(ring, tiles, broken)]
+    agents += [backward_consumer(ring, tiles, wg, ds, ds_readers, before_dq, keys, broken)
+               for wg in range(2)]
+    schedule(agents, seed, f"backward: tiles {tiles} stages {stages}")
+
+
+def check_backward(broken=None, seeds=60):
+    for tiles in range(0, 8):
+        for seed in range(seeds):
+            run_backward(tiles, 2, seed, broken)
+
+
+BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn")
+BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
+                   "bwd-no-epilogue-barrier")
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--broken", choices=BROKEN,
+    parser.add_argument("--broken", choices=BROKEN + BROKEN_BACKWARD,
                         help="run one deliberately broken protocol (must fail)")
     args = parser.parse_args()
     if args.broken:
-        check(args.broken)
+        (check_backward if args.broken in BROKEN_BACKWARD else check)(args.broken)
         print(f"{args.broken}: passed (the check missed it)")
         return
     check()
-    for broken in BROKEN:
+    check_backward()
+    for broken in BROKEN + BROKEN_BACKWARD:
         try:
-            check(broken, seeds=20)
+            (check_backward if broken in BROKEN_BACKWARD else check)(broken, seeds=20)
         except (AssertionError, Deadlock):
             continue
         raise AssertionError(f"the check misses a broken protocol: {broken}")
-    print("sm90 forward ring protocol: all checks passed (and each broken variant fails)")
+    print("sm90 warp-specialized protocols: all checks passed (and each broken variant fails)")
 
 
 if __name__ == "__main__":
