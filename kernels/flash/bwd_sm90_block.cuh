@@ -179,16 +179,16 @@ class BwdSm90Block {
   // stage at st) for the warp's 16 keys from warp_key_first, rounded into the A fragments of
   // dV += P^T dO (the accumulator layout of two 8-query tiles is one k16 A fragment); s becomes
   // G = P^T in float32 (times 1 - tanh^2 with softcap; -inf masked scores clamp the factor to
-  // 0), dS^T's factor. kMaySoftcap false: the caller has checked that softcap is off, and no
-  // softcap code is issued (predicated off, it cost ~130 issue slots per warp and tile).
-  template <bool kMaySoftcap>
+  // 0), dS^T's factor. kSoftcap: whether softcap is on, which both kernels test once and pick
+  // their loop copy by, so that the common case issues no softcap code at all (predicated off,
+  // it cost ~130 issue slots per warp and tile).
+  template <bool kSoftcap>
   __device__ __forceinline__ void ScoresToP(float (&s)[T::kSTiles][4],
                                             uint32_t (&p)[T::kGradSteps][4], int row0,
                                             uint32_t st, int warp_key_first, int group,
                                             int quad_lane) {
     const uint32_t lse_at = st + 2 * T::kTileBytes + 2 * quad_lane * 4;
-    const bool softcap = kMaySoftcap && f_.softcap;
-    if (softcap) {
+    if constexpr (kSoftcap) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
 #pragma unroll
@@ -228,7 +228,7 @@ class BwdSm90Block {
         for (int e = 0; e < 2; ++e) {
           const float t = s[nt][2 * h + e];
           pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
-          s[nt][2 * h + e] = softcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
+          s[nt][2 * h + e] = kSoftcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
         }
         p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);
       }
