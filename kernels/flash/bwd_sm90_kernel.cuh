@@ -60,6 +60,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using Base::StageSmem, Base::FirstTile, Base::Next, Base::Prologue, Base::LoadStage,
       Base::IssueScores, Base::IssueGrad, Base::StoreKeyRows, Base::AddDqPairs;
   using Barriers = Sm90StageBarriers<T::kStages, 1>;
+  static_assert(Barriers::kBytes == T::kBarrierBytes, "host and device agree on the barriers");
   // Named barrier of the 256 consumer threads (0 is __syncthreads').
   static constexpr int kConsumersBarrier = 1;
 
@@ -230,9 +231,7 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& ar
   if (!runner.Exists()) return;
   if (threadIdx.x == 0) runner.barriers().Init(T::kProducerThreads, T::kConsumerThreads);
   __syncthreads();
-  // The role is taken from a warp-uniform value (lane 0's): on a branch ptxas sees as divergent
-  // it serializes every wgmma (C7520).
-  if (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0) == 0) {
+  if (ptx::WarpUniformWarpgroup() == 0) {
     ptx::ReleaseRegisters<T::kProducerRegisters>();
     runner.Produce();
     return;

@@ -8,6 +8,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/flash/fwd_traits.cuh"
+#include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
@@ -31,14 +32,11 @@ struct BwdSm90Traits {
   static constexpr int kConsumerThreads = kWarpgroups * 128;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
-  // setmaxnreg split of the SM's 64K registers: the producer only computes addresses.
+  // setmaxnreg split of the CTA's register pool (ptx::RegisterPool): the producer only computes
+  // addresses; the consumers get the rest.
   static constexpr int kProducerRegisters = ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS;
-  // The CTA's register pool is what it launched with (ptxas' count for kThreads threads, 168),
-  // and setmaxnreg.inc waits until the pool has the registers: asking for more than the producer
-  // gave back hangs.
-  static constexpr int kRegisterPool = 65536 / kThreads / 8 * 8 * kThreads;
   static constexpr int kConsumerRegisters =
-      (kRegisterPool - kProducerRegisters * kProducerThreads) / kConsumerThreads / 8 * 8;
+      ptx::ConsumerRegisters(kThreads, kProducerThreads, kProducerRegisters);
 
   static constexpr int kSTiles = kBlockM / 8;      // 8-query tiles of S^T / dP^T per warp
   static constexpr int kDTiles = kHeadDim / 8;     // 8-column tiles of dK / dV per warp
@@ -58,7 +56,7 @@ struct BwdSm90Traits {
   static constexpr int kStages = 2;
   static constexpr bool kFlatLoads = false;  // whole rows per thread pass (LoadSwizzledAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kDsBuffers = Sm90BackwardDsBuffers(kHeadDim);
+  static constexpr int kDsBuffers = kSm90BackwardDsBuffers;
   static constexpr int kBarrierBytes = Sm90BackwardBarrierBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
 

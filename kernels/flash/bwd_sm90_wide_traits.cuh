@@ -41,7 +41,7 @@ struct BwdSm90WideTraits {
 
   // Tile it's dQ products are issued in tile it+1 behind its S^T / dP^T (the kernel's Step),
   // so tile it's dS^T tile must outlive tile it+1's: dS^T of tile it in buffer it % 2.
-  static constexpr int kDsBuffers = Sm90BackwardDsBuffers(kHeadDim);
+  static constexpr int kDsBuffers = kSm90BackwardDsBuffers;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;

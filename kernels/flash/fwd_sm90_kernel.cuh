@@ -268,9 +268,7 @@ __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
   const FwdSm90Ring<T> ring(base + T::kQSmemBytes);
   if (threadIdx.x == 0) ring.Init(T::kProducerThreads, T::kConsumerThreads);
   __syncthreads();
-  // The role is taken from a warp-uniform value (lane 0's): on a branch ptxas sees as divergent
-  // it serializes every wgmma (C7520).
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  const int warpgroup = ptx::WarpUniformWarpgroup();
   if (warpgroup == 0) {
     ptx::ReleaseRegisters<T::kProducerRegisters>();
     ProduceTiles<T>(args, cta.block, cta.kv_offset, cta.q, base, ring, threadIdx.x);

@@ -6,6 +6,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/flash/fwd_traits.cuh"
+#include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
@@ -21,9 +22,11 @@ struct FwdSm90Traits {
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
-  // setmaxnreg split of the SM's 64K registers: the producer only computes addresses.
+  // setmaxnreg split of the CTA's register pool: the producer only computes addresses; the
+  // consumers get the rest (240 with two of them, 160 with three).
   static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  static constexpr int kConsumerRegisters =
+      ptx::ConsumerRegisters(kThreads, kProducerThreads, kProducerRegisters);
 
   static constexpr int kSTiles = kBlockN / 8;     // 8-column tiles of S per warp
   static constexpr int kOTiles = kHeadDim / 8;    // 8-column tiles of O per warp
@@ -45,12 +48,11 @@ struct FwdSm90Traits {
   static_assert(kQSmemBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8, "shared memory layout");
-  // setmaxnreg.inc waits until the CTA's register pool (what it launched with: ptxas' count for
-  // kThreads threads) has the registers, so the split must fit the pool, not just the SM.
-  static_assert(kProducerRegisters * kProducerThreads +
-                        kConsumerRegisters * kConsumerThreads <=
-                    65536 / kThreads / 8 * 8 * kThreads,
-                "the register split fits the CTA's register pool");
+  static_assert(kConsumerRegisters <= 256 &&
+                    kProducerRegisters * kProducerThreads +
+                            kConsumerRegisters * kConsumerThreads <=
+                        ptx::RegisterPool(kThreads),
+                "the register split fits the CTA's register pool (ptx::RegisterPool)");
 };
 
 }  // namespace attnserve::kernels::flash

@@ -95,6 +95,24 @@ __device__ __forceinline__ void ClaimRegisters() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// This thread's warpgroup (threadIdx.x / 128) as lane 0 of its warp sees it: warp-uniform as
+// far as ptxas can tell. Warp-specialized kernels branch on it to split roles; on a branch ptxas
+// sees as divergent it serializes every wgmma (C7520).
+__device__ __forceinline__ int WarpUniformWarpgroup() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
+// A CTA's register pool is what it launched with: ptxas' per-thread count for `threads` threads
+// (64K / threads, rounded down to 8) times the threads. setmaxnreg.inc waits until the pool has
+// what it asks for, so a split that asks for more hangs every launch.
+constexpr int RegisterPool(int threads) { return 65536 / threads / 8 * 8 * threads; }
+// What each consumer thread can claim once `producer_threads` threads released theirs down to
+// `producer_registers`: the rest of the pool, rounded down to 8.
+constexpr int ConsumerRegisters(int threads, int producer_threads, int producer_registers) {
+  return (RegisterPool(threads) - producer_threads * producer_registers) /
+         (threads - producer_threads) / 8 * 8;
+}
+
 // Shared-memory matrix descriptor of wgmma with the 128-byte swizzle (layout type 1, bits
 // 62-63): start address, leading and stride byte offsets, each in 16-byte units (14 bits). The
 // swizzle pattern is taken from address bits, so every 8-row x 128-byte atom must start

@@ -150,7 +150,7 @@ constexpr int Sm90BackwardExchangeBytes(int head_dim) {
 // other's dQ still reads tile it's; at 192 / 256 the kernel issues each tile's dQ = dS K in the
 // next tile under its S^T / dP^T and element-wise phase (measured faster, NOTES.md "Hopper
 // backward at head dims 192 and 256", "Deferred dQ").
-constexpr int Sm90BackwardDsBuffers(int) { return 2; }
+inline constexpr int kSm90BackwardDsBuffers = 2;
 // The stage ring's full / empty mbarriers (the warp-specialized kernel at 64 / 128).
 constexpr int Sm90BackwardBarrierBytes(int head_dim) { return head_dim <= 128 ? 2 * 2 * 8 : 0; }
 // K and V (resident), two stages, the dS^T tiles, the exchange tile (192 / 256), 1 KB for
@@ -159,7 +159,7 @@ constexpr int Sm90BackwardBarrierBytes(int head_dim) { return head_dim <= 128 ? 
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          2 * Sm90BackwardStageBytes(head_dim) +
-         Sm90BackwardDsBuffers(head_dim) * Sm90BackwardBlockN(head_dim) *
+         kSm90BackwardDsBuffers * Sm90BackwardBlockN(head_dim) *
              Sm90BackwardBlockM(head_dim) * 2 +
          Sm90BackwardExchangeBytes(head_dim) + 1024 + Sm90BackwardBarrierBytes(head_dim);
 }
