@@ -1,11 +1,13 @@
 // What the two Hopper (sm_90a) backward dK/dV kernels share (bwd_sm90_kernel.cuh at head dims
 // 64/128, bwd_sm90_wide_kernel.cuh at 192/256): one CTA's key block and the query tiles whose
-// rows see it (the sm80 pair kernel's range), K and V resident and Q, dO, lse and D streamed
-// through two cp.async stages in wgmma's 128-byte swizzle (zero-filled past the sequence),
-// the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks, exp2), the dQ reduction
-// into the float32 workspace, and the dK / dV stores.
+// rows see it (the sm80 pair kernel's range), K and V resident and Q, dO, lse and D streamed by
+// a producer warpgroup through two cp.async stages in wgmma's 128-byte swizzle (zero-filled past
+// the sequence) and handed to the consumer warpgroups on full / empty mbarriers
+// (sm90_stage_barriers.cuh), the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks,
+// exp2), the dQ reduction into the float32 workspace, the dK / dV stores, and the CTA's split
+// into the two roles (RunBwdSm90Roles).
 // T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; kFlatLoads picks the loader, and
-// the loads run on threads [0, kLoaderThreads) (the producer warpgroup, or every thread).
+// the loads run on the producer's threads [0, kLoaderThreads).
 #pragma once
 
 #include <cstdint>
@@ -15,29 +17,43 @@
 #include "kernels/flash/sm90_swizzled_tile.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
+#include "kernels/flash/sm90_stage_barriers.cuh"
 
 namespace attnserve::kernels::flash {
+
+__host__ __device__ constexpr int GreatestCommonDivisor(int a, int b) {
+  return b == 0 ? a : GreatestCommonDivisor(b, a % b);
+}
 
 // Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
 // wait), zero-filling rows at or past rows_valid and vectors at or past vecs_valid (nothing is
 // read for them). Unlike LoadSwizzledAsync each thread takes vectors kThreads apart in the flat
-// (row, vector) order, so a row of 24 vectors (head dim 192) needs no whole rows per pass.
+// (row, vector) order, so a row of 24 vectors (head dim 192) needs no whole rows per pass. Every
+// kPeriod passes a thread is back at the same vector, kPeriodRows rows on (a whole number of
+// swizzle periods), so it computes kPeriod addresses and steps them: computing every pass's
+// address up front took the 24-register producer 1 KB of spills at head dim 192.
 template <int kRows, int kRowVecs, int kThreads, typename Element>
 __device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Element* src,
                                                       int row_stride, int rows_valid,
                                                       int vecs_valid, int tid) {
   constexpr int kVecElems = 16 / sizeof(Element);
-  constexpr int kVecs = kRows * kRowVecs;
-  constexpr int kPasses = (kVecs + kThreads - 1) / kThreads;
+  constexpr int kPeriod = kRowVecs / GreatestCommonDivisor(kThreads, kRowVecs);
+  constexpr int kPeriodRows = kThreads / GreatestCommonDivisor(kThreads, kRowVecs);
+  static_assert(kRows % kPeriodRows == 0 && kPeriodRows % 8 == 0,
+                "whole periods, each a whole number of 8-row swizzle periods");
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int idx = tid + i * kThreads;
-    if (kVecs % kThreads == 0 || idx < kVecs) {
-      const int row = idx / kRowVecs;
-      const int vec = idx % kRowVecs;
-      ptx::CopyAsync16(smem + SwizzledOffset<kRows>(row, vec),
-                       src + row * row_stride + vec * kVecElems,
-                       row < rows_valid && vec < vecs_valid);
+  for (int p = 0; p < kPeriod; ++p) {
+    const int idx = tid + p * kThreads;
+    const int row = idx / kRowVecs;
+    const int vec = idx % kRowVecs;
+    const uint32_t to = smem + SwizzledOffset<kRows>(row, vec);
+    const Element* from = src + row * row_stride + vec * kVecElems;
+    const bool vec_valid = vec < vecs_valid;
+#pragma unroll
+    for (int r = 0; r < kRows / kPeriodRows; ++r) {
+      ptx::CopyAsync16(to + r * kPeriodRows * 128,
+                       ptx::Advance(from, r * kPeriodRows * row_stride),
+                       vec_valid && row + r * kPeriodRows < rows_valid);
     }
   }
 }
@@ -45,10 +61,35 @@ __device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Eleme
 template <class T>
 class BwdSm90Block {
   static_assert(T::kStages == 2, "two stages: tile it+1 loads under tile it");
+  static_assert(T::kLoaderThreads == T::kProducerThreads, "the producer warpgroup loads");
 
  public:
-  __device__ __forceinline__ bool Exists() const { return key_first_ < len_k_; }
+  using Barriers = Sm90StageBarriers<T::kStages, 1>;
+  static_assert(Barriers::kBytes == kSm90BackwardBarrierBytes, "host and device agree");
 
+  __device__ __forceinline__ bool Exists() const { return key_first_ < len_k_; }
+  __device__ __forceinline__ const Barriers& barriers() const { return barriers_; }
+
+  // The producer warpgroup's whole work: K, V and the first query tile in one group, then each
+  // tile into its stage once the consumers released the stage's previous tile. Each tile is
+  // published as soon as this thread's copies of it landed: its stage's previous tile was
+  // released before it was issued, so waiting here never holds back a stage the consumers need.
+  __device__ __forceinline__ void Produce() {
+    Prologue();
+    QueryTile tile = FirstTile();
+    for (int it = 0; it < iters_; ++it) {
+      if (it > 0) {
+        if (it >= T::kStages) barriers_.WaitEmpty(0, it);
+        LoadStage(tile, StageSmem(it));
+        ptx::CommitAsyncGroup<Sm80>();
+      }
+      ptx::WaitAsyncGroups<Sm80, 0>();
+      barriers_.Publish(0, it);
+      Next(tile);
+    }
+  }
+
+ protected:
   // K, V and the first query tile, one group (then each tile's loads follow).
   __device__ __forceinline__ void Prologue() {
     if (iters_ > 0) {
@@ -65,7 +106,6 @@ class BwdSm90Block {
     ptx::CommitAsyncGroup<Sm80>();
   }
 
- protected:
   using Element = typename T::Element;
   using MmaScores = ptx::Wgmma<Element, T::kBlockM>;  // 64 keys x kBlockM queries
   using MmaGrad = ptx::Wgmma<Element, T::kHeadDim>;   // 64 keys x head dim
@@ -80,7 +120,11 @@ class BwdSm90Block {
   // lays out anything after them).
   __device__ __forceinline__ BwdSm90Block(const BwdKernelArgs& args, uint32_t smem, int batch,
                                           int kv_head, int n_block)
-      : args_(args), f_(args.fwd), kv_head_(kv_head) {
+      : args_(args),
+        f_(args.fwd),
+        kv_head_(kv_head),
+        // Stage 0's padding, after its lse and D.
+        barriers_(smem + 2 * T::kKvBytes + 2 * T::kTileBytes + 2 * T::kBlockM * 4) {
     k_smem_ = smem;
     v_smem_ = smem + T::kKvBytes;
     stage_smem_ = smem + 2 * T::kKvBytes;
@@ -99,13 +143,22 @@ class BwdSm90Block {
     m_begin_ = row_first / T::kBlockM;
     m_count_ = row_first > row_last ? 0 : row_last / T::kBlockM - m_begin_ + 1;
     iters_ = m_count_ * f_.head_group;
-    // A key block that no mask cuts off from any query row starts at its own query tile
-    // (n_block mod the tile count) and wraps around. Without a mask every CTA of a head has the
-    // same tiles, and the CTAs that run together (heads first: consecutive key blocks of each
-    // head) would add into the same dQ rows at the same time; staggered, each adds into its own.
-    // Under a mask the ranges start at different tiles already.
+    // A key block that no mask cuts off from any query row starts at its own query tile and
+    // wraps around. Without a mask every CTA of a head has the same tiles, and the CTAs that run
+    // together (heads first: consecutive key blocks of each head) would add into the same dQ
+    // rows at the same time; staggered, each adds into its own. Key block n starts
+    // T::kStartTileStride n tiles on; where the stride divides the tile count, one tile more on
+    // each further lap, so that the first m_count_ blocks all start on different tiles. Under a
+    // mask the ranges start at different tiles already.
     const bool all_rows = m_begin_ == 0 && m_count_ * T::kBlockM >= len_q_;
-    first_row0_ = (m_begin_ + (all_rows && m_count_ > 0 ? n_block % m_count_ : 0)) * T::kBlockM;
+    int start = 0;
+    if (all_rows && m_count_ > 0) {
+      constexpr int kStride = T::kStartTileStride;
+      const int lead = n_block * kStride;
+      const bool next_lap_shifts = kStride > 1 && m_count_ % kStride == 0;
+      start = (lead + (next_lap_shifts ? lead / m_count_ : 0)) % m_count_;
+    }
+    first_row0_ = (m_begin_ + start) * T::kBlockM;
   }
 
   // The loop's query tiles: every tile of the group's first query head (from first_row0_,
@@ -118,6 +171,11 @@ class BwdSm90Block {
     tile.row0 += T::kBlockM;
     if (tile.row0 == (m_begin_ + m_count_) * T::kBlockM) tile.row0 = m_begin_ * T::kBlockM;
     if (tile.row0 == first_row0_) ++tile.head;
+  }
+
+  // This thread among the consumers (the producer warpgroup comes first), read afresh.
+  __device__ __forceinline__ static int ConsumerThread() {
+    return ptx::FreshThreadIdx() - T::kProducerThreads;
   }
 
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
@@ -301,6 +359,7 @@ class BwdSm90Block {
   int m_begin_, m_count_, iters_;
   int first_row0_;
   uint32_t k_smem_, v_smem_, stage_smem_, ds_smem_;
+  Barriers barriers_;
 
  private:
   template <int kRows>
@@ -315,5 +374,21 @@ class BwdSm90Block {
     }
   }
 };
+
+// A CTA of either kernel once its block exists: the barriers, then the producer warpgroup gives
+// back registers and streams the tiles while the consumers take the rest of the pool and run.
+template <class T, class Runner>
+__device__ __forceinline__ void RunBwdSm90Roles(Runner& runner) {
+  if (threadIdx.x == 0) runner.barriers().Init(T::kProducerThreads, T::kConsumerThreads);
+  __syncthreads();
+  if (ptx::WarpUniformWarpgroup() == 0) {
+    ptx::ReleaseRegisters<T::kProducerRegisters>();
+    runner.Produce();
+    return;
+  }
+  ptx::ClaimRegisters<T::kConsumerRegisters>();
+  runner.Run();
+  runner.Epilogue();
+}
 
 }  // namespace attnserve::kernels::flash

@@ -30,7 +30,6 @@
 #include "kernels/flash/bwd_sm90_traits.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
-#include "kernels/flash/sm90_stage_barriers.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
 
 namespace attnserve::kernels::flash {
@@ -57,10 +56,8 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using typename Base::QueryTile;
   using Base::args_, Base::f_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
-  using Base::StageSmem, Base::FirstTile, Base::Next, Base::Prologue, Base::LoadStage,
-      Base::IssueScores, Base::IssueGrad, Base::StoreKeyRows, Base::AddDqPairs;
-  using Barriers = Sm90StageBarriers<T::kStages, 1>;
-  static_assert(Barriers::kBytes == T::kBarrierBytes, "host and device agree on the barriers");
+  using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
+      Base::StoreKeyRows, Base::AddDqPairs, Base::ConsumerThread, Base::barriers_;
   // Named barrier of the 256 consumer threads (0 is __syncthreads').
   static constexpr int kConsumersBarrier = 1;
 
@@ -69,29 +66,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   // 64 warpgroup + 16 w + l / 4 (+ 8), columns 8 t + 2 (l % 4) + {0, 1} of 8-column tile t.
   __device__ __forceinline__ BwdSm90BlockRunner(const BwdKernelArgs& args, uint32_t smem,
                                                 int batch, int kv_head, int n_block)
-      : Base(args, smem, batch, kv_head, n_block),
-        barriers_(ds_smem_ + T::kDsBuffers * T::kDsBytes) {}
-
-  __device__ __forceinline__ const Barriers& barriers() const { return barriers_; }
-
-  // The producer warpgroup's whole work: K, V and the first query tile in one group, then each
-  // tile into its stage once the consumers released the stage's previous tile. Each tile is
-  // published as soon as this thread's copies of it landed: its stage's previous tile was
-  // released before it was issued, so waiting here never holds back a stage the consumers need.
-  __device__ __forceinline__ void Produce() {
-    Prologue();
-    QueryTile tile = FirstTile();
-    for (int it = 0; it < iters_; ++it) {
-      if (it > 0) {
-        if (it >= T::kStages) barriers_.WaitEmpty(0, it);
-        LoadStage(tile, StageSmem(it));
-        ptx::CommitAsyncGroup<Sm80>();
-      }
-      ptx::WaitAsyncGroups<Sm80, 0>();
-      barriers_.Publish(0, it);
-      Next(tile);
-    }
-  }
+      : Base(args, smem, batch, kv_head, n_block) {}
 
   // The consumers: one query tile per iteration, its stage released once every wgmma of the
   // tile is complete (the end of its Step). Two copies of the loop, with and without softcap,
@@ -132,11 +107,6 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
       barriers_.Release(0, it);
       Next(tile);
     }
-  }
-
-  // This thread among the consumers (the producer warpgroup comes first), read afresh.
-  __device__ __forceinline__ static int ConsumerThread() {
-    return ptx::FreshThreadIdx() - T::kProducerThreads;
   }
 
   // One query tile (stage at q_st, dS^T tile at ds_st): the five products, with the P^T and
@@ -215,7 +185,6 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
   }
 
-  Barriers barriers_;
   float dk_[T::kDTiles][4];
   float dv_[T::kDTiles][4];
 };
@@ -225,20 +194,10 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& ar
   extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
-  using T = BwdSm90Traits<kDType, kHeadDim>;
   const DkDvCtaCoords cta = HeadsFirstDkDvCta(args.fwd);
   BwdSm90BlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head, cta.n_block);
   if (!runner.Exists()) return;
-  if (threadIdx.x == 0) runner.barriers().Init(T::kProducerThreads, T::kConsumerThreads);
-  __syncthreads();
-  if (ptx::WarpUniformWarpgroup() == 0) {
-    ptx::ReleaseRegisters<T::kProducerRegisters>();
-    runner.Produce();
-    return;
-  }
-  ptx::ClaimRegisters<T::kConsumerRegisters>();
-  runner.Run();
-  runner.Epilogue();
+  RunBwdSm90Roles<BwdSm90Traits<kDType, kHeadDim>>(runner);
 }
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any

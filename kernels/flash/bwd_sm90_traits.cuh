@@ -3,7 +3,7 @@
 // kBlockM rows streamed through two stages, the registers each role keeps, and the shared-memory
 // layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
 //   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D |
-//   dS^T x 2 | the stages' full / empty mbarriers.
+//   dS^T x 2 (the stages' full / empty mbarriers in stage 0's padding).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -12,14 +12,6 @@
 #include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
-
-// Registers of the producer warpgroup (setmaxnreg; a multiple of 8); the consumers get the rest
-// of the CTA's pool: 240 at 24. At 32 the consumers would get 232, and at head dim 128 ptxas then
-// spills 56 bytes and serializes the wgmma (C7512); at 24 the producer spills 28 bytes instead
-// (a few local loads per tile, off the consumers' path).
-#ifndef ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS
-#define ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS 24
-#endif
 
 template <DType kDType, int kHeadDim_>
 struct BwdSm90Traits {
@@ -34,7 +26,7 @@ struct BwdSm90Traits {
   static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
   // setmaxnreg split of the CTA's register pool (ptx::RegisterPool): the producer only computes
   // addresses; the consumers get the rest.
-  static constexpr int kProducerRegisters = ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS;
+  static constexpr int kProducerRegisters = kSm90BackwardProducerRegisters;
   static constexpr int kConsumerRegisters =
       ptx::ConsumerRegisters(kThreads, kProducerThreads, kProducerRegisters);
 
@@ -54,10 +46,11 @@ struct BwdSm90Traits {
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
   static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
   static constexpr int kStages = 2;
+  // Unmasked key blocks start one query tile apart (BwdSm90Block; 2 measured no better here).
+  static constexpr int kStartTileStride = 1;
   static constexpr bool kFlatLoads = false;  // whole rows per thread pass (LoadSwizzledAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDsBuffers = kSm90BackwardDsBuffers;
-  static constexpr int kBarrierBytes = Sm90BackwardBarrierBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
@@ -70,9 +63,9 @@ struct BwdSm90Traits {
   static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
-  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
-  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + 1024 +
-                                  kBarrierBytes,
+  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4 + kSm90BackwardBarrierBytes,
+                "stage layout (stage 0 keeps the mbarriers after its lse and D)");
+  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + 1024,
                 "host and device agree");
 };
 

@@ -2,9 +2,10 @@
 // at head dims 192 and 256"). At 128 keys per CTA (the hdim-64/128 kernel's block) dK + dV would
 // be 192-256 floats per thread, so here one CTA takes 64 keys and its two warpgroups split the
 // work by role instead of by keys; each holds one of dK, dV for the 64 keys x the whole head dim
-// (96 / 128 floats per thread). Per query tile (64 rows, streamed through two cp.async stages in
-// wgmma's 128-byte swizzle, zero-filled past the sequence, as in the hdim-64/128 kernel):
-//   warpgroup 0                              warpgroup 1
+// (96 / 128 floats per thread). A producer warpgroup streams the query tiles (64 rows, through
+// two cp.async stages in wgmma's 128-byte swizzle, zero-filled past the sequence, handed over on
+// mbarriers: the hdim-64/128 kernel's producer). Per query tile:
+//   consumer 0                               consumer 1
 //   S^T(it) = K Q^T  (SS, 64 x 64, K = d)    dP^T(it) = V dO^T (SS, 64 x 64, K = d)
 //   dQ(it-1) = dS K, half the head dim       dQ(it-1), the other half (SS, MN-major: SSTrans)
 //   P^T = exp2(S^T c - lse log2 e)           (waits on barrier 1)
@@ -12,9 +13,9 @@
 //   (arrives on barrier 1)                   dS^T = G (dP^T - D) -> dS^T tile it % 2
 //   dV += P^T dO     (RS, N = d)             dK += dS^T Q      (RS, N = d)
 //   dQ(it-1) reductions                      dQ(it-1) reductions
-//   ---------- loop-top fence.proxy.async + barrier (publishes tile it's dS^T) ----------
+//   ------ loop-top fence.proxy.async + consumer barrier (publishes tile it's dS^T) ------
 // Each tile's dQ products are issued in the next tile, straight behind its S^T / dP^T, so that
-// the tensor cores have them while warpgroup 0 computes P^T and warpgroup 1 waits for G (with
+// the tensor cores have them while consumer 0 computes P^T and consumer 1 waits for G (with
 // dQ at the end of its own tile they idled there, behind a barrier before dQ); the reductions
 // into the float32 dQ workspace (red.global.add.v2.f32) run under dV / dK. That takes two dS^T
 // tiles; the last tile's dQ follows the loop. P^T and dS^T come out of the 64-key accumulators
@@ -47,13 +48,17 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   using typename Base::QueryTile;
   using Base::args_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
-  using Base::StageSmem, Base::FirstTile, Base::Next, Base::LoadStage, Base::IssueScores,
-      Base::IssueGrad, Base::StoreKeyRows, Base::AddDqPairs;
+  using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
+      Base::StoreKeyRows, Base::AddDqPairs, Base::ConsumerThread, Base::barriers_;
   using MmaDqA = ptx::Wgmma<Element, T::kDqColsA>;  // 64 queries x 64 columns
   using MmaDqB = ptx::Wgmma<Element, T::kDqColsB>;  // 64 queries x 32 or 64 columns
+  // Named barriers of the 256 consumer threads (0 is __syncthreads'): consumer 0 hands G to
+  // consumer 1 on the first; both meet on the second.
+  static constexpr int kExchangeBarrier = 1;
+  static constexpr int kConsumersBarrier = 2;
 
  public:
-  // Per thread of warp w (of its warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
+  // Per thread of warp w (of its consumer warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
   // 16 w + l / 4 (+ 8), columns 8 t + 2 (l % 4) + {0, 1} of 8-column tile t; dQ rows (queries)
   // likewise.
   __device__ __forceinline__ BwdSm90WideBlockRunner(const BwdKernelArgs& args, uint32_t smem,
@@ -62,12 +67,13 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     g_smem_ = ds_smem_ + T::kDsBuffers * T::kDsBytes;
   }
 
-  // One query tile per iteration, each issuing the previous tile's dQ products (Step). Tile it's
-  // dS^T tile (buffer it % 2) is published to both warpgroups by the loop-top fence and barrier
-  // of tile it+1, whose dQ products read it while warpgroup 1 writes tile it+1's into the other
-  // buffer; the last tile's dQ follows the loop behind one more fence and barrier. The first
-  // tile is a separate instantiation (no dQ), so the wgmma groups in flight at every wait are
-  // compile-time facts (no serialization).
+  // The consumers: one query tile per iteration, each issuing the previous tile's dQ products
+  // (Step), its stage released once every wgmma of the tile is complete (the end of its Step).
+  // Tile it's dS^T tile (buffer it % 2) is published to both consumers by the loop-top fence and
+  // barrier of tile it+1, whose dQ products read it while consumer 1 writes tile it+1's into the
+  // other buffer; the last tile's dQ follows the loop behind one more fence and barrier. The
+  // first tile is a separate instantiation (no dQ), so the wgmma groups in flight at every wait
+  // are compile-time facts (no serialization).
   __device__ __forceinline__ void Run() {
     ZeroGrad();
     if (iters_ == 0) return;
@@ -81,31 +87,29 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   template <bool kSoftcap>
   __device__ __forceinline__ void RunTiles() {
     QueryTile tile = FirstTile();
-    QueryTile ahead = tile;
-    Next(ahead);
-    BeginTile(0, ahead);
+    barriers_.WaitFull(0, 0);
     Step<false, kSoftcap>(0, tile, tile);
+    barriers_.Release(0, 0);
     for (int it = 1; it < iters_; ++it) {
-      // ahead is stepped from tile, not kept across the loop (fewer live registers: the
-      // kernel is at 255, and this takes its spill from 32 to 8 bytes).
       const QueryTile prev = tile;
       Next(tile);
-      ahead = tile;
-      Next(ahead);
-      BeginTile(it, ahead);
+      barriers_.WaitFull(0, it);
+      PublishDs();
       Step<true, kSoftcap>(it, prev, tile);
+      barriers_.Release(0, it);
     }
-    const int tid = ptx::FreshThreadIdx();
+    PublishDs();
+    const int tid = ConsumerThread();
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
     Dq(iters_ - 1, tile, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
   }
 
-  // dV (warpgroup 0) or dK times softmax_scale (warpgroup 1) through the V or K buffer (each
-  // warp its own 16 rows), then 16-byte stores of the rows that exist.
+  // dV (consumer 0) or dK times softmax_scale (consumer 1) through the V or K buffer (each warp
+  // its own 16 rows), then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
-    ptx::WaitAsyncGroups<Sm80, 0>();
-    __syncthreads();  // no wgmma reads K or V any more (dQ of both warpgroups reads all of K)
-    const int tid = threadIdx.x;
+    // No wgmma reads K or V any more (dQ of both consumers reads all of K).
+    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
+    const int tid = ConsumerThread();
     const bool is_dv = tid < 128;
     StoreKeyRows(grad_, is_dv ? 1.0f : args_.grad_scale, is_dv ? v_smem_ : k_smem_,
                  is_dv ? args_.dv : args_.dk, tid % 128 / 32, tid % 32);
@@ -113,18 +117,17 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
 
  private:
   // Query tile `it` and, kDq (every tile but the first), tile it-1's dQ products: issued
-  // straight behind this tile's S^T / dP^T, so the tensor cores run them while warpgroup 0
-  // computes P^T and warpgroup 1 waits for G; their reductions then run under the dV / dK
+  // straight behind this tile's S^T / dP^T, so the tensor cores run them while consumer 0
+  // computes P^T and consumer 1 waits for G; their reductions then run under the dV / dK
   // product. Tile it-1's dS^T tile (buffer (it-1) % 2) was published by the loop-top barrier;
-  // warpgroup 1 writes tile it's into the other buffer, which no wgmma reads any more (tile
-  // it-2's dQ products completed before that barrier). The two warpgroups run the same wgmma
+  // consumer 1 writes tile it's into the other buffer, which no wgmma reads any more (tile
+  // it-2's dQ products completed before that barrier). The two consumers run the same wgmma
   // instructions on different operands (warpgroup-uniform selects), so only the element-wise
-  // math between them branches. Every wgmma of the tile is complete at its end, so the next
-  // loop-top barrier frees its stage (which then takes the tile after the next) and the
-  // exchange tile.
+  // math between them branches. Every wgmma of the tile is complete at its end, so the stage can
+  // be released and the next loop-top barrier frees the exchange tile.
   template <bool kDq, bool kSoftcap>
   __device__ __forceinline__ void Step(int it, QueryTile prev, QueryTile tile) {
-    const int tid = ptx::FreshThreadIdx();
+    const int tid = ConsumerThread();
     // Warp-uniform as far as the compiler can see (broadcast from lane 0).
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int warp = tid % 128 / 32;
@@ -133,50 +136,53 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     const uint32_t q_st = StageSmem(it);
     const uint32_t do_st = q_st + T::kTileBytes;
 
-    // S^T = K Q^T (warpgroup 0) or dP^T = V dO^T (warpgroup 1), then dQ of tile it-1.
+    // S^T = K Q^T (consumer 0) or dP^T = V dO^T (consumer 1), then dQ of tile it-1.
     float sc[T::kSTiles][4];
     float dq_a[T::kDqColsA / 8][4];
     float dq_b[T::kDqColsB / 8][4];
+    constexpr bool kDqBEarly = kDq && !T::kDqBBehindGrad;
     ptx::WgmmaFence();
     IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? q_st : do_st);
-    if constexpr (kDq) {
-      IssueDq<MmaDqA>(dq_a, it - 1, T::DqColA(warpgroup));
-      IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
-    }
-    // In flight: S^T / dP^T (, dQ A, dQ B of it-1): wait for the scores only.
-    ptx::WgmmaWait<kDq ? 2 : 0>(sc);
+    if constexpr (kDq) IssueDq<MmaDqA>(dq_a, it - 1, T::DqColA(warpgroup));
+    if constexpr (kDqBEarly) IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
+    // In flight: S^T / dP^T (, dQ A (, dQ B) of it-1): wait for the scores only.
+    ptx::WgmmaWait<int{kDq} + int{kDqBEarly}>(sc);
 
     uint32_t a[T::kGradSteps][4];
     GradFragments<kSoftcap>(sc, a, it, tile.row0, tid, warpgroup);
     ptx::WgmmaFence();
     IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
     if constexpr (kDq) {
-      // In flight: dQ A, dQ B (it-1), the gradient product (it).
+      // In flight, in issue order: dQ A, dQ B (it-1), the gradient product (it); or with dQ B
+      // behind the gradient product (head dim 256), dQ A, the gradient product, dQ B. Either
+      // way the second-last wait completes dQ A.
+      if constexpr (!kDqBEarly) IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
       const int dq_row = warp * 16 + group;
       ptx::WgmmaWait<2>(dq_a);
       AddDqPairs(dq_a, prev, dq_row, T::DqColA(warpgroup) + 2 * quad_lane);
-      ptx::WgmmaWait<1>(dq_b);
+      if constexpr (kDqBEarly) {
+        ptx::WgmmaWait<1>(dq_b);
+      } else {
+        ptx::WgmmaWait<0>(dq_b);
+      }
       AddDqPairs(dq_b, prev, dq_row, T::DqColB(warpgroup) + 2 * quad_lane);
     }
-    // The gradient product: the stage is free at the next loop-top barrier, and dK / dV are
-    // read after this wait (next tile's product, the epilogue).
+    // The gradient product: the stage is released after this wait, and dK / dV are read after
+    // it (next tile's product, the epilogue).
     ptx::WgmmaWait<0>(grad_);
   }
 
-  // The loop top of tile it: its stage landed and, with every wgmma of the previous tile
-  // complete, that tile's stage, the exchange tile and the older dS^T tile are free; the fence
-  // in every thread also hands the previous tile's dS^T stores to the tensor cores (this tile's
-  // dQ products read them). Then tile it+1 is loaded into the freed stage.
-  __device__ __forceinline__ void BeginTile(int it, QueryTile ahead) {
-    ptx::WaitAsyncGroups<Sm80, 0>();
+  // The consumers' meeting at the top of each tile after the first and before the last tile's
+  // dQ: with every wgmma of the previous tile complete, the exchange tile and the older dS^T
+  // tile are free; the fence in every thread hands the previous tile's dS^T stores to the
+  // tensor cores (the dQ products that follow read them).
+  __device__ __forceinline__ void PublishDs() {
     ptx::FenceProxyAsyncShared();
-    __syncthreads();
-    if (it + 1 < iters_) LoadStage(ahead, StageSmem(it + 1));
-    ptx::CommitAsyncGroup<Sm80>();
+    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
   }
 
   // The element-wise phase of tile it, sc complete: the A fragments of this warpgroup's
-  // gradient product, P^T (dV, from S^T, handing G to warpgroup 1) or dS^T (dK, from dP^T and
+  // gradient product, P^T (dV, from S^T, handing G to consumer 1) or dS^T (dK, from dP^T and
   // G; also into the dS^T tile that dQ reads).
   template <bool kSoftcap>
   __device__ __forceinline__ void GradFragments(float (&sc)[T::kSTiles][4],
@@ -189,7 +195,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
       this->template ScoresToP<kSoftcap>(sc, a, row0, StageSmem(it), key_first_ + warp * 16,
                                          group, quad_lane);
       // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
-      // apart between consecutive threads (conflict-free); warpgroup 1's thread of the same
+      // apart between consecutive threads (conflict-free); consumer 1's thread of the same
       // index holds dP^T of the same elements and reads them back.
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
@@ -197,21 +203,18 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
                             make_uint4(__float_as_uint(sc[nt][0]), __float_as_uint(sc[nt][1]),
                                        __float_as_uint(sc[nt][2]), __float_as_uint(sc[nt][3])));
       }
-      ptx::NamedBarrierArrive<T::kThreads>(1);
+      ptx::NamedBarrierArrive<T::kConsumerThreads>(kExchangeBarrier);
     } else {
-      ptx::NamedBarrierSync<T::kThreads>(1);
+      ptx::NamedBarrierSync<T::kConsumerThreads>(kExchangeBarrier);
       GradToDs(sc, a, it, warp, group, quad_lane);
     }
   }
 
-  // dQ = dS K of the last tile, after the loop, once warpgroup 1's dS^T rows are in shared
-  // memory (written by the generic proxy, read by the tensor cores: fence, then barrier). Two
-  // products per warpgroup (columns DqColA / DqColB, traits), both committed before the first
-  // wait so that the reductions of the first run under the second.
+  // dQ = dS K of the last tile, after the loop, once consumer 1's dS^T rows are published
+  // (PublishDs). Two products per consumer (columns DqColA / DqColB, traits), both committed
+  // before the first wait so that the reductions of the first run under the second.
   __device__ __forceinline__ void Dq(int it, QueryTile tile, int warpgroup, int warp, int group,
                                      int quad_lane) {
-    ptx::FenceProxyAsyncShared();
-    __syncthreads();
     float dq_a[T::kDqColsA / 8][4];
     float dq_b[T::kDqColsB / 8][4];
     ptx::WgmmaFence();
@@ -231,7 +234,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     const uint32_t dsum_at =
         StageSmem(it) + 2 * T::kTileBytes + T::kBlockM * 4 + 2 * quad_lane * 4;
     const int key_row = warp * 16 + group;
-    const int thread = ptx::FreshThreadIdx() % 128;
+    const int thread = ConsumerThread() % 128;
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
       const float2 dsum = ptx::LoadSharedFloat2(dsum_at + nt * 32);
@@ -284,7 +287,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   }
 
   uint32_t g_smem_;  // the exchange tile, after the dS^T tiles
-  float grad_[T::kDTiles][4];  // dV (warpgroup 0) or dK (warpgroup 1), unscaled
+  float grad_[T::kDTiles][4];  // dV (consumer 0) or dK (consumer 1), unscaled
 };
 
 template <DType kDType, int kHeadDim>
@@ -296,9 +299,7 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
   BwdSm90WideBlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head,
                                                   cta.n_block);
   if (!runner.Exists()) return;
-  runner.Prologue();
-  runner.Run();
-  runner.Epilogue();
+  RunBwdSm90Roles<BwdSm90WideTraits<kDType, kHeadDim>>(runner);
 }
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any

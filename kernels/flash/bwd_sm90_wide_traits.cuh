@@ -1,13 +1,15 @@
 // Compile-time geometry of the Hopper (sm_90a) backward dK/dV kernel at head dims 192 and 256
-// (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, two warpgroups split by role, query tiles of 64
-// rows streamed through two stages, and the shared-memory layout (every bf16/fp16 tile 128-byte
-// swizzled for wgmma, 1 KB aligned):
-//   K, V (64 rows each) | stage 0, stage 1: Q, dO (64 rows each), lse, D | dS^T of the even
-//   tiles, of the odd tiles | exchange (G).
+// (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, a producer warpgroup streaming query tiles of 64
+// rows through two stages to two consumer warpgroups split by role, the registers each role
+// keeps, and the shared-memory layout (every bf16/fp16 tile 128-byte swizzled for wgmma, 1 KB
+// aligned):
+//   K, V (64 rows each) | stage 0, stage 1: Q, dO (64 rows each), lse, D (stage 0 then the
+//   mbarriers) | dS^T of the even tiles, of the odd tiles | exchange (G).
 #pragma once
 
 #include "kernels/attention_params.h"
 #include "kernels/flash/fwd_traits.cuh"
+#include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
@@ -18,7 +20,15 @@ struct BwdSm90WideTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = Sm90BackwardBlockN(kHeadDim);  // keys per CTA
   static constexpr int kBlockM = Sm90BackwardBlockM(kHeadDim);  // queries per streamed tile
-  static constexpr int kThreads = 256;  // warpgroup 0: S^T, P^T, dV; warpgroup 1: dP^T, dS^T, dK
+  // The producer warpgroup, then the consumers: 0 S^T, P^T, dV; 1 dP^T, dS^T, dK.
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
+  // setmaxnreg split of the CTA's register pool (ptx::RegisterPool), as at head dims 64/128.
+  static constexpr int kProducerRegisters = kSm90BackwardProducerRegisters;
+  static constexpr int kConsumerRegisters =
+      ptx::ConsumerRegisters(kThreads, kProducerThreads, kProducerRegisters);
 
   static constexpr int kSTiles = kBlockM / 8;        // 8-query tiles of S^T / dP^T per warp
   static constexpr int kDTiles = kHeadDim / 8;       // 8-column tiles of dK or dV per warp
@@ -30,6 +40,11 @@ struct BwdSm90WideTraits {
   // mid-row start wgmma's swizzled descriptors allow: the product must end inside the block).
   //   256: warpgroup w columns 128 w + [0, 64) and 128 w + [64, 128)
   //   192: warpgroup 0 columns [0, 64) and [64, 96); warpgroup 1 [128, 192) and [96, 128)
+  // Each tile's dQ products are issued behind the next tile's S^T / dP^T (the kernel's Step). At
+  // 256 the second one goes behind the gradient product instead: dK or dV (128 floats), S^T or
+  // dP^T (32) and both dQ products (64) in flight at once do not fit the 240 registers the
+  // consumers have beside the producer (ptxas serialized the wgmma, C7512).
+  static constexpr bool kDqBBehindGrad = kHeadDim == 256;
   static constexpr int kDqColsA = 64;
   static constexpr int kDqColsB = kHeadDim / 2 - 64;  // 64 or 32
   __host__ __device__ static constexpr int DqColA(int warpgroup) {
@@ -49,8 +64,14 @@ struct BwdSm90WideTraits {
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
   static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
   static constexpr int kStages = 2;
-  static constexpr int kLoaderThreads = kThreads;  // every thread loads (no producer)
-  static constexpr bool kFlatLoads = true;  // 24-vector rows at 192 (LoadSwizzledFlatAsync)
+  // Unmasked key blocks start two query tiles apart (BwdSm90Block). One apart, a CTA that ran a
+  // little faster than its neighbour caught up with it and both then added into the same dQ
+  // rows: 1x16384 non-causal lost 5% on average, up to 10% (bench/RESULTS.md "Hopper backward,
+  // warp specialized at head dims 192/256").
+  static constexpr int kStartTileStride = 2;
+  // 128 loader threads take whole rows of 32 vectors at 256 (LoadSwizzledAsync), not of 24 at
+  // 192 (LoadSwizzledFlatAsync).
+  static constexpr bool kFlatLoads = kLoaderThreads % kRowVecs != 0;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
@@ -59,12 +80,14 @@ struct BwdSm90WideTraits {
   static_assert(kHeadDim == 192 || kHeadDim == 256, "the wide kernel: head dim 192 or 256");
   static_assert(kBlockN == 64 && kBlockM == 64, "one 64 x 64 score tile per warpgroup");
   static_assert(kDqColsB == 32 || kDqColsB == 64, "dQ: wgmma N of 32 or 64");
-  static_assert(2 * kBlockM <= kThreads, "lse and D of a tile: one float per thread");
+  static_assert(2 * kBlockM <= kLoaderThreads, "lse and D of a tile: one float per thread");
   static_assert(kExchangeBytes == 128 * kSTiles * 16, "exchange: 32 floats per thread");
   static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
-  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4, "stage layout");
+  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4 + kSm90BackwardBarrierBytes,
+                "stage layout (stage 0 keeps the mbarriers after its lse and D)");
+  static_assert(kConsumerRegisters <= 256, "register split");
   static_assert(kDsBuffers == 2, "one dS^T tile per tile parity");
   static_assert(kSmemBytes == 2 * kKvBytes + kStages * kStageBytes + kDsBuffers * kDsBytes +
                                    kExchangeBytes + 1024,

@@ -19,16 +19,19 @@ Run: python3 kernels/flash/check_sm90_bwd_layouts.py
      element-wise bounds hide exactly the (key, query) pairs the contract hides; the query-tile
      range of a key block holds every row that sees one of its keys.
   7. The walk over a key block's query tiles (FirstTile / Next, rotated when no mask cuts the
-     block's range) visits every (query head, tile) of the range once.
+     block's range) visits every (query head, tile) of the range once; the first blocks of a
+     head start on different tiles at both start strides.
   8. The wide kernel (bwd_sm90_wide_kernel.cuh, head dims 192 / 256, 64 keys per CTA): the flat
-     cp.async loader covers every vector of a tile once; the exchange tile hands warpgroup 1's
-     thread t the G of exactly the elements its dP^T holds; warpgroup 1's dS^T tile is what the
-     dQ descriptors read, in both dS^T buffers (one per tile parity, the second kDsBytes after
-     the first), K read through the B descriptors of the two dQ products of each warpgroup
-     (DqColA / DqColB, N = 64 and 32 or 64) is K, and those products cover the head dim once;
-     the dQ reductions, epilogue and masks of 4 warps x 16 keys.
+     cp.async loader of the 128 producer threads (head dim 192) covers every vector of a tile
+     once; the exchange tile hands consumer 1's thread t the G of exactly the elements its dP^T
+     holds; consumer 1's dS^T tile is what the dQ descriptors read, in both dS^T buffers (one
+     per tile parity, the second kDsBytes after the first), K read through the B descriptors of
+     the two dQ products of each consumer (DqColA / DqColB, N = 64 and 32 or 64) is K, and
+     those products cover the head dim once; the dQ reductions, epilogue and masks of 4 warps x
+     16 keys.
 """
 
+import math
 import random
 
 BLOCK_N = 128
@@ -168,6 +171,28 @@ def check_epilogue(head_dim, warps=8):
         assert reads == writes and len(reads) == 16 * row_vecs
 
 
+def check_flat_loader(rows, row_vecs, threads):
+    """LoadSwizzledFlatAsync (bwd_sm90_block.cuh): thread tid computes the address of vector
+    tid + threads p (p < period) of the row-major order and steps it by period_rows rows (a
+    whole number of swizzle periods: plain byte steps); that is the vector of the flat order
+    tid + threads (p + period r), and the copies cover every vector of the tile once."""
+    gcd = math.gcd(threads, row_vecs)
+    period, period_rows = row_vecs // gcd, threads // gcd
+    assert rows % period_rows == 0 and period_rows % 8 == 0
+    seen = set()
+    for tid in range(threads):
+        for p in range(period):
+            idx = tid + threads * p
+            row, vec = idx // row_vecs, idx % row_vecs
+            for r in range(rows // period_rows):
+                off = swizzled_offset(rows, row, vec) + r * period_rows * 128
+                flat = idx + threads * period * r
+                assert off == swizzled_offset(rows, flat // row_vecs, flat % row_vecs)
+                assert off not in seen
+                seen.add(off)
+    assert len(seen) == rows * row_vecs
+
+
 def wide_dq_cols(head_dim, wg):
     """BwdSm90WideTraits::DqColA / DqColB with their N."""
     col_b = wg * 128 + 64 if head_dim == 256 else 64 + wg * 32
@@ -176,16 +201,8 @@ def wide_dq_cols(head_dim, wg):
 
 def check_wide(head_dim):
     block_n, block_m, row_vecs = 64, 64, head_dim // 8
-    # The flat loader: thread tid, pass i takes vector idx = tid + 256 i of the row-major order.
-    seen = set()
-    for tid in range(256):
-        for i in range((block_n * row_vecs + 255) // 256):
-            idx = tid + 256 * i
-            if idx < block_n * row_vecs:
-                off = swizzled_offset(block_n, idx // row_vecs, idx % row_vecs)
-                assert off not in seen
-                seen.add(off)
-    assert len(seen) == block_n * row_vecs
+    if head_dim == 192:
+        check_flat_loader(block_n, row_vecs, threads=128)
     # Exchange: warpgroup 0's thread t stores s[nt][0..3] at (nt * 128 + t) * 16; warpgroup 1's
     # thread t reads the same address for dp[nt][0..3]; the accumulator layouts agree.
     exchange = {}
@@ -293,6 +310,22 @@ def check_masks(block_m, trials=40, block_n=BLOCK_N, warps=8):
                             assert (col < lo or col > hi) == (not vis), (key, i)
 
 
+def start_tile(n_block, m_count, stride):
+    """The rotated first tile of an unmasked key block (BwdSm90Block's constructor)."""
+    lead = n_block * stride
+    next_lap_shifts = stride > 1 and m_count % stride == 0
+    return (lead + (lead // m_count if next_lap_shifts else 0)) % m_count
+
+
+def check_start_tiles():
+    """The first m_count key blocks of a head start on m_count different tiles, at both
+    kStartTileStride values (1: the hdim-64/128 kernel, 2: the wide kernel)."""
+    for stride in (1, 2):
+        for m_count in range(1, 300):
+            starts = [start_tile(n, m_count, stride) for n in range(m_count)]
+            assert sorted(starts) == list(range(m_count)), (stride, m_count)
+
+
 def check_tile_walk(block_m=64, trials=2000):
     """FirstTile / Next (bwd_sm90_block.cuh): from the key block's first tile (rotated by n_block
     when the block sees every query row), iters = tiles x group steps visit every (query head,
@@ -305,7 +338,8 @@ def check_tile_walk(block_m=64, trials=2000):
         m_count = rng.randint(1, tiles_total - m_begin)
         group, kv_head, n_block = rng.randint(1, 4), rng.randint(0, 3), rng.randint(0, 300)
         all_rows = m_begin == 0 and m_count * block_m >= len_q
-        first = (m_begin + (n_block % m_count if all_rows else 0)) * block_m
+        stride = rng.choice([1, 2])
+        first = (m_begin + (start_tile(n_block, m_count, stride) if all_rows else 0)) * block_m
         head, row0 = kv_head * group, first
         seen = set()
         for _ in range(m_count * group):
@@ -317,11 +351,12 @@ def check_tile_walk(block_m=64, trials=2000):
                 head += 1
         want = {(kv_head * group + g, (m_begin + t) * block_m)
                 for g in range(group) for t in range(m_count)}
-        assert seen == want, (len_q, m_begin, m_count, group, n_block)
+        assert seen == want, (len_q, m_begin, m_count, group, n_block, stride)
 
 
 def main():
     check_tiles()
+    check_start_tiles()
     check_tile_walk()
     check_fragments(64)
     for head_dim in (64, 128):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU check of the warp-specialized Hopper kernels' synchronization: the forward
-(fwd_sm90_ring.cuh, fwd_sm90_kernel.cuh) and the backward dK/dV kernel at head dims 64/128
-(bwd_sm90_kernel.cuh), both on sm90_stage_barriers.cuh.
+(fwd_sm90_ring.cuh, fwd_sm90_kernel.cuh) and the backward dK/dV kernels at head dims 64/128
+(bwd_sm90_kernel.cuh) and 192/256 (bwd_sm90_wide_kernel.cuh), all on sm90_stage_barriers.cuh.
 
 The producer warpgroup and the consumer warpgroups run the kernel's sequence of barrier
 operations, copies and wgmma reads as coroutines under many random schedules. Checked in the
@@ -13,10 +13,19 @@ forward:
 - the ping-pong turns alternate strictly (no bar.arrive lands on a barrier phase that already
   holds one, which would complete it without its owner) and none is left pending at exit;
 - nothing deadlocks.
-In the backward: every consumer reads a stage that holds its tile, landed and not overwritten;
-no consumer writes its dS^T rows into a buffer whose dQ product the other consumer still reads
-(two buffers by tile parity, the consumers' barrier before dQ bounding their drift); the
-epilogue overwrites K only after both consumers' last dQ; nothing deadlocks.
+In the backward at head dims 64/128: every consumer reads a stage that holds its tile, landed
+and not overwritten; no consumer writes its dS^T rows into a buffer whose dQ product the other
+consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
+drift); the epilogue overwrites K only after both consumers' last dQ; nothing deadlocks.
+In the backward at head dims 192/256 (bwd_sm90_wide_kernel.cuh: the same producer, consumer 0
+for S^T, P^T, dV and consumer 1 for dP^T, dS^T, dK, each issuing the previous tile's dQ): every
+stage read (wgmma, lse, D) sees its tile, landed and not overwritten before the consumer releases
+the stage; mbarrier parities never alias; consumer 1 reads the exchange tile G only once it holds
+the current tile's, and consumer 0 never overwrites a G that consumer 1 has not read; barrier 1's
+arrive never lands twice in one phase, nor stays pending at exit; dS^T is never written into a
+buffer that a dQ product still reads, and every dQ reads its tile's dS^T, written and fenced;
+the epilogue overwrites K only after both consumers' last dQ, and V after consumer 1's last
+dP^T; nothing deadlocks.
 A broken variant of each rule (--broken NAME) must fail; the script raises on the first problem.
 """
 import argparse
@@ -203,9 +212,10 @@ class NamedBarrier:
 
 
 def backward_producer(ring, tiles, broken):
+    """Produce() of bwd_sm90_block.cuh, which both backward kernels share."""
     s = ring.stages
     for it in range(tiles):
-        if it >= s and broken != "bwd-no-empty-wait":
+        if it >= s and broken not in ("bwd-no-empty-wait", "wide-no-empty-wait"):
             yield from wait(ring.empty_k[it % s], it // s - 1)
         assert not ring.k_readers[it % s], f"copy into a stage a consumer still reads (tile {it})"
         ring.k[it % s] = (it, False)
@@ -262,30 +272,152 @@ def check_backward(broken=None, seeds=60):
             run_backward(tiles, 2, seed, broken)
 
 
+class Wide:
+    """The wide backward kernel's consumer-side shared memory and named barriers (one CTA)."""
+
+    def __init__(self, buffers):
+        self.ds = [[None, False] for _ in range(buffers)]  # dS^T tiles: [tile, fenced]
+        self.ds_readers = [set() for _ in range(buffers)]  # consumers whose dQ reads it now
+        self.g = None                     # exchange tile: [tile, read by consumer 1]
+        self.k_readers, self.v_readers = set(), set()  # consumers whose wgmma reads K / V
+        self.exchange = TurnBarrier()     # barrier 1: consumer 0 arrives, consumer 1 syncs
+        self.consumers = NamedBarrier(2)  # barrier 2: PublishDs and the epilogue
+
+
+def wide_publish_ds(w, wg):
+    """PublishDs: every thread fences (consumer 1's dS^T stores become visible to the tensor
+    cores), then barrier 2."""
+    if wg == 1:
+        for entry in w.ds:
+            entry[1] = True
+    yield from w.consumers.sync()
+
+
+def wide_issue_dq(w, wg, it):
+    """dQ(it) = dS K issued: it reads tile it's dS^T tile, which must be written and fenced."""
+    buf = it % len(w.ds)
+    assert w.ds[buf] == [it, True], f"wg {wg}'s dQ({it}) reads dS^T buffer {buf}: {w.ds[buf]}"
+    w.ds_readers[buf].add(wg)
+    w.k_readers.add(wg)
+
+
+def wide_dq_done(w, wg, it):
+    """dQ(it) complete (wgmma wait): its dS^T tile must not have been overwritten under it."""
+    buf = it % len(w.ds)
+    assert w.ds[buf][0] == it, f"dS^T buffer {buf} overwritten under wg {wg}'s dQ({it})"
+    w.ds_readers[buf].discard(wg)
+
+
+def wide_step(ring, w, wg, it, broken):
+    """Step(it): every stage, K, V and dS^T read it issues is complete at its end."""
+    stage = it % ring.stages
+
+    def stage_holds(what):  # a wgmma or ld.shared of the stage sees tile it, landed
+        assert ring.k[stage] == (it, True), f"wg {wg}'s {what}({it}) reads {ring.k[stage]}"
+
+    stage_holds("S^T" if wg == 0 else "dP^T")
+    ring.k_readers[stage].add(wg)
+    (w.k_readers if wg == 0 else w.v_readers).add(wg)
+    if it > 0:
+        wide_issue_dq(w, wg, it - 1)    # straight behind the scores
+    yield                               # the scores complete
+    if wg == 0:
+        stage_holds("lse")              # P^T, then G to the exchange tile
+        assert w.g is None or w.g[1], f"G({w.g[0]}) overwritten before consumer 1 read it"
+        w.g = [it, False]
+        w.exchange.arrive()
+    else:
+        if broken != "wide-no-exchange-wait":
+            while not w.exchange.arrived:
+                yield BLOCKED
+            w.exchange.arrived = 0      # the sync completes barrier 1's phase
+        assert w.g == [it, False], f"consumer 1 reads G {w.g} for tile {it}"
+        w.g[1] = True
+        stage_holds("D")
+        buf = it % len(w.ds)
+        assert not w.ds_readers[buf], f"dS^T({it}) written into buffer {buf} under a dQ"
+        w.ds[buf] = [it, False]
+    yield                               # dV / dK issued; dQ(it - 1) completes
+    if it > 0:
+        wide_dq_done(w, wg, it - 1)
+    yield                               # the dV / dK product completes
+    stage_holds("dV / dK product")
+    ring.k_readers[stage].discard(wg)
+    w.k_readers.discard(wg)
+    w.v_readers.discard(wg)
+
+
+def wide_consumer(ring, w, tiles, wg, broken):
+    """RunTiles and Epilogue of consumer wg (0: S^T, P^T, dV; 1: dP^T, dS^T, dK)."""
+    s = ring.stages
+    for it in range(tiles):
+        yield from wait(ring.full_k[it % s], it // s)
+        if it > 0 and broken != "wide-no-publish":
+            yield from wide_publish_ds(w, wg)
+        if broken == "wide-early-release":
+            ring.empty_k[it % s].arrive()
+        yield from wide_step(ring, w, wg, it, broken)
+        if broken != "wide-early-release":
+            ring.empty_k[it % s].arrive()   # Release: the Step's reads are complete
+    if tiles:
+        yield from wide_publish_ds(w, wg)
+        wide_issue_dq(w, wg, tiles - 1)
+        yield
+        wide_dq_done(w, wg, tiles - 1)
+        w.k_readers.discard(wg)
+    if broken != "wide-no-epilogue-barrier":
+        yield from w.consumers.sync()
+    readers = w.v_readers if wg == 0 else w.k_readers  # dV staged in V, dK in K
+    assert not readers, f"wg {wg} overwrites {'VK'[wg]} under a wgmma of wg {readers}"
+
+
+def run_wide(tiles, seed, broken=None):
+    ring = Ring(2, 2)  # ring.k: the stages of Q, dO, lse, D; Sm90StageBarriers<2, 1>
+    w = Wide(1 if broken == "wide-one-ds-buffer" else 2)
+    agents = [backward_producer(ring, tiles, broken)]
+    agents += [wide_consumer(ring, w, tiles, wg, broken) for wg in range(2)]
+    schedule(agents, seed, f"wide backward: tiles {tiles}")
+    assert not w.exchange.arrived, "a barrier-1 arrive left pending at exit"
+
+
+def check_wide(broken=None, seeds=60):
+    for tiles in range(0, 9):
+        for seed in range(seeds):
+            run_wide(tiles, seed, broken)
+
+
 BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn")
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
+BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",
+               "wide-no-empty-wait", "wide-early-release", "wide-no-epilogue-barrier")
+
+
+def checker(broken):
+    if broken in BROKEN_WIDE:
+        return check_wide
+    return check_backward if broken in BROKEN_BACKWARD else check
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--broken", choices=BROKEN + BROKEN_BACKWARD,
+    parser.add_argument("--broken", choices=BROKEN + BROKEN_BACKWARD + BROKEN_WIDE,
                         help="run one deliberately broken protocol (must fail)")
     args = parser.parse_args()
     if args.broken:
-        (check_backward if args.broken in BROKEN_BACKWARD else check)(args.broken)
+        checker(args.broken)(args.broken)
         print(f"{args.broken}: passed (the check missed it)")
         return
     check()
     check_backward()
-    for broken in BROKEN + BROKEN_BACKWARD:
+    check_wide()
+    for broken in BROKEN + BROKEN_BACKWARD + BROKEN_WIDE:
         try:
-            (check_backward if broken in BROKEN_BACKWARD else check)(broken, seeds=20)
+            checker(broken)(broken, seeds=20)
         except (AssertionError, Deadlock):
             continue
         raise AssertionError(f"the check misses a broken protocol: {broken}")
     print("sm90 warp-specialized protocols: all checks passed (and each broken variant fails)")
-
 
 if __name__ == "__main__":
     main()

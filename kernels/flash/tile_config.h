@@ -119,13 +119,21 @@ constexpr int Sm90ForwardSmemBytes(int head_dim) {
 }
 
 // Hopper (sm_90a) backward dK/dV kernels (NOTES.md "Hopper backward"), query tiles of 64 rows
-// streamed in two stages:
-// - head dims 64 and 128 (bwd_sm90_kernel.cuh): 128 keys per CTA, two warpgroups of 64 keys
+// streamed in two stages by a producer warpgroup to two consumer warpgroups:
+// - head dims 64 and 128 (bwd_sm90_kernel.cuh): 128 keys per CTA, consumer warpgroups of 64 keys
 //   (FlashAttention-3's hdim-64/128 block);
-// - head dims 192 and 256 (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, the warpgroups split by
+// - head dims 192 and 256 (bwd_sm90_wide_kernel.cuh): 64 keys per CTA, the consumers split by
 //   role (S^T/P^T/dV and dP^T/dS^T/dK), since 128 keys would need 192-256 dK + dV floats per
 //   thread.
 inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 192, 256};
+// Registers of the producer warpgroup (setmaxnreg; a multiple of 8); the consumers get the rest
+// of the CTA's pool: 240 at 24. At 32 the consumers would get 232, and at head dim 128 ptxas then
+// spills 56 bytes and serializes the wgmma (C7512); at 24 the producer spills a few bytes instead
+// (a few local loads per tile, off the consumers' path).
+#ifndef ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS
+#define ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS 24
+#endif
+inline constexpr int kSm90BackwardProducerRegisters = ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS;
 constexpr int Sm90BackwardBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 constexpr int Sm90BackwardBlockM(int head_dim) {
   // 64-query tiles: S^T and dP^T 32 floats each per thread beside dK + dV (64 / 128 floats at
@@ -135,10 +143,15 @@ constexpr int Sm90BackwardBlockM(int head_dim) {
   // flight beside P^T, G, dK and dV), with every arrangement tried.
   return head_dim <= 256 ? 64 : 0;  // (no instantiation above 256)
 }
-// Q and dO of a query tile plus its lse and D, rounded up to whole 1 KB swizzle atoms.
+// The stage ring's full / empty mbarriers (Sm90StageBarriers<2, 1>): they live in stage 0's
+// padding after its lse and D, which every stage has room for (at head dim 256 the tiles take
+// all 227 KB of a block, with no 32 bytes to spare elsewhere).
+inline constexpr int kSm90BackwardBarrierBytes = 2 * 2 * 8;
+// Q and dO of a query tile plus its lse and D (and room for the mbarriers), rounded up to whole
+// 1 KB swizzle atoms.
 constexpr int Sm90BackwardStageBytes(int head_dim) {
   return (2 * Sm90BackwardBlockM(head_dim) * head_dim * 2 + 2 * Sm90BackwardBlockM(head_dim) * 4 +
-          1023) / 1024 * 1024;
+          kSm90BackwardBarrierBytes + 1023) / 1024 * 1024;
 }
 // Head dims 192 / 256 only: the float32 exchange tile (G = dS^T / (dP^T - D), keys x queries)
 // that the S^T warpgroup hands to the dP^T warpgroup.
@@ -151,17 +164,15 @@ constexpr int Sm90BackwardExchangeBytes(int head_dim) {
 // next tile under its S^T / dP^T and element-wise phase (measured faster, NOTES.md "Hopper
 // backward at head dims 192 and 256", "Deferred dQ").
 inline constexpr int kSm90BackwardDsBuffers = 2;
-// The stage ring's full / empty mbarriers (the warp-specialized kernel at 64 / 128).
-constexpr int Sm90BackwardBarrierBytes(int head_dim) { return head_dim <= 128 ? 2 * 2 * 8 : 0; }
 // K and V (resident), two stages, the dS^T tiles, the exchange tile (192 / 256), 1 KB for
-// alignment, the mbarriers: 99 / 163 / 179 / 227 KB at head dim 64 / 128 / 192 / 256 (a third
-// stage would fit neither at 192 nor at 256).
+// alignment: 99 / 163 / 179 / 227 KB at head dim 64 / 128 / 192 / 256 (a third stage would fit
+// neither at 192 nor at 256).
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          2 * Sm90BackwardStageBytes(head_dim) +
          kSm90BackwardDsBuffers * Sm90BackwardBlockN(head_dim) *
              Sm90BackwardBlockM(head_dim) * 2 +
-         Sm90BackwardExchangeBytes(head_dim) + 1024 + Sm90BackwardBarrierBytes(head_dim);
+         Sm90BackwardExchangeBytes(head_dim) + 1024;
 }
 
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows

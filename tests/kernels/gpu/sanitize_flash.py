@@ -1,7 +1,7 @@
 """A few small flash calls for compute-sanitizer, whose race and barrier checks are too slow for
 the whole GPU suite: the forward at every Hopper head dim (warp specialized: producer, consumers,
-mbarriers, ping-pong turns) on a varlen batch, causal and not, and the backward at the warp-
-specialized head dims (64, 128). Run on the GPU machine as
+mbarriers, ping-pong turns) on a varlen batch, causal and not, and the backward (warp
+specialized too) at every Hopper head dim, causal. Run on the GPU machine as
 
   compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
   compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
@@ -48,7 +48,7 @@ def main():
             err = (out.float() - attention(q, k, v, lens, causal)).abs().max().item()
             print(f"forward hdim {head_dim} causal {causal}: max abs error {err:.2e}")
             assert err < 2e-2, err
-    for head_dim in (64, 128):  # the warp-specialized backward's head dims
+    for head_dim in (64, 128, 192, 256):
         q, k, v = (torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
         dout = torch.randn_like(q)
