@@ -4,8 +4,7 @@
 // a producer warpgroup through two cp.async stages in wgmma's 128-byte swizzle (zero-filled past
 // the sequence) and handed to the consumer warpgroups on full / empty mbarriers
 // (sm90_stage_barriers.cuh), the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks,
-// exp2), the dQ reduction into the float32 workspace, the dK / dV stores, and the CTA's split
-// into the two roles (RunBwdSm90Roles).
+// exp2), the dQ reduction into the float32 workspace, and the dK / dV stores.
 // T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; kFlatLoads picks the loader, and
 // the loads run on the producer's threads [0, kLoaderThreads).
 #pragma once
@@ -20,43 +19,6 @@
 #include "kernels/flash/sm90_stage_barriers.cuh"
 
 namespace attnserve::kernels::flash {
-
-__host__ __device__ constexpr int GreatestCommonDivisor(int a, int b) {
-  return b == 0 ? a : GreatestCommonDivisor(b, a % b);
-}
-
-// Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
-// wait), zero-filling rows at or past rows_valid and vectors at or past vecs_valid (nothing is
-// read for them). Unlike LoadSwizzledAsync each thread takes vectors kThreads apart in the flat
-// (row, vector) order, so a row of 24 vectors (head dim 192) needs no whole rows per pass. Every
-// kPeriod passes a thread is back at the same vector, kPeriodRows rows on (a whole number of
-// swizzle periods), so it computes kPeriod addresses and steps them: computing every pass's
-// address up front took the 24-register producer 1 KB of spills at head dim 192.
-template <int kRows, int kRowVecs, int kThreads, typename Element>
-__device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Element* src,
-                                                      int row_stride, int rows_valid,
-                                                      int vecs_valid, int tid) {
-  constexpr int kVecElems = 16 / sizeof(Element);
-  constexpr int kPeriod = kRowVecs / GreatestCommonDivisor(kThreads, kRowVecs);
-  constexpr int kPeriodRows = kThreads / GreatestCommonDivisor(kThreads, kRowVecs);
-  static_assert(kRows % kPeriodRows == 0 && kPeriodRows % 8 == 0,
-                "whole periods, each a whole number of 8-row swizzle periods");
-#pragma unroll
-  for (int p = 0; p < kPeriod; ++p) {
-    const int idx = tid + p * kThreads;
-    const int row = idx / kRowVecs;
-    const int vec = idx % kRowVecs;
-    const uint32_t to = smem + SwizzledOffset<kRows>(row, vec);
-    const Element* from = src + row * row_stride + vec * kVecElems;
-    const bool vec_valid = vec < vecs_valid;
-#pragma unroll
-    for (int r = 0; r < kRows / kPeriodRows; ++r) {
-      ptx::CopyAsync16(to + r * kPeriodRows * 128,
-                       ptx::Advance(from, r * kPeriodRows * row_stride),
-                       vec_valid && row + r * kPeriodRows < rows_valid);
-    }
-  }
-}
 
 template <class T>
 class BwdSm90Block {
@@ -171,11 +133,6 @@ class BwdSm90Block {
     tile.row0 += T::kBlockM;
     if (tile.row0 == (m_begin_ + m_count_) * T::kBlockM) tile.row0 = m_begin_ * T::kBlockM;
     if (tile.row0 == first_row0_) ++tile.head;
-  }
-
-  // This thread among the consumers (the producer warpgroup comes first), read afresh.
-  __device__ __forceinline__ static int ConsumerThread() {
-    return ptx::FreshThreadIdx() - T::kProducerThreads;
   }
 
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
@@ -374,21 +331,5 @@ class BwdSm90Block {
     }
   }
 };
-
-// A CTA of either kernel once its block exists: the barriers, then the producer warpgroup gives
-// back registers and streams the tiles while the consumers take the rest of the pool and run.
-template <class T, class Runner>
-__device__ __forceinline__ void RunBwdSm90Roles(Runner& runner) {
-  if (threadIdx.x == 0) runner.barriers().Init(T::kProducerThreads, T::kConsumerThreads);
-  __syncthreads();
-  if (ptx::WarpUniformWarpgroup() == 0) {
-    ptx::ReleaseRegisters<T::kProducerRegisters>();
-    runner.Produce();
-    return;
-  }
-  ptx::ClaimRegisters<T::kConsumerRegisters>();
-  runner.Run();
-  runner.Epilogue();
-}
 
 }  // namespace attnserve::kernels::flash

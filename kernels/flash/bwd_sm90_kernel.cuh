@@ -57,7 +57,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using Base::args_, Base::f_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
   using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
-      Base::StoreKeyRows, Base::AddDqPairs, Base::ConsumerThread, Base::barriers_;
+      Base::StoreKeyRows, Base::AddDqPairs, Base::barriers_;
   // Named barrier of the 256 consumer threads (0 is __syncthreads').
   static constexpr int kConsumersBarrier = 1;
 
@@ -84,7 +84,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   __device__ __forceinline__ void Epilogue() {
     // No wgmma reads K or V any more (dQ of both warpgroups reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
-    const int tid = ConsumerThread();
+    const int tid = Sm90ConsumerThread<T>();
     StoreKeyRows(dk_, args_.grad_scale, k_smem_, args_.dk, tid / 32, tid % 32);
     StoreKeyRows(dv_, 1.0f, v_smem_, args_.dv, tid / 32, tid % 32);
   }
@@ -113,7 +113,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   // dS^T math under the running wgmma.
   template <bool kSoftcap>
   __device__ __forceinline__ void Step(uint32_t q_st, uint32_t ds_st, QueryTile tile) {
-    const int tid = ConsumerThread();
+    const int tid = Sm90ConsumerThread<T>();
     // Warp-uniform as far as the compiler can see (broadcast from lane 0), so that the operand
     // addresses and descriptors stay in uniform registers.
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -197,7 +197,12 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& ar
   const DkDvCtaCoords cta = HeadsFirstDkDvCta(args.fwd);
   BwdSm90BlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head, cta.n_block);
   if (!runner.Exists()) return;
-  RunBwdSm90Roles<BwdSm90Traits<kDType, kHeadDim>>(runner);
+  RunSm90Roles<BwdSm90Traits<kDType, kHeadDim>>(
+      runner.barriers(), [&] { runner.Produce(); },
+      [&](int) {
+        runner.Run();
+        runner.Epilogue();
+      });
 }
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any

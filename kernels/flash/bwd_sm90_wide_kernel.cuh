@@ -49,7 +49,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   using Base::args_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
   using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
-      Base::StoreKeyRows, Base::AddDqPairs, Base::ConsumerThread, Base::barriers_;
+      Base::StoreKeyRows, Base::AddDqPairs, Base::barriers_;
   using MmaDqA = ptx::Wgmma<Element, T::kDqColsA>;  // 64 queries x 64 columns
   using MmaDqB = ptx::Wgmma<Element, T::kDqColsB>;  // 64 queries x 32 or 64 columns
   // Named barriers of the 256 consumer threads (0 is __syncthreads'): consumer 0 hands G to
@@ -99,7 +99,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
       barriers_.Release(0, it);
     }
     PublishDs();
-    const int tid = ConsumerThread();
+    const int tid = Sm90ConsumerThread<T>();
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
     Dq(iters_ - 1, tile, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
   }
@@ -109,7 +109,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   __device__ __forceinline__ void Epilogue() {
     // No wgmma reads K or V any more (dQ of both consumers reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
-    const int tid = ConsumerThread();
+    const int tid = Sm90ConsumerThread<T>();
     const bool is_dv = tid < 128;
     StoreKeyRows(grad_, is_dv ? 1.0f : args_.grad_scale, is_dv ? v_smem_ : k_smem_,
                  is_dv ? args_.dv : args_.dk, tid % 128 / 32, tid % 32);
@@ -127,7 +127,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // be released and the next loop-top barrier frees the exchange tile.
   template <bool kDq, bool kSoftcap>
   __device__ __forceinline__ void Step(int it, QueryTile prev, QueryTile tile) {
-    const int tid = ConsumerThread();
+    const int tid = Sm90ConsumerThread<T>();
     // Warp-uniform as far as the compiler can see (broadcast from lane 0).
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int warp = tid % 128 / 32;
@@ -234,7 +234,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     const uint32_t dsum_at =
         StageSmem(it) + 2 * T::kTileBytes + T::kBlockM * 4 + 2 * quad_lane * 4;
     const int key_row = warp * 16 + group;
-    const int thread = ConsumerThread() % 128;
+    const int thread = Sm90ConsumerThread<T>() % 128;
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
       const float2 dsum = ptx::LoadSharedFloat2(dsum_at + nt * 32);
@@ -299,7 +299,12 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
   BwdSm90WideBlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head,
                                                   cta.n_block);
   if (!runner.Exists()) return;
-  RunBwdSm90Roles<BwdSm90WideTraits<kDType, kHeadDim>>(runner);
+  RunSm90Roles<BwdSm90WideTraits<kDType, kHeadDim>>(
+      runner.barriers(), [&] { runner.Produce(); },
+      [&](int) {
+        runner.Run();
+        runner.Epilogue();
+      });
 }
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any

@@ -419,5 +419,6 @@ def main():
         raise AssertionError(f"the check misses a broken protocol: {broken}")
     print("sm90 warp-specialized protocols: all checks passed (and each broken variant fails)")
 
+
 if __name__ == "__main__":
     main()

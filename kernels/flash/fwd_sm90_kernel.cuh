@@ -104,7 +104,7 @@ class FwdSm90BlockRunner {
   // Normalizes O, writes each warp's 16 rows through its own rows of the Q buffer (no wgmma
   // reads them any more) with 16-byte stores, and their lse.
   __device__ __forceinline__ void Epilogue(Element* out, float* lse) {
-    const int tid = ConsumerThread();
+    const int tid = Sm90ConsumerThread<T>();
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int group = lane / 4;
@@ -139,12 +139,6 @@ class FwdSm90BlockRunner {
   }
 
  private:
-  // This thread among the consumers (the producer warpgroup comes first), read afresh
-  // (ptx::FreshThreadIdx) so that no register holds it through the loop.
-  __device__ __forceinline__ static int ConsumerThread() {
-    return ptx::FreshThreadIdx() - T::kProducerThreads;
-  }
-
   // Key tile n (load-order index i): S(n) and (unless n is the last tile) P(n+1) V(n+1) on the
   // tensor cores, the softmax of S(n) under the P V, then O rescaled and P(n) packed for the
   // next iteration.
@@ -223,7 +217,7 @@ class FwdSm90BlockRunner {
 
   // Masks this warp's 16-row tile (fwd_row_tile.cuh) of key tile n.
   __device__ __forceinline__ void ApplyMask(float (&s)[T::kSTiles][4], int n) {
-    const int tid = ConsumerThread();
+    const int tid = Sm90ConsumerThread<T>();
     const int warp = tid / 32;
     const int group = tid % 32 / 4;
     const int first_col = n * T::kBlockN + 2 * (tid % 4);
@@ -266,18 +260,14 @@ __device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
   const FwdSm90Ring<T> ring(base + T::kQSmemBytes);
-  if (threadIdx.x == 0) ring.Init(T::kProducerThreads, T::kConsumerThreads);
-  __syncthreads();
-  const int warpgroup = ptx::WarpUniformWarpgroup();
-  if (warpgroup == 0) {
-    ptx::ReleaseRegisters<T::kProducerRegisters>();
-    ProduceTiles<T>(args, cta.block, cta.kv_offset, cta.q, base, ring, threadIdx.x);
-    return;
-  }
-  ptx::ClaimRegisters<T::kConsumerRegisters>();
-  FwdSm90BlockRunner<kDType, kHeadDim> runner(args, cta.block, base, ring, warpgroup - 1);
-  runner.Run();
-  runner.Epilogue(cta.out, cta.lse);
+  RunSm90Roles<T>(
+      ring,
+      [&] { ProduceTiles<T>(args, cta.block, cta.kv_offset, cta.q, base, ring, threadIdx.x); },
+      [&](int consumer) {
+        FwdSm90BlockRunner<kDType, kHeadDim> runner(args, cta.block, base, ring, consumer);
+        runner.Run();
+        runner.Epilogue(cta.out, cta.lse);
+      });
 }
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any

@@ -5,10 +5,12 @@
 // reads the stage any more. Tiles are numbered in load order; tile i uses stage i % kStages for
 // the (i / kStages)-th time, and a wait names the phase by its parity, so no waiter may fall a
 // whole phase behind (the producer never refills a stage before its empty barrier completed).
+// Also the CTA's split into those roles (RunSm90Roles) and a consumer's thread index.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 
 namespace attnserve::kernels::flash {
@@ -62,5 +64,31 @@ class Sm90StageBarriers {
 
   uint32_t base_;
 };
+
+// A warp-specialized CTA (T: kProducerThreads, kConsumerThreads and the setmaxnreg split of
+// ptx::RegisterPool): thread 0 initializes the stage barriers; then warpgroup 0 gives registers
+// back and runs produce() while the consumer warpgroups claim the rest of the pool and run
+// consume(their index among the consumers, warp-uniform).
+template <class T, class Barriers, class Produce, class Consume>
+__device__ __forceinline__ void RunSm90Roles(const Barriers& barriers, Produce&& produce,
+                                             Consume&& consume) {
+  if (threadIdx.x == 0) barriers.Init(T::kProducerThreads, T::kConsumerThreads);
+  __syncthreads();
+  const int warpgroup = ptx::WarpUniformWarpgroup();
+  if (warpgroup == 0) {
+    ptx::ReleaseRegisters<T::kProducerRegisters>();
+    produce();
+    return;
+  }
+  ptx::ClaimRegisters<T::kConsumerRegisters>();
+  consume(warpgroup - 1);
+}
+
+// This thread among the consumers (the producer warpgroup comes first), read afresh
+// (ptx::FreshThreadIdx) so that no register holds it through a loop.
+template <class T>
+__device__ __forceinline__ int Sm90ConsumerThread() {
+  return ptx::FreshThreadIdx() - T::kProducerThreads;
+}
 
 }  // namespace attnserve::kernels::flash

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
 
 #include "kernels/flash/ptx.cuh"
 
@@ -56,6 +57,44 @@ __device__ __forceinline__ void LoadSwizzledAsync(uint32_t smem, const Element* 
       ptx::CopyAsync16(to, from, vec_valid && it * kRowsPerPass < rows_left);
     }
     from = ptx::Advance(from, pass_stride);
+  }
+}
+
+// gcd(kThreads, kRowVecs) for LoadSwizzledFlatAsync, at namespace scope: device code may not call
+// std::gcd (a host constexpr function) even in a constant expression.
+template <int kThreads, int kRowVecs>
+inline constexpr int kFlatLoadGcd = std::gcd(kThreads, kRowVecs);
+
+// Copies kRows rows of kRowVecs 16-byte vectors into a swizzled tile (cp.async; lands by the next
+// wait), zero-filling rows at or past rows_valid and vectors at or past vecs_valid (nothing is
+// read for them). Unlike LoadSwizzledAsync each thread takes vectors kThreads apart in the flat
+// (row, vector) order, so a row of 24 vectors (head dim 192) needs no whole rows per pass. Every
+// kPeriod passes a thread is back at the same vector, kPeriodRows rows on (a whole number of
+// swizzle periods), so it computes kPeriod addresses and steps them: computing every pass's
+// address up front took the 24-register producer 1 KB of spills at head dim 192.
+template <int kRows, int kRowVecs, int kThreads, typename Element>
+__device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Element* src,
+                                                      int row_stride, int rows_valid,
+                                                      int vecs_valid, int tid) {
+  constexpr int kVecElems = 16 / sizeof(Element);
+  constexpr int kPeriod = kRowVecs / kFlatLoadGcd<kThreads, kRowVecs>;
+  constexpr int kPeriodRows = kThreads / kFlatLoadGcd<kThreads, kRowVecs>;
+  static_assert(kRows % kPeriodRows == 0 && kPeriodRows % 8 == 0,
+                "whole periods, each a whole number of 8-row swizzle periods");
+#pragma unroll
+  for (int p = 0; p < kPeriod; ++p) {
+    const int idx = tid + p * kThreads;
+    const int row = idx / kRowVecs;
+    const int vec = idx % kRowVecs;
+    const uint32_t to = smem + SwizzledOffset<kRows>(row, vec);
+    const Element* from = src + row * row_stride + vec * kVecElems;
+    const bool vec_valid = vec < vecs_valid;
+#pragma unroll
+    for (int r = 0; r < kRows / kPeriodRows; ++r) {
+      ptx::CopyAsync16(to + r * kPeriodRows * 128,
+                       ptx::Advance(from, r * kPeriodRows * row_stride),
+                       vec_valid && row + r * kPeriodRows < rows_valid);
+    }
   }
 }
 
