@@ -2,6 +2,8 @@
 //   attnctl info                       server version, devices, kernel families, limits
 //   attnctl forward  [--check] ...     a forward on random packed sequences
 //   attnctl backward [--check] ...     a backward on random packed sequences
+//   attnctl forward --keep_context     a forward whose context the server keeps (left to
+//                                      its TTL); prints the id
 //   attnctl backward --keep_context    the same through a saved context: a Forward that keeps
 //                                      it, then a backward that sends only dout
 // --check compares the answer with the local exact reference and fails (exit 1) beyond the
@@ -37,6 +39,7 @@ ABSL_FLAG(double, softcap, 0.0, "Softcap (0 = off).");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed.");
 ABSL_FLAG(bool, check, false, "Compare with the local reference; exit 1 beyond tolerance.");
 ABSL_FLAG(bool, keep_context, false,
+          "forward: ask the server to keep the context (left to its TTL) and print its id. "
           "backward: run the forward on the server keeping its context, then a backward that "
           "sends only dout (resent in full if the server no longer has the context).");
 
@@ -113,13 +116,25 @@ int RunInfo(Client& client) {
   return 0;
 }
 
+void PrintContext(const v1::ForwardResponse& answer) {
+  if (answer.context_id().empty()) {
+    std::printf("  no context kept (over the server's context budget)\n");
+    return;
+  }
+  std::printf("  kept context %s%s%s\n", answer.context_id().c_str(),
+              answer.context_address().empty() ? "" : " on ", answer.context_address().c_str());
+}
+
 int RunForward(Client& client, const tools::Problem& problem, bool check) {
-  absl::StatusOr<v1::ForwardResponse> response = client.Forward(problem.MakeForwardRequest());
+  v1::ForwardRequest request = problem.MakeForwardRequest();
+  request.set_keep_context(absl::GetFlag(FLAGS_keep_context));
+  absl::StatusOr<v1::ForwardResponse> response = client.Forward(request);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Forward failed: %s\n", response.status().ToString().c_str());
     return 1;
   }
   PrintExecution("Forward", problem, response->execution());
+  if (request.keep_context()) PrintContext(*response);
   if (!check) return 0;
   const tools::ForwardAnswer want = tools::ReferenceForward(problem);
   const double tol = tools::Tolerance(problem.spec.dtype);
@@ -158,13 +173,7 @@ int RunBackwardOnContext(Client& client, const tools::Problem& problem, bool che
     return 1;
   }
   PrintExecution("Forward", problem, answer->execution());
-  if (answer->context_id().empty()) {
-    std::printf("  no context kept (over the server's context budget): the backward goes in full\n");
-  } else {
-    std::printf("  kept context %s%s%s\n", answer->context_id().c_str(),
-                answer->context_address().empty() ? "" : " on ",
-                answer->context_address().c_str());
-  }
+  PrintContext(*answer);
   const std::vector<int64_t> shape(forward.q().shape().begin(), forward.q().shape().end());
   absl::StatusOr<v1::Tensor> dout = MakeTensor(problem.spec.dtype, shape, problem.dout);
   if (!dout.ok()) {
