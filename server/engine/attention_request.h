@@ -15,11 +15,15 @@ namespace attnserve::engine {
 
 using kernels::DType;
 
+// An ABSENT tensor (a backward on a saved context may leave q, k, v, out and lse out) has an
+// empty `shape` and null `data`; a present one always has non-null `data`, even when empty.
 struct TensorView {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   const char* data = nullptr;
   size_t size_bytes = 0;
+
+  bool absent() const { return shape.empty() && data == nullptr; }
 };
 
 struct OwnedTensor {
@@ -41,6 +45,8 @@ struct ForwardInputs {
   TensorView q, k, v;
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
   RequestOptions options;
+  // Keep q, k, v, out, lse, the offsets and options for a later Backward (saved_context.h).
+  bool keep_context = false;
 };
 
 struct BackwardInputs {
@@ -48,6 +54,11 @@ struct BackwardInputs {
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
   RequestOptions options;
   bool deterministic = false;
+  // Non-empty: q, k, v, out, lse, offsets and options come from this saved context; those sent
+  // anyway must agree with it. Absent tensors, empty offsets and default options count as not
+  // sent.
+  std::string context_id;
+  bool keep_context = false;  // keep the context after this backward (default: release it)
 };
 
 // Where and how a request ran (the wire's Execution message).
@@ -63,6 +74,9 @@ struct ForwardResult {
   OwnedTensor out;  // [total_q, num_heads, head_dim], dtype of q
   OwnedTensor lse;  // [num_heads, total_q] float32
   ExecutionReport execution;
+  // The kept context's id when keep_context was asked for and it fit the context budget;
+  // empty otherwise (the client then sends its backward in full).
+  std::string context_id;
 };
 
 struct BackwardResult {

@@ -10,8 +10,8 @@ const KernelFamily kReferenceFamily = {"reference", kernels::reference::Forward,
                                        kernels::reference::Backward};
 
 CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& options,
-                     metrics::ServerMetrics* metrics)
-    : QueueWorker(std::move(device), options, metrics),
+                     metrics::ServerMetrics* metrics, ContextStore* contexts)
+    : QueueWorker(std::move(device), options, metrics, contexts),
       context_{options.cpu_threads},
       catalog_(KernelCatalog::Only(options.forced_kernel_family.empty()
                                        ? kReferenceFamily.name

@@ -14,9 +14,9 @@ extern const KernelFamily kReferenceFamily;
 
 class CpuWorker : public QueueWorker {
  public:
-  // `metrics` may be null (unit tests); it must outlive the worker otherwise.
+  // `metrics` and `contexts` may be null (unit tests); they must outlive the worker otherwise.
   CpuWorker(devices::DeviceDescription device, const EngineOptions& options,
-            metrics::ServerMetrics* metrics);
+            metrics::ServerMetrics* metrics, ContextStore* contexts = nullptr);
   ~CpuWorker() override { Stop(); }
 
   std::vector<std::string> kernel_families() const override { return {kReferenceFamily.name}; }

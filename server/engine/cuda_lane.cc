@@ -32,6 +32,17 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
 }
 
+KeptDeviceMemory::~KeptDeviceMemory() {
+  // Freed on this thread's per-thread stream: every use has finished, so nothing orders it;
+  // the memory goes back to the device's pool (which keeps it for the next requests) at once.
+  // The caller's current device is restored, as it may be a lane of another device.
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(ordinal_);
+  cudaFreeAsync(base_, cudaStreamPerThread);
+  if (previous >= 0 && previous != ordinal_) cudaSetDevice(previous);
+}
+
 absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal, int stage_threads) {
   std::unique_ptr<CudaLane> lane(new CudaLane());
   lane->gather_ = std::make_unique<ParallelCopier>(std::max(0, stage_threads - 1));
@@ -65,7 +76,8 @@ absl::Status CudaLane::ReservePinned(size_t bytes) {
 absl::StatusOr<LaneRun> CudaLane::Run(
     const std::vector<GatheredInput>& inputs, const std::vector<size_t>& output_sizes,
     size_t workspace_bytes,
-    const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch) {
+    const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
+    std::unique_ptr<KeptDeviceMemory>* keep) {
   // One layout for pinned and device memory: [inputs | outputs | workspace (device only)].
   std::vector<size_t> input_offsets, input_sizes, output_offsets;
   size_t end = 0;
@@ -117,8 +129,13 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   };
   absl::Status status = stage_launch_copy();
-  // Back to the pool even after an error (after the stream's work, which may still run).
-  cudaFreeAsync(device, stream_);
+  if (status.ok() && keep != nullptr) {
+    // The stream was synchronized: the kept memory is ready for any stream.
+    *keep = std::make_unique<KeptDeviceMemory>(ordinal_, device, end, buffers);
+  } else {
+    // Back to the pool even after an error (after the stream's work, which may still run).
+    cudaFreeAsync(device, stream_);
+  }
   if (!status.ok()) {
     // The next Run reuses the pinned buffer: nothing queued may still read or write it.
     cudaStreamSynchronize(stream_);

@@ -42,6 +42,28 @@ struct DeviceBuffers {
   char* workspace = nullptr;
 };
 
+// Device memory a Run left allocated for its caller (a kept forward's inputs and outputs: its
+// saved context), at the addresses its launch saw. Run synchronized its stream, so any stream
+// may use it. The destructor frees it from any thread (cudaSetDevice first); whoever drops the
+// last reference must have finished every use of it (lanes synchronize before they return).
+class KeptDeviceMemory {
+ public:
+  KeptDeviceMemory(int ordinal, char* base, size_t bytes, DeviceBuffers buffers)
+      : ordinal_(ordinal), base_(base), bytes_(bytes), buffers_(std::move(buffers)) {}
+  ~KeptDeviceMemory();
+  KeptDeviceMemory(const KeptDeviceMemory&) = delete;
+  KeptDeviceMemory& operator=(const KeptDeviceMemory&) = delete;
+
+  size_t bytes() const { return bytes_; }
+  const DeviceBuffers& buffers() const { return buffers_; }
+
+ private:
+  const int ordinal_;
+  char* const base_;
+  const size_t bytes_;
+  const DeviceBuffers buffers_;
+};
+
 class CudaLane {
  public:
   // stage_threads: threads that gather inputs into pinned memory (the lane's own and helpers).
@@ -51,11 +73,14 @@ class CudaLane {
   int ordinal() const { return ordinal_; }
 
   // Copies `inputs` to the device, calls `launch` (which enqueues kernels on `stream` between
-  // the timing events), copies back `output_sizes` bytes per output, and waits.
+  // the timing events), copies back `output_sizes` bytes per output, and waits. Inputs already
+  // on this device need no segment: `launch` reads them where they are. With `keep`, a
+  // successful run leaves its device memory allocated and hands it over there.
   absl::StatusOr<LaneRun> Run(
       const std::vector<GatheredInput>& inputs, const std::vector<size_t>& output_sizes,
       size_t workspace_bytes,
-      const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch);
+      const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
+      std::unique_ptr<KeptDeviceMemory>* keep = nullptr);
 
  private:
   CudaLane() = default;

@@ -6,6 +6,7 @@
 #include "kernels/kernel_families.h"
 #include "server/engine/batching.h"
 #include "server/engine/cpu_worker.h"
+#include "server/engine/cuda_context.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/kernel_runner.h"
 
@@ -50,7 +51,8 @@ absl::StatusOr<const kernels::KernelFamilyEntry*> FamilyEntry(const Route& route
 
 absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDescription device,
                                                                const EngineOptions& options,
-                                                               metrics::ServerMetrics* metrics) {
+                                                               metrics::ServerMetrics* metrics,
+                                                               ContextStore* contexts) {
   if (absl::Status s = CudaStatus(cudaSetDevice(device.ordinal), "cudaSetDevice"); !s.ok()) {
     return s;
   }
@@ -78,13 +80,13 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
     lanes.push_back(*std::move(lane));
   }
   return std::unique_ptr<CudaWorker>(
-      new CudaWorker(std::move(device), options, metrics, std::move(lanes)));
+      new CudaWorker(std::move(device), options, metrics, contexts, std::move(lanes)));
 }
 
 CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
-                       metrics::ServerMetrics* metrics,
+                       metrics::ServerMetrics* metrics, ContextStore* contexts,
                        std::vector<std::unique_ptr<CudaLane>> lanes)
-    : QueueWorker(device, options, metrics),
+    : QueueWorker(device, options, metrics, contexts),
       lanes_(std::move(lanes)),
       cpu_context_{options.cpu_threads},
       compute_capability_(ParseComputeCapability(device.compute_capability)),
@@ -146,6 +148,44 @@ absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs,
   return result;
 }
 
+absl::StatusOr<ForwardResult> CudaWorker::ExecuteKeeping(const ForwardInputs& inputs, int lane,
+                                                         std::unique_ptr<ContextMemory>* kept) {
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kForward, inputs.q));
+  if (!family.ok()) return family.status();
+  if (!(*family)->runs_on_device || inputs.q.shape[0] == 0) {
+    // Ran on the host: its context is kept there too.
+    return QueueWorker::ExecuteKeeping(inputs, lane, kept);
+  }
+  std::unique_ptr<KeptDeviceMemory> buffer;
+  absl::StatusOr<ForwardResult> result =
+      std::move(RunOnDevice(**family, {&inputs}, *lanes_[lane], &buffer)[0]);
+  if (result.ok() && buffer != nullptr) *kept = ContextInForwardBuffer(std::move(buffer));
+  return result;
+}
+
+absl::StatusOr<BackwardResult> CudaWorker::ExecuteOnContext(const BackwardInputs& inputs,
+                                                           const SavedContext& context,
+                                                           int lane) {
+  // A host context fills the inputs with host views: the ordinary path reads them.
+  if (context.memory->on_host()) return Execute(inputs, lane);
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
+  if (!family.ok()) return family.status();
+  if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
+    return RunOnContext(**family, inputs, *context.memory, *lanes_[lane]);
+  }
+  // The backward runs on the host: it reads host copies of the context.
+  absl::StatusOr<std::unique_ptr<ContextMemory>> host = CopyToHost(context);
+  if (!host.ok()) return host.status();
+  SavedContext on_host;
+  on_host.spec = context.spec;
+  on_host.memory = *std::move(host);
+  BackwardInputs filled = inputs;
+  FillFromContext(on_host, filled);
+  return Execute(filled, lane);
+}
+
 kernels::ExecutionContext CudaWorker::DeviceContext(cudaStream_t stream, void* workspace,
                                                     size_t workspace_bytes) const {
   kernels::ExecutionContext ctx;
@@ -186,7 +226,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::ExecuteBatch(
 // into its own answer: one host copy each way per byte.
 std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
     const kernels::KernelFamilyEntry& family, const std::vector<const ForwardInputs*>& parts,
-    CudaLane& lane) {
+    CudaLane& lane, std::unique_ptr<KeptDeviceMemory>* keep) {
   const ForwardInputs& first = *parts[0];
   const BatchLayout layout = LayOutBatch(parts);
   const int64_t total_q = layout.q_row.back(), total_k = layout.k_row.back();
@@ -216,7 +256,8 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
         return FromKernel(family, "forward",
                           family.forward(params, DeviceContext(stream, d.workspace,
                                                                workspace_bytes)));
-      });
+      },
+      keep);
   if (!run.ok()) return std::vector<absl::StatusOr<ForwardResult>>(parts.size(), run.status());
   const absl::Time split_start = absl::Now();
   std::vector<absl::StatusOr<ForwardResult>> answers;
@@ -293,6 +334,48 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
   }
   RecordPhases(*run, absl::Now() - split_start);
   return answers;
+}
+
+absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFamilyEntry& family,
+                                                        const BackwardInputs& inputs,
+                                                        const ContextMemory& context,
+                                                        CudaLane& lane) {
+  kernels::BackwardParams params;
+  // Host offsets (the context's spec, filled in) for the shape's maxima; device ones below.
+  params.shape = ShapeOf(inputs.q, inputs.k, inputs.cu_seqlens_q, inputs.cu_seqlens_k);
+  params.options = ResolveOptions(inputs.options, params.shape.head_dim);
+  params.deterministic = inputs.deterministic;
+  const size_t q_bytes = inputs.q.size_bytes, k_bytes = inputs.k.size_bytes;
+  const size_t workspace_bytes = family.backward_workspace_bytes(params);
+  absl::StatusOr<LaneRun> run = lane.Run(
+      {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}}, {q_bytes, k_bytes, k_bytes},
+      workspace_bytes, [&](const DeviceBuffers& d, cudaStream_t stream) {
+        params.dout = d.inputs[0];
+        params.q = context.address(ContextTensor::kQ);
+        params.k = context.address(ContextTensor::kK);
+        params.v = context.address(ContextTensor::kV);
+        params.out = context.address(ContextTensor::kOut);
+        params.lse = reinterpret_cast<const float*>(context.address(ContextTensor::kLse));
+        params.shape.cu_seqlens_q_device =
+            reinterpret_cast<const int32_t*>(context.address(ContextTensor::kCuSeqlensQ));
+        params.shape.cu_seqlens_k_device =
+            reinterpret_cast<const int32_t*>(context.address(ContextTensor::kCuSeqlensK));
+        params.dq = d.outputs[0];
+        params.dk = d.outputs[1];
+        params.dv = d.outputs[2];
+        return FromKernel(family, "backward",
+                          family.backward(params, DeviceContext(stream, d.workspace,
+                                                                workspace_bytes)));
+      });
+  if (!run.ok()) return run.status();
+  const absl::Time split_start = absl::Now();
+  BackwardResult result;
+  result.dq = {inputs.q.dtype, inputs.q.shape, std::string(run->outputs[0], q_bytes)};
+  result.dk = {inputs.k.dtype, inputs.k.shape, std::string(run->outputs[1], k_bytes)};
+  result.dv = {inputs.v.dtype, inputs.v.shape, std::string(run->outputs[2], k_bytes)};
+  result.execution = Report(family, *run);
+  RecordPhases(*run, absl::Now() - split_start);
+  return result;
 }
 
 ExecutionReport CudaWorker::Report(const kernels::KernelFamilyEntry& family,

@@ -2,6 +2,8 @@
 // host<->device copies overlap another's kernels, on the best kernel family the device has for
 // each request; a batch's parts are gathered straight into pinned memory and split out of it.
 // What no GPU family can do yet runs on the CPU reference kernels (and Execution says so).
+// A kept forward's context stays in device memory (cuda_context.h), and a backward on it sends
+// only dout across PCIe.
 #pragma once
 
 #include <memory>
@@ -21,7 +23,8 @@ class CudaWorker : public QueueWorker {
   // Fails if the device cannot be bound or its streams cannot be made.
   static absl::StatusOr<std::unique_ptr<CudaWorker>> Create(devices::DeviceDescription device,
                                                            const EngineOptions& options,
-                                                           metrics::ServerMetrics* metrics);
+                                                           metrics::ServerMetrics* metrics,
+                                                           ContextStore* contexts);
   ~CudaWorker() override;
 
   std::vector<std::string> kernel_families() const override;
@@ -30,7 +33,8 @@ class CudaWorker : public QueueWorker {
 
  private:
   CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
-             metrics::ServerMetrics* metrics, std::vector<std::unique_ptr<CudaLane>> lanes);
+             metrics::ServerMetrics* metrics, ContextStore* contexts,
+             std::vector<std::unique_ptr<CudaLane>> lanes);
 
   void OnLaneStart(int lane) override;
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
@@ -39,11 +43,22 @@ class CudaWorker : public QueueWorker {
       const std::vector<const ForwardInputs*>& parts, int lane) override;
   std::vector<absl::StatusOr<BackwardResult>> ExecuteBatch(
       const std::vector<const BackwardInputs*>& parts, int lane) override;
+  absl::StatusOr<ForwardResult> ExecuteKeeping(const ForwardInputs& inputs, int lane,
+                                               std::unique_ptr<ContextMemory>* kept) override;
+  absl::StatusOr<BackwardResult> ExecuteOnContext(const BackwardInputs& inputs,
+                                                  const SavedContext& context,
+                                                  int lane) override;
   // Gathers the parts in, runs a GPU family on the lane's stream as one launch, splits the
-  // outputs into each part's answer.
+  // outputs into each part's answer. With `keep` (one part only), the launch buffer is kept
+  // there: the part's saved context.
   std::vector<absl::StatusOr<ForwardResult>> RunOnDevice(
       const kernels::KernelFamilyEntry& family, const std::vector<const ForwardInputs*>& parts,
-      CudaLane& lane);
+      CudaLane& lane, std::unique_ptr<KeptDeviceMemory>* keep = nullptr);
+  // A backward whose q, k, v, out, lse and offsets are a context in this device's memory:
+  // only dout is copied in.
+  absl::StatusOr<BackwardResult> RunOnContext(const kernels::KernelFamilyEntry& family,
+                                              const BackwardInputs& inputs,
+                                              const ContextMemory& context, CudaLane& lane);
   std::vector<absl::StatusOr<BackwardResult>> RunOnDevice(
       const kernels::KernelFamilyEntry& family, const std::vector<const BackwardInputs*>& parts,
       CudaLane& lane);

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,6 +16,7 @@
 #include "server/engine/kernel_routing.h"
 #include "server/engine/limits.h"
 #include "server/engine/priority.h"
+#include "server/engine/saved_context.h"
 
 namespace attnserve::engine {
 
@@ -24,6 +27,9 @@ struct JobControl {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // empty: never cancelled
   Priority priority = Priority::kNormal;
+  // Who calls (a digest of its credentials; empty without authentication). Contexts it keeps
+  // are its own: to any other principal they do not exist.
+  std::string principal;
 };
 
 // The request's input views must stay valid until `done` has returned.
@@ -37,6 +43,14 @@ struct BackwardJob {
   BackwardInputs inputs;
   std::function<void(absl::StatusOr<BackwardResult>)> done;
   JobControl control;
+  // Set by the engine when inputs.context_id names a context: the job holds it until answered.
+  std::shared_ptr<const SavedContext> context;
+};
+
+// What ServerInfo reports about saved contexts.
+struct ContextLimits {
+  int64_t memory_bytes = 0;  // the smallest device's context budget
+  absl::Duration ttl = absl::ZeroDuration();
 };
 
 class Engine {
@@ -58,6 +72,13 @@ class Engine {
 
   // Jobs accepted and not yet answered.
   virtual int64_t InflightCount() const = 0;
+
+  // Frees `principal`'s saved context `context_id`; false when it holds none by that id.
+  virtual bool ReleaseContext(const std::string& /*context_id*/,
+                              const std::string& /*principal*/) {
+    return false;
+  }
+  virtual ContextLimits context_limits() const { return {}; }
 
   virtual const Limits& limits() const = 0;
   virtual std::vector<devices::DeviceDescription> Devices() const = 0;

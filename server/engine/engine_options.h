@@ -19,6 +19,19 @@ struct BatchingOptions {
   absl::Duration max_queue_delay = absl::ZeroDuration();
 };
 
+// Saved contexts (context_store.h).
+struct ContextOptions {
+  // Bytes of saved contexts each device may hold (never more than its memory budget). 0: a
+  // quarter of the device's memory budget. A context is about its forward's inputs plus output,
+  // and the backward that consumes it needs about as much again beside it (dout, dq, dk, dv),
+  // so a quarter keeps half of the device for the requests that run meanwhile; on an 80 GB H100
+  // that is ~75 contexts of a 1x16384-token, 16-head, head_dim-128 bf16 step (257 MB each).
+  // A device of unknown size keeps contexts only with an explicit budget.
+  int64_t memory_bytes = 0;
+  // A context unused this long is freed.
+  absl::Duration ttl = absl::Seconds(300);
+};
+
 struct EngineOptions {
   Limits limits;
   int cpu_threads = 0;  // reference kernel threads per request; 0 = all cores
@@ -46,6 +59,7 @@ struct EngineOptions {
   // --kernel: run every request on this one family (tests); requests it can't run fail with
   // FAILED_PRECONDITION. Empty: the routing table chooses among every built family.
   std::string forced_kernel_family;
+  ContextOptions contexts;
 };
 
 }  // namespace attnserve::engine

@@ -16,17 +16,26 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<DeviceWorker>> CreateWorker(
     const devices::DeviceDescription& device, const EngineOptions& options,
-    metrics::ServerMetrics* metrics) {
+    metrics::ServerMetrics* metrics, ContextStore* contexts) {
   if (device.kind == devices::DeviceKind::kCpu) {
-    return std::make_unique<CpuWorker>(device, options, metrics);
+    return std::make_unique<CpuWorker>(device, options, metrics, contexts);
   }
 #ifdef ATTN_WITH_CUDA
-  absl::StatusOr<std::unique_ptr<CudaWorker>> worker = CudaWorker::Create(device, options, metrics);
+  absl::StatusOr<std::unique_ptr<CudaWorker>> worker =
+      CudaWorker::Create(device, options, metrics, contexts);
   if (!worker.ok()) return worker.status();
   return std::unique_ptr<DeviceWorker>(*std::move(worker));
 #else
   return absl::UnimplementedError(absl::StrCat(device.name, ": built without CUDA support"));
 #endif
+}
+
+// ContextOptions::memory_bytes says why a quarter.
+int64_t ContextBudget(const ContextOptions& options, int64_t device_budget) {
+  if (options.memory_bytes > 0) {
+    return device_budget > 0 ? std::min(options.memory_bytes, device_budget) : options.memory_bytes;
+  }
+  return device_budget / 4;
 }
 
 }  // namespace
@@ -35,10 +44,19 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
     const std::vector<devices::DeviceDescription>& devices, const EngineOptions& options,
     metrics::ServerMetrics* metrics) {
   if (devices.empty()) return absl::InvalidArgumentError("no devices to run on");
+  std::unique_ptr<metrics::ContextMetrics> context_metrics;
+  if (metrics != nullptr) {
+    context_metrics = std::make_unique<metrics::ContextMetrics>(*metrics->registry());
+  }
+  ContextStoreOptions store_options;
+  store_options.ttl = options.contexts.ttl;
+  auto contexts = std::make_unique<ContextStore>(store_options, context_metrics.get());
   std::vector<std::unique_ptr<DeviceWorker>> workers;
   for (const devices::DeviceDescription& device : devices) {
-    absl::StatusOr<std::unique_ptr<DeviceWorker>> worker = CreateWorker(device, options, metrics);
+    absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
+        CreateWorker(device, options, metrics, contexts.get());
     if (!worker.ok()) return worker.status();
+    contexts->SetBudget(device.name, ContextBudget(options.contexts, (*worker)->memory_budget()));
     workers.push_back(*std::move(worker));
     if (metrics != nullptr) {
       metrics->SetDeviceInfo(device.name, device.model, device.compute_capability);
@@ -48,12 +66,17 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
       metrics->SetQueueDepth(device.name, 0);
     }
   }
-  return std::unique_ptr<LocalEngine>(new LocalEngine(std::move(workers), options, metrics));
+  return std::unique_ptr<LocalEngine>(new LocalEngine(
+      std::move(context_metrics), std::move(contexts), std::move(workers), options, metrics));
 }
 
-LocalEngine::LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers,
+LocalEngine::LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metrics,
+                         std::unique_ptr<ContextStore> contexts,
+                         std::vector<std::unique_ptr<DeviceWorker>> workers,
                          const EngineOptions& options, metrics::ServerMetrics* metrics)
-    : workers_(std::move(workers)),
+    : context_metrics_(std::move(context_metrics)),
+      contexts_(std::move(contexts)),
+      workers_(std::move(workers)),
       limits_(options.limits),
       max_queue_size_(options.max_queue_size),
       metrics_(metrics) {}
@@ -64,14 +87,61 @@ absl::Status LocalEngine::Enqueue(ForwardJob job) {
   if (absl::Status s = ValidateForward(job.inputs, limits_); !s.ok()) {
     return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "limit" : "invalid");
   }
-  return Admit(std::move(job));
+  const RequestProfile profile = ProfileOf(job.inputs);
+  return Admit(std::move(job), profile, std::nullopt);
 }
 
 absl::Status LocalEngine::Enqueue(BackwardJob job) {
+  if (!job.inputs.context_id.empty()) {
+    if (absl::Status s = ResolveContext(job); !s.ok()) {
+      return Reject(s, s.code() == absl::StatusCode::kNotFound ? "context_not_found" : "invalid");
+    }
+  }
   if (absl::Status s = ValidateBackward(job.inputs, limits_); !s.ok()) {
     return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "limit" : "invalid");
   }
-  return Admit(std::move(job));
+  RequestProfile profile = ProfileOf(job.inputs);
+  if (job.context == nullptr) return Admit(std::move(job), profile, std::nullopt);
+  // The context's tensors are already counted where they lie.
+  profile.device_bytes = ContextBackwardDeviceBytes(job.inputs);
+  std::optional<size_t> device;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i]->device().name == job.context->device) device = i;
+  }
+  if (!device) return absl::InternalError("the context's device is not served");
+  if (!job.inputs.keep_context) {
+    job.done = [this, id = job.inputs.context_id, principal = job.control.principal,
+                done = std::move(job.done)](absl::StatusOr<BackwardResult> result) {
+      // A failed backward leaves the context to its TTL, so the client may retry on it.
+      if (result.ok()) contexts_->Release(id, principal);
+      done(std::move(result));
+    };
+  }
+  return Admit(std::move(job), profile, device);
+}
+
+absl::Status LocalEngine::ResolveContext(BackwardJob& job) {
+  absl::StatusOr<std::shared_ptr<const SavedContext>> context =
+      contexts_->Lookup(job.inputs.context_id, job.control.principal);
+  if (!context.ok()) return context.status();
+  if (absl::Status s = CheckAgreesWithContext(job.inputs, (*context)->spec); !s.ok()) return s;
+  FillFromContext(**context, job.inputs);
+  job.context = *std::move(context);
+  return absl::OkStatus();
+}
+
+bool LocalEngine::ReleaseContext(const std::string& context_id, const std::string& principal) {
+  return contexts_->Release(context_id, principal);
+}
+
+ContextLimits LocalEngine::context_limits() const {
+  ContextLimits limits;
+  limits.ttl = contexts_->ttl();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const int64_t budget = contexts_->Budget(workers_[i]->device().name);
+    if (i == 0 || budget < limits.memory_bytes) limits.memory_bytes = budget;
+  }
+  return limits;
 }
 
 absl::Status LocalEngine::Reject(absl::Status status, const char* reason) {
@@ -80,15 +150,21 @@ absl::Status LocalEngine::Reject(absl::Status status, const char* reason) {
 }
 
 template <typename Job>
-absl::Status LocalEngine::Admit(Job job) {
+absl::Status LocalEngine::Admit(Job job, const RequestProfile& profile,
+                                std::optional<size_t> only_device) {
   if (absl::Now() >= job.control.deadline) {
     return Reject(absl::DeadlineExceededError("the request's deadline passed before it was queued"),
                   "deadline");
   }
-  const RequestProfile profile = ProfileOf(job.inputs);
   std::lock_guard<std::mutex> lock(admit_mu_);
   if (stopping_) return Reject(absl::UnavailableError("server is shutting down"), "shutting_down");
-  const std::vector<DeviceState> states = DeviceStates();
+  std::vector<DeviceState> states = DeviceStates();
+  std::vector<size_t> worker_of(states.size());
+  for (size_t i = 0; i < worker_of.size(); ++i) worker_of[i] = i;
+  if (only_device) {
+    states = {states[*only_device]};
+    worker_of = {*only_device};
+  }
   // A request that could not fit even on an idle device is refused now, with the numbers,
   // instead of failing later with an out-of-memory error.
   if (absl::Status s = CheckPlaceable(profile, states); !s.ok()) {
@@ -101,7 +177,7 @@ absl::Status LocalEngine::Admit(Job job) {
                       " requests waiting on each device that can run it); retry later")),
                   "queue_full");
   }
-  DeviceWorker& worker = *workers_[placement->device];
+  DeviceWorker& worker = *workers_[worker_of[placement->device]];
   if (metrics_ != nullptr) metrics_->RecordPlacement(worker.device().name, placement->family);
   AddInflight(1);
   // The in-flight count drops only after the answer has been handed to the transport.
@@ -134,7 +210,8 @@ std::vector<DeviceState> LocalEngine::DeviceStates() const {
     state.shared_memory_per_block = device.shared_memory_per_block;
     state.catalog = worker->catalog();
     state.memory_budget = worker->memory_budget();
-    state.reserved_bytes = load.reserved_bytes;
+    // Saved contexts hold their device's memory as running jobs do.
+    state.reserved_bytes = load.reserved_bytes + contexts_->BytesOn(device.name);
     state.queued_seconds = load.queued_seconds;
     state.queue_depth = load.queue_depth;
     states.push_back(std::move(state));

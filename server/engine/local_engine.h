@@ -1,17 +1,23 @@
 // The engine of one server process: validates each job, places it on the device where it would
 // finish first (placement.h: routed family, queued work, memory), and counts what is in flight.
+// It owns the saved contexts (context_store.h): a backward on a context is filled in from it,
+// checked, and placed on the context's device; after it succeeds the context is released
+// unless the backward asks to keep it.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "server/engine/context_store.h"
 #include "server/engine/device_worker.h"
 #include "server/engine/engine.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/placement.h"
+#include "server/metrics/context_metrics.h"
 #include "server/metrics/server_metrics.h"
 
 namespace attnserve::engine {
@@ -29,6 +35,8 @@ class LocalEngine : public Engine {
   bool Drain(absl::Duration timeout) override;
   void Stop() override;
   int64_t InflightCount() const override { return inflight_.load(); }
+  bool ReleaseContext(const std::string& context_id, const std::string& principal) override;
+  ContextLimits context_limits() const override;
   const Limits& limits() const override { return limits_; }
   std::vector<devices::DeviceDescription> Devices() const override;
   std::vector<std::string> KernelFamilies() const override;
@@ -36,15 +44,23 @@ class LocalEngine : public Engine {
   std::vector<CoverageRow> DeviceCoverage(const std::string& device) const override;
 
  private:
-  LocalEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, const EngineOptions& options,
+  LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metrics,
+              std::unique_ptr<ContextStore> contexts,
+              std::vector<std::unique_ptr<DeviceWorker>> workers, const EngineOptions& options,
               metrics::ServerMetrics* metrics);
 
+  // Places the job among all devices, or only on `only_device` (an index into workers_).
   template <typename Job>
-  absl::Status Admit(Job job);
+  absl::Status Admit(Job job, const RequestProfile& profile, std::optional<size_t> only_device);
+  // Fills a backward on a context in from it and holds the context in the job.
+  absl::Status ResolveContext(BackwardJob& job);
   absl::Status Reject(absl::Status status, const char* reason);
   std::vector<DeviceState> DeviceStates() const;
   void AddInflight(int64_t delta);
 
+  // Before the workers: they use the store until they stop, and contexts outlive them.
+  const std::unique_ptr<metrics::ContextMetrics> context_metrics_;
+  const std::unique_ptr<ContextStore> contexts_;
   const std::vector<std::unique_ptr<DeviceWorker>> workers_;
   const Limits limits_;
   const int64_t max_queue_size_;

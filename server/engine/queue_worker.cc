@@ -18,9 +18,16 @@ const auto& InputsOf(const std::variant<ForwardJob, BackwardJob>& job) {
   return std::get<Job>(job).inputs;
 }
 
+// Saved-context jobs run alone: a kept forward's launch buffer becomes its context, and a
+// backward on a context reads its tensors where they lie.
+bool UsesContext(const std::variant<ForwardJob, BackwardJob>& job) {
+  if (const auto* forward = std::get_if<ForwardJob>(&job)) return forward->inputs.keep_context;
+  return std::get<BackwardJob>(job).context != nullptr;
+}
+
 bool SameKindAndCompatible(const std::variant<ForwardJob, BackwardJob>& a,
                            const std::variant<ForwardJob, BackwardJob>& b) {
-  if (a.index() != b.index()) return false;
+  if (a.index() != b.index() || UsesContext(a) || UsesContext(b)) return false;
   if (a.index() == 0) return Compatible(InputsOf<ForwardJob>(a), InputsOf<ForwardJob>(b));
   return Compatible(InputsOf<BackwardJob>(a), InputsOf<BackwardJob>(b));
 }
@@ -79,14 +86,15 @@ std::vector<absl::StatusOr<Result>> MergeRunSplit(
 }  // namespace
 
 QueueWorker::QueueWorker(devices::DeviceDescription device, const EngineOptions& options,
-                         metrics::ServerMetrics* metrics)
+                         metrics::ServerMetrics* metrics, ContextStore* contexts)
     : device_(std::move(device)),
       batching_(options.batching),
       memory_budget_(MemoryBudget(device_, options)),
       priority_aging_(options.priority_aging > absl::ZeroDuration() ? options.priority_aging
                                                                      : absl::Milliseconds(1)),
       answer_threads_per_lane_(std::max(1, options.answer_threads_per_lane)),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      contexts_(contexts) {}
 
 QueueWorker::~QueueWorker() { Stop(); }
 
@@ -194,7 +202,7 @@ std::vector<QueueWorker::Queued> QueueWorker::NextBatch() {
     queue_.erase(next);
     break;
   }
-  if (batching_.enabled) {
+  if (batching_.enabled && !UsesContext(batch[0].job)) {
     int64_t q_tokens = QueryTokensOf(batch[0].job), k_tokens = KeyTokensOf(batch[0].job);
     const absl::Time wait_until = batch[0].enqueued + batching_.max_queue_delay;
     for (;;) {
@@ -227,7 +235,9 @@ std::deque<QueueWorker::Queued>::iterator QueueWorker::PickNextLocked(absl::Time
 
 bool QueueWorker::FitsLocked(int64_t bytes) const {
   // With nothing running a job always starts: admission made sure it fits the budget alone.
-  return memory_budget_ <= 0 || reserved_bytes_ == 0 || reserved_bytes_ + bytes <= memory_budget_;
+  if (memory_budget_ <= 0 || reserved_bytes_ == 0) return true;
+  const int64_t contexts = contexts_ != nullptr ? contexts_->BytesOn(device_.name) : 0;
+  return contexts + reserved_bytes_ + bytes <= memory_budget_;
 }
 
 void QueueWorker::TakeCompatibleLocked(std::vector<Queued>& batch, int64_t& q_tokens,
@@ -330,6 +340,51 @@ std::vector<absl::StatusOr<BackwardResult>> QueueWorker::ExecuteBatch(
       [this, lane](const BackwardInputs& in) { return Execute(in, lane); });
 }
 
+absl::StatusOr<ForwardResult> QueueWorker::ExecuteKeeping(const ForwardInputs& inputs, int lane,
+                                                          std::unique_ptr<ContextMemory>* kept) {
+  absl::StatusOr<ForwardResult> result = Execute(inputs, lane);
+  if (result.ok()) *kept = SaveOnHost(inputs, *result);
+  return result;
+}
+
+absl::StatusOr<BackwardResult> QueueWorker::ExecuteOnContext(const BackwardInputs& inputs,
+                                                            const SavedContext& context,
+                                                            int lane) {
+  if (!context.memory->on_host()) {
+    return absl::InternalError(absl::StrCat(device_.name, " cannot read a context in device memory"));
+  }
+  return Execute(inputs, lane);
+}
+
+std::vector<absl::StatusOr<ForwardResult>> QueueWorker::Launch(
+    const std::vector<Queued>& batch, const std::vector<const ForwardInputs*>& parts, int lane) {
+  const ForwardJob& job = std::get<ForwardJob>(batch[0].job);
+  if (!job.inputs.keep_context || contexts_ == nullptr) return ExecuteBatch(parts, lane);
+  std::unique_ptr<ContextMemory> kept;
+  std::vector<absl::StatusOr<ForwardResult>> answers;
+  answers.push_back(ExecuteKeeping(job.inputs, lane, &kept));
+  if (answers[0].ok() && kept != nullptr) {
+    auto context = std::make_unique<SavedContext>();
+    context->device = device_.name;
+    context->principal = job.control.principal;
+    context->spec = ContextSpec::Of(job.inputs);
+    context->memory = std::move(kept);
+    // Not kept when it cannot fit the budget: the answer says so with an empty id.
+    answers[0]->context_id = contexts_->Add(std::move(context)).value_or("");
+  }
+  return answers;
+}
+
+std::vector<absl::StatusOr<BackwardResult>> QueueWorker::Launch(
+    const std::vector<Queued>& batch, const std::vector<const BackwardInputs*>& parts,
+    int lane) {
+  const BackwardJob& job = std::get<BackwardJob>(batch[0].job);
+  if (job.context == nullptr) return ExecuteBatch(parts, lane);
+  std::vector<absl::StatusOr<BackwardResult>> answers;
+  answers.push_back(ExecuteOnContext(job.inputs, *job.context, lane));
+  return answers;
+}
+
 // Runs the batch as one launch, releases its memory, then answers each job with its own share
 // of the result, stamped with how long it waited.
 template <typename Job>
@@ -338,7 +393,7 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
   for (const Queued& queued : batch) parts.push_back(&std::get<Job>(queued.job).inputs);
 
   const absl::Time start = absl::Now();
-  auto answers = ExecuteBatch(parts, lane);
+  auto answers = Launch(batch, parts, lane);
   if (metrics_ != nullptr) metrics_->RecordBatch(static_cast<int>(batch.size()));
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -7,6 +7,8 @@
 // caller left are dropped, and every job is answered exactly once. Results are handed to answer
 // threads (answer_pool.h), so a lane does not wait for its answers to be serialized before its
 // next launch. Subclasses say how a request (or a batch of them) executes on their device.
+// Saved-context jobs (a keep_context forward, a backward on a context) always run alone, and
+// the contexts a device holds count against its memory budget beside the running jobs.
 #pragma once
 
 #include <condition_variable>
@@ -19,6 +21,7 @@
 
 #include "absl/time/time.h"
 #include "server/engine/answer_pool.h"
+#include "server/engine/context_store.h"
 #include "server/engine/device_worker.h"
 #include "server/engine/engine_options.h"
 #include "server/metrics/server_metrics.h"
@@ -37,9 +40,10 @@ class QueueWorker : public DeviceWorker {
   void Stop() override;
 
  protected:
-  // `metrics` may be null; it must outlive the worker otherwise.
+  // `metrics` and `contexts` may be null (then no context is kept); they must outlive the
+  // worker otherwise.
   QueueWorker(devices::DeviceDescription device, const EngineOptions& options,
-              metrics::ServerMetrics* metrics);
+              metrics::ServerMetrics* metrics, ContextStore* contexts = nullptr);
 
   // Subclass constructors call this last, so no lane sees a half-built object.
   void StartLanes(int lanes);
@@ -58,6 +62,15 @@ class QueueWorker : public DeviceWorker {
       const std::vector<const ForwardInputs*>& parts, int lane);
   virtual std::vector<absl::StatusOr<BackwardResult>> ExecuteBatch(
       const std::vector<const BackwardInputs*>& parts, int lane);
+  // A keep_context forward: its result, and in `kept` its context's memory (q, k, v, out,
+  // lse, offsets), or null when it cannot be kept (the forward is answered all the same). The
+  // default keeps host copies.
+  virtual absl::StatusOr<ForwardResult> ExecuteKeeping(const ForwardInputs& inputs, int lane,
+                                                       std::unique_ptr<ContextMemory>* kept);
+  // A backward on `context`; `inputs` were filled from it (FillFromContext). The default runs
+  // Execute, which reads a host context through the filled views.
+  virtual absl::StatusOr<BackwardResult> ExecuteOnContext(const BackwardInputs& inputs,
+                                                          const SavedContext& context, int lane);
 
  private:
   using AnyJob = std::variant<ForwardJob, BackwardJob>;
@@ -89,6 +102,12 @@ class QueueWorker : public DeviceWorker {
   void FinishLocked(const Queued& queued, bool reserved);
   template <typename Job>
   void RunBatch(std::vector<Queued>& batch, const char* rpc, int lane);
+  // ExecuteBatch, or the context paths for a context job (always alone in its batch).
+  std::vector<absl::StatusOr<ForwardResult>> Launch(
+      const std::vector<Queued>& batch, const std::vector<const ForwardInputs*>& parts, int lane);
+  std::vector<absl::StatusOr<BackwardResult>> Launch(
+      const std::vector<Queued>& batch, const std::vector<const BackwardInputs*>& parts,
+      int lane);
   // Calls `done` with `answer` on an answer thread and records how long that took from now.
   template <typename Done, typename Answer>
   void Deliver(Done done, Answer answer);
@@ -100,6 +119,7 @@ class QueueWorker : public DeviceWorker {
   const absl::Duration priority_aging_;
   const int answer_threads_per_lane_;
   metrics::ServerMetrics* const metrics_;
+  ContextStore* const contexts_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

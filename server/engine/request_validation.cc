@@ -192,6 +192,17 @@ absl::Status ValidateForward(const ForwardInputs& in, const Limits& limits) {
 }
 
 absl::Status ValidateBackward(const BackwardInputs& in, const Limits& limits) {
+  // The engine fills a context's tensors in before validating, so only what the caller
+  // should have sent can be missing here.
+  for (const auto& [t, name] : {std::pair{&in.dout, "dout"}, {&in.q, "q"}, {&in.k, "k"},
+                                {&in.v, "v"}, {&in.out, "out"}, {&in.lse, "lse"}}) {
+    if (t->absent()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": missing", in.context_id.empty() && name != std::string("dout")
+                                 ? " (send it, or the context_id of a keep_context forward)"
+                                 : ""));
+    }
+  }
   Dims dims;
   if (absl::Status s =
           CheckQkv(in.q, in.k, in.v, in.cu_seqlens_q, in.cu_seqlens_k, in.options, limits, dims);

@@ -192,5 +192,14 @@ TEST_F(ValidationTest, BackwardChecksItsExtraTensors) {
   ExpectInvalid(ValidateBackward(in, limits_), "lse.data");
 }
 
+TEST_F(ValidationTest, MissingBackwardTensorsAreNamed) {
+  BackwardInputs in = Backward();
+  in.k = TensorView{};
+  ExpectInvalid(ValidateBackward(in, limits_), "k: missing (send it, or the context_id");
+  in = Backward();
+  in.dout = TensorView{};
+  ExpectInvalid(ValidateBackward(in, limits_), "dout: missing");
+}
+
 }  // namespace
 }  // namespace attnserve::engine

@@ -52,6 +52,17 @@ ABSL_FLAG(int64_t, max_queue_size, 1024,
 ABSL_FLAG(int64_t, device_memory_bytes, 0,
           "Bytes of each device's memory running requests may hold at once (0 = the device's "
           "total). A request that fits but not beside the running ones waits in the queue.");
+ABSL_FLAG(int64_t, context_memory_bytes, 0,
+          "Bytes of saved contexts (keep_context forwards) each device may hold; the least "
+          "recently used are evicted to make room. 0 = a quarter of the device's memory budget.");
+ABSL_FLAG(int32_t, context_ttl_seconds, 300,
+          "A saved context unused this long is freed (its backward then gets NOT_FOUND and the "
+          "client resends in full).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "This replica's own gRPC address (host:port) as clients reach it, returned with kept "
+          "contexts (ForwardResponse.context_address) and in ServerInfo.address so clients "
+          "balancing over several replicas send a context's backward here. In Kubernetes: the "
+          "pod IP and the gRPC port (the Helm chart sets it). Empty: not advertised.");
 ABSL_FLAG(int64_t, priority_aging_ms, 500,
           "Waiting this long lifts a queued request one priority level (x-attnserve-priority: "
           "high, normal, low), so low priority never starves.");
@@ -159,6 +170,9 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.engine.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
   config.engine.device_memory_bytes = absl::GetFlag(FLAGS_device_memory_bytes);
   config.engine.priority_aging = absl::Milliseconds(absl::GetFlag(FLAGS_priority_aging_ms));
+  config.engine.contexts.memory_bytes = absl::GetFlag(FLAGS_context_memory_bytes);
+  config.engine.contexts.ttl = absl::Seconds(absl::GetFlag(FLAGS_context_ttl_seconds));
+  config.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   config.engine.cpu_lanes = absl::GetFlag(FLAGS_cpu_lanes);
   config.engine.cuda_lanes = absl::GetFlag(FLAGS_cuda_lanes);
   config.engine.answer_threads_per_lane = absl::GetFlag(FLAGS_answer_threads_per_lane);
@@ -216,6 +230,8 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
       {"max_queue_size", config.engine.max_queue_size, 1, 1'000'000},
       {"device_memory_bytes", config.engine.device_memory_bytes, 0, int64_t{1} << 50},
       {"priority_aging_ms", absl::GetFlag(FLAGS_priority_aging_ms), 1, 3'600'000},
+      {"context_memory_bytes", config.engine.contexts.memory_bytes, 0, int64_t{1} << 50},
+      {"context_ttl_seconds", absl::GetFlag(FLAGS_context_ttl_seconds), 1, 86400},
       {"cpu_lanes", config.engine.cpu_lanes, 1, 256},
       {"cuda_lanes", config.engine.cuda_lanes, 1, 16},
       {"answer_threads_per_lane", config.engine.answer_threads_per_lane, 1, 16},

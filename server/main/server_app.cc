@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   app->engine_ = *std::move(engine);
   app->service_ = std::make_unique<transport::AttentionServiceImpl>(
       app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, config.call_limits,
-      compute_auth);
+      compute_auth, config.advertise_address);
   app->health_ = std::make_unique<transport::HealthService>(health_auth);
 
   // grpc.health.v1 is app->health_, not gRPC's built-in service (which cannot check tokens).

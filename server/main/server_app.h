@@ -33,6 +33,8 @@ struct ServerConfig {
   std::string devices = "auto";
   std::string emulate_compute_capability;  // "7.5": GPUs route as that architecture (tests)
   engine::EngineOptions engine;
+  // This replica's gRPC address as clients reach it (--advertise_address); empty: unknown.
+  std::string advertise_address;
   absl::Duration drain_timeout = absl::Seconds(30);
   // Connections older than this are closed gracefully (GOAWAY) so clients re-resolve and
   // spread over replicas added since; zero keeps connections forever.

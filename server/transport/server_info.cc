@@ -63,6 +63,9 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
   if (call_limits.max_deadline != absl::InfiniteDuration()) {
     out_limits->set_max_deadline_seconds(absl::ToInt64Seconds(call_limits.max_deadline));
   }
+  const engine::ContextLimits contexts = engine.context_limits();
+  out_limits->set_context_memory_bytes(contexts.memory_bytes);
+  out_limits->set_context_ttl_seconds(absl::ToInt64Seconds(contexts.ttl));
   for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT32}) {
     info.add_dtypes(dtype);
   }

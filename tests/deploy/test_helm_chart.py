@@ -315,6 +315,21 @@ def test_schema_rejects_bad_values(bad):
         render(bad)
 
 
+def test_replicas_advertise_their_pod_address_for_saved_contexts():
+    """Each pod names itself (status.podIP and the gRPC port) in --advertise_address, so a
+    context's backward reaches the replica that keeps it; off, neither the flag nor the
+    variable is set."""
+    spec = container(manifests())
+    flags = flag_values(spec["args"])
+    assert flags["advertise_address"] == "$(ATTNSERVE_POD_IP):8001"
+    assert flags["context_ttl_seconds"] == "300" and flags["context_memory_bytes"] == "0"
+    env = {e["name"]: e for e in spec["env"]}
+    assert env["ATTNSERVE_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    spec = container(manifests({"server": {"advertisePodAddress": False}}))
+    assert "advertise_address" not in flag_values(spec["args"])
+    assert "env" not in spec
+
+
 def test_chart_args_are_accepted_by_the_server(attnserve_binary):
     """The container's arguments start the real server (host, ports and devices replaced by
     local ones; every other flag as rendered)."""

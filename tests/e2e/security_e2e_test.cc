@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "attnserve/tensor_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server_process.h"
@@ -182,6 +183,45 @@ TEST_F(SecurityE2ETest, TheClientLibraryNeedsTheRightCaCertificateAndToken) {
   missing_ca.tls.root_certificates_file = Path("no_such_ca.crt");
   EXPECT_EQ(Client::Create(server->target(), missing_ca).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A context belongs to the token that kept it; ReleaseContext needs a token like Forward.
+TEST_F(SecurityE2ETest, ContextsAreTheirTokensOwn) {
+  WriteFile(Path("two_tokens"), std::string(kToken) + "\nsecond-e2e-token\n");
+  ClientOptions options = ClientSideOptions(false);
+  auto server = ServerProcess::Start({"--tls_cert_file=" + Path("server.crt"),
+                                      "--tls_key_file=" + Path("server.key"),
+                                      "--auth_tokens_file=" + Path("two_tokens")},
+                                     options);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> owner = server->NewClient();
+  options.bearer_token = "second-e2e-token";
+  std::unique_ptr<Client> other = *Client::Create(server->target(), options);
+  options.bearer_token.clear();
+  std::unique_ptr<Client> anonymous = *Client::Create(server->target(), options);
+
+  const std::vector<float> values(4 * 2 * 8, 0.25f);
+  v1::ForwardRequest forward;
+  *forward.mutable_q() = *MakeTensor(v1::DTYPE_FLOAT32, {4, 2, 8}, values);
+  *forward.mutable_k() = *MakeTensor(v1::DTYPE_FLOAT32, {4, 2, 8}, values);
+  *forward.mutable_v() = *MakeTensor(v1::DTYPE_FLOAT32, {4, 2, 8}, values);
+  for (int32_t offset : {0, 4}) {
+    forward.add_cu_seqlens_q(offset);
+    forward.add_cu_seqlens_k(offset);
+  }
+  forward.set_keep_context(true);
+  absl::StatusOr<v1::ForwardResponse> answer = owner->Forward(forward);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_FALSE(answer->context_id().empty());
+  v1::BackwardRequest by_context;
+  *by_context.mutable_dout() = forward.q();
+  by_context.set_context_id(answer->context_id());
+
+  EXPECT_EQ(other->Backward(by_context).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(other->ReleaseContext(answer->context_id()).value_or(true), false);
+  EXPECT_EQ(anonymous->ReleaseContext(answer->context_id()).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(owner->Backward(by_context).ok());
 }
 
 }  // namespace

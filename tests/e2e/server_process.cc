@@ -58,7 +58,14 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
                                    "--grpc_port=" + std::to_string(server->grpc_port_),
                                    "--http_port=" + std::to_string(server->http_port_),
                                    "--devices=cpu"};
-  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  for (std::string flag : extra_flags) {
+    const size_t at = flag.find(kGrpcPortPlaceholder);
+    if (at != std::string::npos) {
+      flag.replace(at, std::string(kGrpcPortPlaceholder).size(),
+                   std::to_string(server->grpc_port_));
+    }
+    args.push_back(std::move(flag));
+  }
   server->Spawn(args);
 
   // The first call waits until the port accepts connections: a call that finds nothing

@@ -11,6 +11,9 @@
 
 namespace attnserve::testing {
 
+// In an extra flag, stands for the gRPC port the server is given (e.g. to advertise it).
+inline constexpr char kGrpcPortPlaceholder[] = "{grpc_port}";
+
 class ServerProcess {
  public:
   // Starts the binary with --host=127.0.0.1, free ports, --devices=cpu and `extra_flags`, and

@@ -124,13 +124,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
-  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+  return std::unique_ptr<Client>(
+      new Client(std::move(channel), options, *std::move(credentials), std::move(args)));
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options,
+               std::shared_ptr<grpc::ChannelCredentials> credentials,
+               grpc::ChannelArguments args)
     : channel_(std::move(channel)),
       stub_(v1::AttentionService::NewStub(channel_)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      credentials_(std::move(credentials)),
+      args_(std::move(args)) {}
 
 Client::~Client() {
   std::unique_lock<std::mutex> lock(calls_mu_);
@@ -203,6 +208,79 @@ void Client::BackwardAsync(std::shared_ptr<const v1::BackwardRequest> request,
   Call::Begin(std::move(call), [this](auto&&... args) {
     stub_->async()->Backward(std::forward<decltype(args)>(args)...);
   });
+}
+
+v1::BackwardRequest FullBackwardRequest(const v1::ForwardRequest& forward,
+                                        const v1::ForwardResponse& answer, const v1::Tensor& dout,
+                                        const ContextBackwardOptions& options) {
+  v1::BackwardRequest request;
+  *request.mutable_dout() = dout;
+  *request.mutable_q() = forward.q();
+  *request.mutable_k() = forward.k();
+  *request.mutable_v() = forward.v();
+  *request.mutable_out() = answer.out();
+  *request.mutable_lse() = answer.lse();
+  *request.mutable_cu_seqlens_q() = forward.cu_seqlens_q();
+  *request.mutable_cu_seqlens_k() = forward.cu_seqlens_k();
+  *request.mutable_options() = forward.options();
+  request.set_deterministic(options.deterministic);
+  return request;
+}
+
+v1::AttentionService::Stub* Client::StubFor(const std::string& address) {
+  if (address.empty()) return stub_.get();
+  std::lock_guard<std::mutex> lock(replicas_mu_);
+  auto& [channel, stub] = replicas_[address];
+  if (stub == nullptr) {
+    channel = grpc::CreateCustomChannel(address, credentials_, args_);
+    stub = v1::AttentionService::NewStub(channel);
+  }
+  return stub.get();
+}
+
+absl::StatusOr<v1::BackwardResponse> Client::BackwardOnContext(
+    const v1::ForwardRequest& forward, const v1::ForwardResponse& answer,
+    const v1::Tensor& dout, const ContextBackwardOptions& options) {
+  return BackwardOnContext(answer.context_id(), answer.context_address(), dout, options,
+                           [&] { return FullBackwardRequest(forward, answer, dout, options); });
+}
+
+absl::StatusOr<v1::BackwardResponse> Client::BackwardOnContext(
+    const std::string& context_id, const std::string& context_address, const v1::Tensor& dout,
+    const ContextBackwardOptions& options,
+    const std::function<v1::BackwardRequest()>& full_request) {
+  if (!context_id.empty()) {
+    v1::BackwardRequest request;
+    *request.mutable_dout() = dout;
+    request.set_context_id(context_id);
+    request.set_deterministic(options.deterministic);
+    request.set_keep_context(options.keep_context);
+    grpc::ClientContext context;
+    PrepareContext(context);
+    v1::BackwardResponse response;
+    const grpc::Status status = StubFor(context_address)->Backward(&context, request, &response);
+    if (status.ok()) return response;
+    // Anything else is the request's own fault or the server's, and would fail in full too.
+    const bool gone = status.error_code() == grpc::StatusCode::NOT_FOUND;
+    const bool replica_unreachable = !context_address.empty() &&
+                                     status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!gone && !replica_unreachable) return FromGrpc(status);
+  }
+  return Backward(full_request());
+}
+
+absl::StatusOr<bool> Client::ReleaseContext(const std::string& context_id,
+                                            const std::string& context_address) {
+  grpc::ClientContext context;
+  PrepareContext(context);
+  v1::ReleaseContextRequest request;
+  request.set_context_id(context_id);
+  v1::ReleaseContextResponse response;
+  if (absl::Status s = FromGrpc(StubFor(context_address)->ReleaseContext(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response.released();
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {

@@ -2,6 +2,10 @@
 //   attnctl info                       server version, devices, kernel families, limits
 //   attnctl forward  [--check] ...     a forward on random packed sequences
 //   attnctl backward [--check] ...     a backward on random packed sequences
+//   attnctl forward --keep_context     a forward whose context the server keeps (left to
+//                                      its TTL); prints the id
+//   attnctl backward --keep_context    the same through a saved context: a Forward that keeps
+//                                      it, then a backward that sends only dout
 // --check compares the answer with the local exact reference and fails (exit 1) beyond the
 // dtype's tolerance. TLS and bearer tokens: tools/security_flags.h.
 #include <cstdio>
@@ -34,6 +38,10 @@ ABSL_FLAG(int32_t, window_right, -1, "Sliding window to the right (-1 = unbounde
 ABSL_FLAG(double, softcap, 0.0, "Softcap (0 = off).");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed.");
 ABSL_FLAG(bool, check, false, "Compare with the local reference; exit 1 beyond tolerance.");
+ABSL_FLAG(bool, keep_context, false,
+          "forward: ask the server to keep the context (left to its TTL) and print its id. "
+          "backward: run the forward on the server keeping its context, then a backward that "
+          "sends only dout (resent in full if the server no longer has the context).");
 
 namespace attnserve {
 namespace {
@@ -108,13 +116,25 @@ int RunInfo(Client& client) {
   return 0;
 }
 
+void PrintContext(const v1::ForwardResponse& answer) {
+  if (answer.context_id().empty()) {
+    std::printf("  no context kept (over the server's context budget)\n");
+    return;
+  }
+  std::printf("  kept context %s%s%s\n", answer.context_id().c_str(),
+              answer.context_address().empty() ? "" : " on ", answer.context_address().c_str());
+}
+
 int RunForward(Client& client, const tools::Problem& problem, bool check) {
-  absl::StatusOr<v1::ForwardResponse> response = client.Forward(problem.MakeForwardRequest());
+  v1::ForwardRequest request = problem.MakeForwardRequest();
+  request.set_keep_context(absl::GetFlag(FLAGS_keep_context));
+  absl::StatusOr<v1::ForwardResponse> response = client.Forward(request);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Forward failed: %s\n", response.status().ToString().c_str());
     return 1;
   }
   PrintExecution("Forward", problem, response->execution());
+  if (request.keep_context()) PrintContext(*response);
   if (!check) return 0;
   const tools::ForwardAnswer want = tools::ReferenceForward(problem);
   const double tol = tools::Tolerance(problem.spec.dtype);
@@ -137,6 +157,39 @@ int RunBackward(Client& client, const tools::Problem& problem, bool check) {
   // Compare against the reference fed exactly what the server got (out rounded to dtype).
   const std::vector<float> sent_out = *TensorToFloats(request.out());
   const tools::BackwardAnswer want = tools::ReferenceBackward(problem, sent_out, forward.lse);
+  const double tol = tools::Tolerance(problem.spec.dtype);
+  bool ok = Report("dq", response->dq(), want.dq, tol);
+  ok = Report("dk", response->dk(), want.dk, tol) && ok;
+  ok = Report("dv", response->dv(), want.dv, tol) && ok;
+  return ok ? 0 : 1;
+}
+
+int RunBackwardOnContext(Client& client, const tools::Problem& problem, bool check) {
+  v1::ForwardRequest forward = problem.MakeForwardRequest();
+  forward.set_keep_context(true);
+  absl::StatusOr<v1::ForwardResponse> answer = client.Forward(forward);
+  if (!answer.ok()) {
+    std::fprintf(stderr, "attnctl: Forward failed: %s\n", answer.status().ToString().c_str());
+    return 1;
+  }
+  PrintExecution("Forward", problem, answer->execution());
+  PrintContext(*answer);
+  const std::vector<int64_t> shape(forward.q().shape().begin(), forward.q().shape().end());
+  absl::StatusOr<v1::Tensor> dout = MakeTensor(problem.spec.dtype, shape, problem.dout);
+  if (!dout.ok()) {
+    std::fprintf(stderr, "attnctl: %s\n", dout.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<v1::BackwardResponse> response = client.BackwardOnContext(forward, *answer, *dout);
+  if (!response.ok()) {
+    std::fprintf(stderr, "attnctl: Backward failed: %s\n", response.status().ToString().c_str());
+    return 1;
+  }
+  PrintExecution("Backward", problem, response->execution());
+  if (!check) return 0;
+  // The reference differentiates the forward the server answered (out in its dtype).
+  const tools::BackwardAnswer want = tools::ReferenceBackward(
+      problem, *TensorToFloats(answer->out()), *TensorToFloats(answer->lse()));
   const double tol = tools::Tolerance(problem.spec.dtype);
   bool ok = Report("dq", response->dq(), want.dq, tol);
   ok = Report("dk", response->dk(), want.dk, tol) && ok;
@@ -187,6 +240,7 @@ int main(int argc, char** argv) {
   }
   const attnserve::tools::Problem problem = attnserve::tools::MakeRandomProblem(*spec);
   const bool check = absl::GetFlag(FLAGS_check);
-  return command == "forward" ? attnserve::RunForward(**client, problem, check)
-                              : attnserve::RunBackward(**client, problem, check);
+  if (command == "forward") return attnserve::RunForward(**client, problem, check);
+  return absl::GetFlag(FLAGS_keep_context) ? attnserve::RunBackwardOnContext(**client, problem, check)
+                                           : attnserve::RunBackward(**client, problem, check);
 }

@@ -21,12 +21,14 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 AttentionServiceImpl::AttentionServiceImpl(engine::Engine* engine,
                                            metrics::ServerMetrics* metrics, std::string version,
-                                           CallLimits limits, const Authenticator* auth)
+                                           CallLimits limits, const Authenticator* auth,
+                                           std::string advertise_address)
     : engine_(engine),
       metrics_(metrics),
       version_(std::move(version)),
       limits_(limits),
-      auth_(auth) {}
+      auth_(auth),
+      advertise_address_(std::move(advertise_address)) {}
 
 bool AttentionServiceImpl::AcquireSlot() {
   const int64_t before = active_calls_.fetch_add(1, std::memory_order_relaxed);
@@ -127,6 +129,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   }
   job.control.deadline = deadline;
   job.control.cancelled = [context] { return context->IsCancelled(); };
+  job.control.principal = CallPrincipal(auth_, *context);
   // Optional x-attnserve-priority metadata (engine/priority.h); a value it does not know is
   // the caller's mistake, named in the answer.
   if (auto it = context->client_metadata().find(engine::kPriorityMetadataKey);
@@ -166,7 +169,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerCont
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
   return Serve<engine::ForwardJob, v1::ForwardRequest, v1::ForwardResponse>(
-      context, request, response, "Forward", DecodeForward, EncodeForward);
+      context, request, response, "Forward", DecodeForward,
+      [this](engine::ForwardResult result, v1::ForwardResponse* out) {
+        const bool kept = !result.context_id.empty();
+        const int64_t sent = EncodeForward(std::move(result), out);
+        if (kept) out->set_context_address(advertise_address_);
+        return sent;
+      });
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Backward(grpc::CallbackServerContext* context,
@@ -186,7 +195,28 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
     return reactor;
   }
   *response = BuildServerInfo(*engine_, version_, limits_);
+  response->set_address(advertise_address_);
   Finish(reactor, "GetServerInfo", start, absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ReleaseContext(
+    grpc::CallbackServerContext* context, const v1::ReleaseContextRequest* request,
+    v1::ReleaseContextResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  if (absl::Status refusal = AuthenticateCall(auth_, *context); !refusal.ok()) {
+    Finish(reactor, "ReleaseContext", start, refusal);
+    return reactor;
+  }
+  if (request->context_id().empty()) {
+    Finish(reactor, "ReleaseContext", start,
+           absl::InvalidArgumentError("context_id: must not be empty"));
+    return reactor;
+  }
+  response->set_released(
+      engine_->ReleaseContext(request->context_id(), CallPrincipal(auth_, *context)));
+  Finish(reactor, "ReleaseContext", start, absl::OkStatus());
   return reactor;
 }
 

@@ -29,10 +29,12 @@ using RawComputeService = v1::AttentionService::WithRawCallbackMethod_Forward<
 class AttentionServiceImpl final : public RawComputeService {
  public:
   // `engine`, `metrics` and `auth` must outlive the service. Every RPC needs credentials that
-  // `auth` accepts; null: none needed.
+  // `auth` accepts; null: none needed. `advertise_address` is this replica's own gRPC
+  // address ("host:port"), named in ForwardResponse.context_address and ServerInfo.address
+  // so clients spread over several replicas send a context's backward here; empty: unknown.
   AttentionServiceImpl(engine::Engine* engine, metrics::ServerMetrics* metrics,
                        std::string version, CallLimits limits = {},
-                       const Authenticator* auth = nullptr);
+                       const Authenticator* auth = nullptr, std::string advertise_address = "");
 
   // The bytes of a v1::ForwardRequest in, of a v1::ForwardResponse out.
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
@@ -45,6 +47,10 @@ class AttentionServiceImpl final : public RawComputeService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
+  // Frees the caller's saved context; released = false when it had none by that id.
+  grpc::ServerUnaryReactor* ReleaseContext(grpc::CallbackServerContext* context,
+                                           const v1::ReleaseContextRequest* request,
+                                           v1::ReleaseContextResponse* response) override;
 
  private:
   template <typename Job, typename Request, typename Response, typename Decode, typename Encode>
@@ -63,6 +69,7 @@ class AttentionServiceImpl final : public RawComputeService {
   const std::string version_;
   const CallLimits limits_;
   const Authenticator* const auth_;
+  const std::string advertise_address_;
   std::atomic<int64_t> active_calls_{0};
 };
 

@@ -74,10 +74,12 @@ void EncodeExecution(const engine::ExecutionReport& report, v1::Execution* out) 
   out->set_batched_requests(report.batched_requests);
 }
 
-// Decodes each named tensor into its view, stopping at the first error.
+// Decodes each named tensor into its view, stopping at the first error. A tensor field that is
+// not set stays an absent view (empty shape, null data): the engine decides whether it may be.
 absl::Status DecodeTensors(
     std::initializer_list<std::tuple<const v1::Tensor*, const char*, engine::TensorView*>> list) {
   for (const auto& [tensor, name, view] : list) {
+    if (tensor == nullptr) continue;
     absl::StatusOr<engine::TensorView> decoded = DecodeTensor(*tensor, name);
     if (!decoded.ok()) return decoded.status();
     *view = *std::move(decoded);
@@ -98,17 +100,20 @@ absl::StatusOr<engine::ForwardInputs> DecodeForward(const v1::ForwardRequest& re
   in.cu_seqlens_q.assign(request.cu_seqlens_q().begin(), request.cu_seqlens_q().end());
   in.cu_seqlens_k.assign(request.cu_seqlens_k().begin(), request.cu_seqlens_k().end());
   in.options = DecodeOptions(request.options());
+  in.keep_context = request.keep_context();
   return in;
 }
 
 absl::StatusOr<engine::BackwardInputs> DecodeBackward(const v1::BackwardRequest& request) {
   engine::BackwardInputs in;
-  if (absl::Status s = DecodeTensors({{&request.dout(), "dout", &in.dout},
-                                      {&request.q(), "q", &in.q},
-                                      {&request.k(), "k", &in.k},
-                                      {&request.v(), "v", &in.v},
-                                      {&request.out(), "out", &in.out},
-                                      {&request.lse(), "lse", &in.lse}});
+  auto field = [](bool set, const v1::Tensor& tensor) { return set ? &tensor : nullptr; };
+  if (absl::Status s =
+          DecodeTensors({{field(request.has_dout(), request.dout()), "dout", &in.dout},
+                         {field(request.has_q(), request.q()), "q", &in.q},
+                         {field(request.has_k(), request.k()), "k", &in.k},
+                         {field(request.has_v(), request.v()), "v", &in.v},
+                         {field(request.has_out(), request.out()), "out", &in.out},
+                         {field(request.has_lse(), request.lse()), "lse", &in.lse}});
       !s.ok()) {
     return s;
   }
@@ -116,11 +121,14 @@ absl::StatusOr<engine::BackwardInputs> DecodeBackward(const v1::BackwardRequest&
   in.cu_seqlens_k.assign(request.cu_seqlens_k().begin(), request.cu_seqlens_k().end());
   in.options = DecodeOptions(request.options());
   in.deterministic = request.deterministic();
+  in.context_id = request.context_id();
+  in.keep_context = request.keep_context();
   return in;
 }
 
 int64_t EncodeForward(engine::ForwardResult result, v1::ForwardResponse* response) {
   EncodeExecution(result.execution, response->mutable_execution());
+  response->set_context_id(std::move(result.context_id));
   return EncodeTensor(std::move(result.out), response->mutable_out()) +
          EncodeTensor(std::move(result.lse), response->mutable_lse());
 }

@@ -65,13 +65,51 @@ TEST(ProtoCodecTest, BackwardNamesItsTensors) {
   *request.mutable_k() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1}, 4);
   *request.mutable_v() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1}, 4);
   *request.mutable_out() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1}, 4);
-  absl::Status s = DecodeBackward(request).status();  // lse is missing: UNSPECIFIED dtype
+  request.mutable_lse();  // set, with an UNSPECIFIED dtype
+  absl::Status s = DecodeBackward(request).status();
   EXPECT_THAT(std::string(s.message()), HasSubstr("lse.dtype"));
   *request.mutable_lse() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1}, 4);
   request.set_deterministic(true);
   absl::StatusOr<engine::BackwardInputs> in = DecodeBackward(request);
   ASSERT_TRUE(in.ok());
   EXPECT_TRUE(in->deterministic);
+  EXPECT_FALSE(in->lse.absent());
+  EXPECT_TRUE(in->context_id.empty());
+}
+
+TEST(ProtoCodecTest, UnsetBackwardTensorsAreAbsentViews) {
+  v1::BackwardRequest request;
+  *request.mutable_dout() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1}, 4);
+  request.set_context_id("abc");
+  request.set_keep_context(true);
+  absl::StatusOr<engine::BackwardInputs> in = DecodeBackward(request);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_FALSE(in->dout.absent());
+  for (const engine::TensorView* t : {&in->q, &in->k, &in->v, &in->out, &in->lse}) {
+    EXPECT_TRUE(t->absent());
+    EXPECT_EQ(t->data, nullptr);
+    EXPECT_TRUE(t->shape.empty());
+  }
+  EXPECT_EQ(in->context_id, "abc");
+  EXPECT_TRUE(in->keep_context);
+  // Set but empty (shape [], no bytes) is present, not absent.
+  *request.mutable_q() = MakeTensor(v1::DTYPE_FLOAT32, {}, 0);
+  in = DecodeBackward(request);
+  ASSERT_TRUE(in.ok());
+  EXPECT_FALSE(in->q.absent());
+}
+
+TEST(ProtoCodecTest, ForwardCarriesKeepContextAndAnswersItsId) {
+  v1::ForwardRequest request = MakeForward();
+  request.set_keep_context(true);
+  absl::StatusOr<engine::ForwardInputs> in = DecodeForward(request);
+  ASSERT_TRUE(in.ok());
+  EXPECT_TRUE(in->keep_context);
+  engine::ForwardResult result;
+  result.context_id = "0123abcd";
+  v1::ForwardResponse response;
+  EncodeForward(std::move(result), &response);
+  EXPECT_EQ(response.context_id(), "0123abcd");
 }
 
 TEST(ProtoCodecTest, EncodeMovesResultBytes) {

@@ -62,6 +62,11 @@ app.kubernetes.io/component: server
 - --max_batch={{ int64 .Values.server.maxBatch }}
 - --cpu_threads={{ int64 .Values.server.cpuThreads }}
 - --http_threads={{ int64 .Values.server.httpThreads }}
+- --context_memory_bytes={{ int64 .Values.server.contextMemoryBytes }}
+- --context_ttl_seconds={{ int64 .Values.server.contextTtlSeconds }}
+{{- if .Values.server.advertisePodAddress }}
+- --advertise_address=$(ATTNSERVE_POD_IP):{{ int64 .Values.server.grpcPort }}
+{{- end }}
 {{- with .Values.security.tls }}
 {{- if .secretName }}
 - --tls_cert_file=/etc/attnserve/tls/tls.crt
