@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "server/devices/device_registry.h"
 #include "server/engine/attention_request.h"
+#include "server/engine/host_buffers.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/limits.h"
 #include "server/engine/priority.h"
@@ -79,6 +80,11 @@ class Engine {
     return false;
   }
   virtual ContextLimits context_limits() const { return {}; }
+
+  // Where a transport that receives request bytes itself puts them (page-locked on GPU hosts,
+  // so they cross PCIe without staging). Buffers may outlive the engine's other uses but not
+  // the engine.
+  virtual HostBuffers& host_buffers() = 0;
 
   virtual const Limits& limits() const = 0;
   virtual std::vector<devices::DeviceDescription> Devices() const = 0;

@@ -7,6 +7,7 @@
 #include "server/engine/cpu_worker.h"
 #ifdef ATTN_WITH_CUDA
 #include "server/engine/cuda_worker.h"
+#include "server/engine/pinned_host_buffers.h"
 #endif
 #include "server/engine/request_cost.h"
 #include "server/engine/request_validation.h"
@@ -28,6 +29,21 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> CreateWorker(
 #else
   return absl::UnimplementedError(absl::StrCat(device.name, ": built without CUDA support"));
 #endif
+}
+
+// Page-locked receive buffers when a GPU serves requests, else pageable ones.
+std::unique_ptr<HostBuffers> HostBuffersFor(const std::vector<devices::DeviceDescription>& devices,
+                                            const EngineOptions& options) {
+#ifdef ATTN_WITH_CUDA
+  for (const devices::DeviceDescription& device : devices) {
+    if (device.kind != devices::DeviceKind::kCpu) {
+      return std::make_unique<PinnedHostBuffers>(options.pinned_host_cache_bytes);
+    }
+  }
+#endif
+  (void)devices;
+  (void)options;
+  return std::make_unique<PageableHostBuffers>();
 }
 
 // ContextOptions::memory_bytes says why a quarter.
@@ -67,16 +83,19 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
     }
   }
   return std::unique_ptr<LocalEngine>(new LocalEngine(
-      std::move(context_metrics), std::move(contexts), std::move(workers), options, metrics));
+      std::move(context_metrics), std::move(contexts), std::move(workers),
+      HostBuffersFor(devices, options), options, metrics));
 }
 
 LocalEngine::LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metrics,
                          std::unique_ptr<ContextStore> contexts,
                          std::vector<std::unique_ptr<DeviceWorker>> workers,
-                         const EngineOptions& options, metrics::ServerMetrics* metrics)
+                         std::unique_ptr<HostBuffers> host_buffers, const EngineOptions& options,
+                         metrics::ServerMetrics* metrics)
     : context_metrics_(std::move(context_metrics)),
       contexts_(std::move(contexts)),
       workers_(std::move(workers)),
+      host_buffers_(std::move(host_buffers)),
       limits_(options.limits),
       max_queue_size_(options.max_queue_size),
       metrics_(metrics) {}

@@ -37,6 +37,7 @@ class LocalEngine : public Engine {
   int64_t InflightCount() const override { return inflight_.load(); }
   bool ReleaseContext(const std::string& context_id, const std::string& principal) override;
   ContextLimits context_limits() const override;
+  HostBuffers& host_buffers() override { return *host_buffers_; }
   const Limits& limits() const override { return limits_; }
   std::vector<devices::DeviceDescription> Devices() const override;
   std::vector<std::string> KernelFamilies() const override;
@@ -46,7 +47,8 @@ class LocalEngine : public Engine {
  private:
   LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metrics,
               std::unique_ptr<ContextStore> contexts,
-              std::vector<std::unique_ptr<DeviceWorker>> workers, const EngineOptions& options,
+              std::vector<std::unique_ptr<DeviceWorker>> workers,
+              std::unique_ptr<HostBuffers> host_buffers, const EngineOptions& options,
               metrics::ServerMetrics* metrics);
 
   // Places the job among all devices, or only on `only_device` (an index into workers_).
@@ -62,6 +64,7 @@ class LocalEngine : public Engine {
   const std::unique_ptr<metrics::ContextMetrics> context_metrics_;
   const std::unique_ptr<ContextStore> contexts_;
   const std::vector<std::unique_ptr<DeviceWorker>> workers_;
+  const std::unique_ptr<HostBuffers> host_buffers_;
   const Limits limits_;
   const int64_t max_queue_size_;
   metrics::ServerMetrics* const metrics_;

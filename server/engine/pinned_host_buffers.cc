@@ -1,0 +1,101 @@
+#include "server/engine/pinned_host_buffers.h"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace attnserve::engine {
+namespace {
+
+// Sizes are rounded up to this, so requests of nearly the same size share cached buffers.
+constexpr size_t kGranuleBytes = size_t{2} << 20;
+
+size_t RoundUp(size_t bytes) {
+  return (bytes + kGranuleBytes - 1) / kGranuleBytes * kGranuleBytes;
+}
+
+}  // namespace
+
+struct PinnedHostBuffers::Pool {
+  explicit Pool(size_t cache_bytes) : cache_bytes(cache_bytes) {}
+  ~Pool() {
+    for (auto& [size, memory] : free_buffers) cudaFreeHost(memory);
+  }
+
+  // A cached buffer of at least `bytes` and at most a quarter more (a larger one would hold
+  // memory the request does not use), or null.
+  char* Take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = free_buffers.lower_bound(bytes);
+    if (it == free_buffers.end() || it->first > bytes + bytes / 4) return nullptr;
+    char* memory = it->second;
+    cached -= it->first;
+    free_buffers.erase(it);
+    return memory;
+  }
+
+  // Keeps `memory` for reuse; beyond the cache's size the largest buffers go back to the driver.
+  void Give(char* memory, size_t bytes) {
+    std::multimap<size_t, char*> to_free;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      free_buffers.emplace(bytes, memory);
+      cached += bytes;
+      while (cached > cache_bytes && !free_buffers.empty()) {
+        auto largest = std::prev(free_buffers.end());
+        cached -= largest->first;
+        to_free.insert(*largest);
+        free_buffers.erase(largest);
+      }
+    }
+    for (auto& [size, buffer] : to_free) cudaFreeHost(buffer);
+  }
+
+  const size_t cache_bytes;
+  std::mutex mu;
+  std::multimap<size_t, char*> free_buffers;  // by size
+  size_t cached = 0;
+};
+
+namespace {
+
+class PinnedBuffer final : public HostBuffer {
+ public:
+  PinnedBuffer(std::shared_ptr<PinnedHostBuffers::Pool> pool, char* data, size_t capacity,
+               size_t size)
+      : pool_(std::move(pool)), data_(data), capacity_(capacity), size_(size) {}
+  ~PinnedBuffer() override { pool_->Give(data_, capacity_); }
+  char* data() override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  const std::shared_ptr<PinnedHostBuffers::Pool> pool_;
+  char* const data_;
+  const size_t capacity_;
+  const size_t size_;
+};
+
+}  // namespace
+
+PinnedHostBuffers::PinnedHostBuffers(size_t cache_bytes)
+    : pool_(std::make_shared<Pool>(cache_bytes)) {}
+
+PinnedHostBuffers::~PinnedHostBuffers() = default;
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> PinnedHostBuffers::Allocate(size_t bytes) {
+  const size_t capacity = RoundUp(bytes == 0 ? 1 : bytes);
+  char* memory = pool_->Take(capacity);
+  if (memory == nullptr) {
+    // Portable: any device's lane may read it (multi-GPU hosts place requests anywhere).
+    if (cudaHostAlloc(reinterpret_cast<void**>(&memory), capacity, cudaHostAllocPortable) !=
+        cudaSuccess) {
+      cudaGetLastError();  // out of page-locked memory is not sticky; serve it pageable
+      return fallback_.Allocate(bytes);
+    }
+  }
+  return std::make_unique<PinnedBuffer>(pool_, memory, capacity, bytes);
+}
+
+}  // namespace attnserve::engine
