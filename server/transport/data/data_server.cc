@@ -198,7 +198,9 @@ absl::StatusOr<std::shared_ptr<Session>> DataServer::JoinSession(
     absl::Status joined = it->second->Join(connection);
     if (joined.ok()) return it->second;
     if (!absl::IsFailedPrecondition(joined)) return joined;
-    sessions_.erase(it);  // it ended as this connection arrived: start it anew
+    // It ended as this connection arrived: start it anew (its EndSession finds nothing).
+    sessions_.erase(it);
+    data_metrics_.AddSessions(-1);
   }
   auto session = std::make_shared<Session>(id, token, &context_);
   if (absl::Status joined = session->Join(std::move(connection)); !joined.ok()) return joined;
