@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -119,6 +120,24 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
 ABSL_FLAG(bool, auth_open_health_and_metrics, true,
           "With --auth_tokens_file: leave grpc.health.v1, /healthz, /readyz and /metrics open "
           "to callers without a token (false: they need one too).");
+ABSL_FLAG(int32_t, data_port, 8002,
+          "Port of the bulk data path (raw TCP, tensors by offset over several connections; "
+          "proto/attnserve/v1/data_channel.proto) on --host; 0 = off. Off with TLS for now. A "
+          "port that cannot be bound leaves it off (logged; clients then use gRPC).");
+ABSL_FLAG(int32_t, data_max_connections, 256, "Data path connections open at once.");
+ABSL_FLAG(int32_t, data_max_connections_per_session, 16,
+          "Data path connections one session (client) may open.");
+ABSL_FLAG(int32_t, data_max_requests_per_session, 64,
+          "Data path requests one session may have in progress at once.");
+ABSL_FLAG(int64_t, data_max_chunk_bytes, int64_t{16} << 20,
+          "Largest CHUNK frame on the data path, in bytes.");
+ABSL_FLAG(int64_t, data_max_buffered_bytes, int64_t{8} << 30,
+          "Request payload bytes the data path buffers at once over all sessions; requests "
+          "past it are refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, data_transfer_timeout_seconds, 60,
+          "A data path request's payload must arrive within this many seconds of its "
+          "REQUEST; a frame that stalls, or a response the client does not read, this long "
+          "closes the connection.");
 
 namespace {
 
@@ -188,6 +207,16 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   config.auth_open_health_and_metrics = absl::GetFlag(FLAGS_auth_open_health_and_metrics);
+  attnserve::transport::data::DataServerOptions& data = config.data_channel;
+  data.host = config.host;
+  data.port = absl::GetFlag(FLAGS_data_port);
+  data.max_connections = absl::GetFlag(FLAGS_data_max_connections);
+  data.max_connections_per_session = absl::GetFlag(FLAGS_data_max_connections_per_session);
+  data.max_requests_per_session = absl::GetFlag(FLAGS_data_max_requests_per_session);
+  data.max_chunk_bytes = absl::GetFlag(FLAGS_data_max_chunk_bytes);
+  data.max_buffered_bytes = absl::GetFlag(FLAGS_data_max_buffered_bytes);
+  data.transfer_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_transfer_timeout_seconds));
+  data.response_chunk_bytes = std::min(data.response_chunk_bytes, data.max_chunk_bytes);
   if (config.tls.cert_file.empty() != config.tls.key_file.empty()) {
     return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file go together");
   }
@@ -204,6 +233,15 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   const Range ranges[] = {
       {"grpc_port", config.grpc_port, 0, 65535},
       {"http_port", config.http_port, 0, 65535},
+      {"data_port", data.port, 0, 65535},
+      {"data_max_connections", data.max_connections, 1, 65536},
+      {"data_max_connections_per_session", data.max_connections_per_session, 1, 1024},
+      {"data_max_requests_per_session", data.max_requests_per_session, 1, 1 << 20},
+      // A CHUNK's length is checked against it before any byte is read.
+      {"data_max_chunk_bytes", data.max_chunk_bytes, 64 << 10, 1 << 30},
+      {"data_max_buffered_bytes", data.max_buffered_bytes, 0, int64_t{1} << 50},
+      {"data_transfer_timeout_seconds", absl::GetFlag(FLAGS_data_transfer_timeout_seconds), 1,
+       86400},
       {"http_threads", config.http_threads, 1, 256},
       {"drain_timeout_seconds", absl::GetFlag(FLAGS_drain_timeout_seconds), 0, 86400},
       {"grpc_max_connection_age_seconds", absl::GetFlag(FLAGS_grpc_max_connection_age_seconds), 0,
@@ -285,6 +323,7 @@ int main(int argc, char** argv) {
                (*app)->http_port(), absl::StrJoin(device_names, ", ").c_str());
 
   std::fprintf(stderr, "attnserve: %s\n", (*app)->SecuritySummary().c_str());
+  std::fprintf(stderr, "attnserve: %s\n", (*app)->DataChannelSummary().c_str());
 
   int signal_number = 0;
   while (sigwait(&shutdown_signals, &signal_number) == 0 && signal_number == SIGHUP) {

@@ -76,8 +76,11 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
       engine::LocalEngine::Create(*devices, config.engine, app->metrics_.get());
   if (!engine.ok()) return engine.status();
   app->engine_ = *std::move(engine);
+  app->slots_ = std::make_unique<transport::CallSlots>(config.call_limits.max_concurrent_requests);
+  transport::CallLimits call_limits = config.call_limits;
+  app->StartDataChannel(tls.has_value(), compute_auth, &call_limits);
   app->service_ = std::make_unique<transport::AttentionServiceImpl>(
-      app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, config.call_limits,
+      app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, call_limits, app->slots_.get(),
       compute_auth, config.advertise_address);
   app->health_ = std::make_unique<transport::HealthService>(health_auth);
 
@@ -120,7 +123,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   http_options.port = config.http_port;
   http_options.num_threads = config.http_threads;
   http_options.version = ATTNSERVE_VERSION;
-  http_options.call_limits = config.call_limits;
+  http_options.call_limits = call_limits;
   http_options.request_timeout_ms = config.http_request_timeout_ms;
   http_options.max_request_bytes = config.http_max_request_bytes;
   http_options.tls = tls;
@@ -137,6 +140,34 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   app->health_->SetServing(true);
   app->ready_ = true;
   return app;
+}
+
+void ServerApp::StartDataChannel(bool tls, const transport::Authenticator* auth,
+                                 transport::CallLimits* call_limits) {
+  const transport::data::DataServerOptions& options = config_.data_channel;
+  if (options.port == 0) {
+    data_summary_ = "data channel off (--data_port=0)";
+    return;
+  }
+  if (tls) {
+    data_summary_ = "data channel off: it does not speak TLS yet, clients use gRPC";
+    return;
+  }
+  transport::data::DataServerOptions with_limits = options;
+  with_limits.max_deadline = config_.call_limits.max_deadline;
+  absl::StatusOr<std::unique_ptr<transport::data::DataServer>> data =
+      transport::data::DataServer::Start(with_limits, engine_.get(), metrics_.get(),
+                                         slots_.get(), auth);
+  if (!data.ok()) {
+    data_summary_ = absl::StrCat("data channel off: ", data.status().message(),
+                                 " (clients use gRPC)");
+    return;
+  }
+  data_ = *std::move(data);
+  call_limits->data_channel.port = data_->port();
+  call_limits->data_channel.max_chunk_bytes = options.max_chunk_bytes;
+  call_limits->data_channel.max_connections_per_session = options.max_connections_per_session;
+  data_summary_ = absl::StrCat("data channel on ", options.host, ":", data_->port());
 }
 
 ServerApp::~ServerApp() { Shutdown(); }
@@ -171,6 +202,7 @@ void ServerApp::Shutdown() {
   if (grpc_server_ != nullptr) {
     // Health checks answer NOT_SERVING from now on; load balancers stop sending work.
     health_->Shutdown();
+    if (data_ != nullptr) data_->StopAccepting();
     // The engine refuses new work with UNAVAILABLE (a clean, retryable answer) while the
     // accepted work finishes. Only then does gRPC shut down: it resets calls that arrive after
     // that point with CANCELLED, so callers get a moment to see the refusals first.
@@ -178,10 +210,15 @@ void ServerApp::Shutdown() {
       std::fprintf(stderr, "attnserve: drain timeout reached with %lld requests in flight\n",
                    static_cast<long long>(engine_->InflightCount()));
     }
+    // Answered data channel calls get as long again to send their responses.
+    if (data_ != nullptr && !data_->WaitForCalls(config_.drain_timeout)) {
+      std::fprintf(stderr, "attnserve: drain timeout reached with data channel responses unsent\n");
+    }
     absl::SleepFor(kRefusalLinger);
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + kTransportShutdownTimeout));
     grpc_server_->Wait();
   }
+  if (data_ != nullptr) data_->Stop();
   if (engine_ != nullptr) engine_->Stop();
   if (http_ != nullptr) http_->Stop();
 }

@@ -14,6 +14,8 @@
 #include "server/transport/auth/authenticator.h"
 #include "server/transport/auth/token_file_reloader.h"
 #include "server/transport/auth/token_store.h"
+#include "server/transport/call_slots.h"
+#include "server/transport/data/data_server.h"
 #include "server/transport/grpc/attention_service.h"
 #include "server/transport/grpc/health_service.h"
 #include "server/transport/http/http_server.h"
@@ -60,6 +62,11 @@ struct ServerConfig {
   // With tokens: whether grpc.health.v1, /healthz, /readyz and /metrics stay open to callers
   // without one (probes and scrapers usually have none).
   bool auth_open_health_and_metrics = true;
+  // The bulk data path (transport/data/data_server.h); data_channel.port 0: off. It is off
+  // with TLS too, until it speaks TLS. A port that cannot be bound leaves it off rather than
+  // failing startup: clients fall back to gRPC, and servers started side by side with the
+  // default port (tests, benchmarks) keep working.
+  transport::data::DataServerOptions data_channel;
 };
 
 class ServerApp {
@@ -77,6 +84,8 @@ class ServerApp {
   void ReloadTokens();
   // One line on TLS and authentication, for the startup log (names files, never secrets).
   std::string SecuritySummary() const;
+  // One line on the data path, for the startup log: where it listens, or why it is off.
+  const std::string& DataChannelSummary() const { return data_summary_; }
 
   int grpc_port() const { return grpc_port_; }
   int http_port() const { return http_->port(); }
@@ -84,12 +93,20 @@ class ServerApp {
 
  private:
   explicit ServerApp(const ServerConfig& config);
+  // Starts the data path unless it is off, and records where it listens in `call_limits`
+  // (ServerInfo.data_channel).
+  void StartDataChannel(bool tls, const transport::Authenticator* auth,
+                        transport::CallLimits* call_limits);
 
   const ServerConfig config_;
   std::unique_ptr<metrics::ServerMetrics> metrics_;
   std::unique_ptr<transport::TokenStore> tokens_;
   std::unique_ptr<transport::TokenFileReloader> token_reloader_;
   std::unique_ptr<transport::Authenticator> authenticator_;
+  // Before the engine: calls still queued when the engine stops answer into the data path.
+  std::unique_ptr<transport::CallSlots> slots_;
+  std::unique_ptr<transport::data::DataServer> data_;
+  std::string data_summary_;
   std::unique_ptr<engine::LocalEngine> engine_;
   std::unique_ptr<transport::AttentionServiceImpl> service_;
   std::unique_ptr<transport::HealthService> health_;

@@ -16,6 +16,14 @@ struct CallLimits {
   // Longest a call may stay queued: longer client deadlines are shortened to it, and calls
   // without one get it. Infinite = the client's deadline, if any.
   absl::Duration max_deadline = absl::InfiniteDuration();
+  // Where the bulk data path (transport/data) listens and what it allows, reported as
+  // ServerInfo.data_channel so clients can use it. port 0: the path is off.
+  struct DataChannel {
+    int port = 0;
+    int64_t max_chunk_bytes = 0;
+    int32_t max_connections_per_session = 0;
+  };
+  DataChannel data_channel;
 };
 
 }  // namespace attnserve::transport

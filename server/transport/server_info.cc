@@ -66,6 +66,14 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
   const engine::ContextLimits contexts = engine.context_limits();
   out_limits->set_context_memory_bytes(contexts.memory_bytes);
   out_limits->set_context_ttl_seconds(absl::ToInt64Seconds(contexts.ttl));
+  if (const CallLimits::DataChannel& data = call_limits.data_channel; data.port != 0) {
+    v1::DataChannelInfo* channel = info.mutable_data_channel();
+    channel->set_port(data.port);
+    channel->set_protocol_version(1);
+    channel->set_max_chunk_bytes(data.max_chunk_bytes);
+    channel->set_max_connections_per_session(data.max_connections_per_session);
+    channel->set_tls(false);  // the data path is served only without TLS (data_server.h)
+  }
   for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT32}) {
     info.add_dtypes(dtype);
   }

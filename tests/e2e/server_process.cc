@@ -54,9 +54,11 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
   server->client_options_ = client_options;
   server->grpc_port_ = FreePort();
   server->http_port_ = FreePort();
+  server->data_port_ = FreePort();
   std::vector<std::string> args = {"--host=127.0.0.1",
                                    "--grpc_port=" + std::to_string(server->grpc_port_),
                                    "--http_port=" + std::to_string(server->http_port_),
+                                   "--data_port=" + std::to_string(server->data_port_),
                                    "--devices=cpu"};
   for (std::string flag : extra_flags) {
     const size_t at = flag.find(kGrpcPortPlaceholder);

@@ -16,7 +16,7 @@ inline constexpr char kGrpcPortPlaceholder[] = "{grpc_port}";
 
 class ServerProcess {
  public:
-  // Starts the binary with --host=127.0.0.1, free ports, --devices=cpu and `extra_flags`, and
+  // Starts the binary with --host=127.0.0.1, free ports (data channel's included), --devices=cpu and `extra_flags`, and
   // waits until it answers GetServerInfo. Fails the current test on error.
   static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& extra_flags = {});
   // The same for servers with TLS or tokens: `client_options` is how NewClient (and the
@@ -30,6 +30,7 @@ class ServerProcess {
 
   std::string target() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
   int http_port() const { return http_port_; }
+  int data_port() const { return data_port_; }
   std::unique_ptr<Client> NewClient() const;
 
   // Sends SIGTERM and waits up to `timeout_seconds`; returns the exit code, or -1 if the
@@ -48,6 +49,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   int http_port_ = 0;
+  int data_port_ = 0;
   std::string log_path_;
 };
 

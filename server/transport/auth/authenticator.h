@@ -21,6 +21,9 @@ class Authenticator {
   // `authorization` is the value sent, absent when none was. UNAUTHENTICATED with a message
   // that says what was wrong (never echoing what was sent) when the call may not proceed.
   absl::Status Check(std::optional<absl::string_view> authorization) const;
+  // Who a caller that Check accepted is, for ownership of saved contexts: the SHA-256 of its
+  // bearer token in hex (never the token itself); empty when authentication is off.
+  std::string Principal(std::optional<absl::string_view> authorization) const;
 
  private:
   const TokenStore* const tokens_;

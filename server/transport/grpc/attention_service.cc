@@ -21,25 +21,16 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 AttentionServiceImpl::AttentionServiceImpl(engine::Engine* engine,
                                            metrics::ServerMetrics* metrics, std::string version,
-                                           CallLimits limits, const Authenticator* auth,
+                                           CallLimits limits, CallSlots* slots,
+                                           const Authenticator* auth,
                                            std::string advertise_address)
     : engine_(engine),
       metrics_(metrics),
       version_(std::move(version)),
       limits_(limits),
+      slots_(slots),
       auth_(auth),
       advertise_address_(std::move(advertise_address)) {}
-
-bool AttentionServiceImpl::AcquireSlot() {
-  const int64_t before = active_calls_.fetch_add(1, std::memory_order_relaxed);
-  if (limits_.max_concurrent_requests > 0 && before >= limits_.max_concurrent_requests) {
-    active_calls_.fetch_sub(1, std::memory_order_relaxed);
-    return false;
-  }
-  return true;
-}
-
-void AttentionServiceImpl::ReleaseSlot() { active_calls_.fetch_sub(1, std::memory_order_relaxed); }
 
 void AttentionServiceImpl::Finish(grpc::ServerUnaryReactor* reactor, const char* rpc,
                                   absl::Time start, const absl::Status& status) {
@@ -102,16 +93,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   }
   const Request& request = messages->request;
   metrics_->AddReceivedBytes(static_cast<double>(TensorBytes(request)));
-  if (!AcquireSlot()) {
-    Finish(reactor, rpc, start,
-           absl::ResourceExhaustedError(absl::StrCat(
-               "the server is already serving max_concurrent_requests = ",
-               limits_.max_concurrent_requests, " requests; retry later")));
+  if (absl::Status slot = slots_->Acquire(); !slot.ok()) {
+    Finish(reactor, rpc, start, slot);
     return reactor;
   }
   // The slot is held until the call is answered, whichever way that happens.
   auto finish = [this, reactor, rpc, start](const absl::Status& status) {
-    ReleaseSlot();
+    slots_->Release();
     Finish(reactor, rpc, start, status);
   };
   auto inputs = decode(request);

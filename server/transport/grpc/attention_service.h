@@ -6,7 +6,6 @@
 // UNIMPLEMENTED and no message (grpc/grpc#30454).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -17,6 +16,7 @@
 #include "server/metrics/server_metrics.h"
 #include "server/transport/auth/authenticator.h"
 #include "server/transport/call_limits.h"
+#include "server/transport/call_slots.h"
 
 namespace attnserve::transport {
 
@@ -28,12 +28,14 @@ using RawComputeService = v1::AttentionService::WithRawCallbackMethod_Forward<
 
 class AttentionServiceImpl final : public RawComputeService {
  public:
-  // `engine`, `metrics` and `auth` must outlive the service. Every RPC needs credentials that
-  // `auth` accepts; null: none needed. `advertise_address` is this replica's own gRPC
-  // address ("host:port"), named in ForwardResponse.context_address and ServerInfo.address
-  // so clients spread over several replicas send a context's backward here; empty: unknown.
+  // `engine`, `metrics`, `slots` and `auth` must outlive the service. `slots` is the
+  // max_concurrent_requests budget it shares with the other transports. Every RPC needs
+  // credentials that `auth` accepts; null: none needed. `advertise_address` is this replica's
+  // own gRPC address ("host:port"), named in ForwardResponse.context_address and
+  // ServerInfo.address so clients spread over several replicas send a context's backward here;
+  // empty: unknown.
   AttentionServiceImpl(engine::Engine* engine, metrics::ServerMetrics* metrics,
-                       std::string version, CallLimits limits = {},
+                       std::string version, CallLimits limits, CallSlots* slots,
                        const Authenticator* auth = nullptr, std::string advertise_address = "");
 
   // The bytes of a v1::ForwardRequest in, of a v1::ForwardResponse out.
@@ -60,17 +62,14 @@ class AttentionServiceImpl final : public RawComputeService {
                                   Decode decode, Encode encode);
   void Finish(grpc::ServerUnaryReactor* reactor, const char* rpc, absl::Time start,
               const absl::Status& status);
-  // Takes one of max_concurrent_requests' slots; false (and nothing taken) when all are used.
-  bool AcquireSlot();
-  void ReleaseSlot();
 
   engine::Engine* const engine_;
   metrics::ServerMetrics* const metrics_;
   const std::string version_;
   const CallLimits limits_;
+  CallSlots* const slots_;
   const Authenticator* const auth_;
   const std::string advertise_address_;
-  std::atomic<int64_t> active_calls_{0};
 };
 
 }  // namespace attnserve::transport

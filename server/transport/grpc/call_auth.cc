@@ -1,11 +1,7 @@
 #include "server/transport/grpc/call_auth.h"
 
-#include <openssl/sha.h>
-
 #include <optional>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 
 namespace attnserve::transport {
 
@@ -22,20 +18,11 @@ absl::Status AuthenticateCall(const Authenticator* auth,
 }
 
 std::string CallPrincipal(const Authenticator* auth, const grpc::ServerContextBase& context) {
-  if (auth == nullptr || !auth->enabled()) return "";
+  if (auth == nullptr) return "";
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return "";
-  // The token after the "Bearer " scheme that AuthenticateCall checked.
-  absl::string_view value =
-      absl::StripAsciiWhitespace(absl::string_view(it->second.data(), it->second.size()));
-  constexpr size_t kSchemeSize = 7;
-  const absl::string_view token =
-      absl::StripLeadingAsciiWhitespace(value.substr(std::min(kSchemeSize, value.size())));
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+  if (it == metadata.end()) return auth->Principal(std::nullopt);
+  return auth->Principal(absl::string_view(it->second.data(), it->second.size()));
 }
 
 }  // namespace attnserve::transport

@@ -1,0 +1,141 @@
+// The client side of the bulk data path (proto/attnserve/v1/data_channel.proto): a session of
+// N TCP connections to a server's data port (ServerInfo.data_channel), over which a call's
+// tensor bytes are striped chunk by chunk and its answer's bytes come back by offset.
+//
+// DataConnection is one connection at the frame level (tests and tools use it to speak the
+// protocol directly); DataChannelClient is the session and its calls.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "attnserve/v1/data_channel.pb.h"
+
+namespace attnserve {
+
+namespace data_channel {
+
+inline constexpr uint32_t kMagic = 0x31504441;  // "ADP1"
+inline constexpr size_t kHeaderBytes = 32;
+
+struct FrameHeader {
+  uint16_t type = 0;
+  uint16_t flags = 0;
+  uint64_t request_id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+std::string EncodeHeader(const FrameHeader& header, uint32_t magic = kMagic);
+// The header of `bytes` (kHeaderBytes of them); INTERNAL when the magic is wrong.
+absl::StatusOr<FrameHeader> DecodeHeader(const char* bytes);
+
+struct Frame {
+  FrameHeader header;
+  std::string payload;
+};
+
+class DataConnection {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataConnection>> Connect(const std::string& host,
+                                                                 int port);
+  ~DataConnection();
+
+  // Sends a header and payload pieces with sendmsg (no copy). Thread-safe: frames never
+  // interleave.
+  absl::Status SendFrame(const FrameHeader& header, absl::Span<const iovec> payload = {});
+  absl::Status SendMessage(uint16_t type, uint64_t request_id,
+                           const google::protobuf::MessageLite& message);
+  absl::Status SendRaw(absl::string_view bytes);
+
+  // Reading is for one thread at a time. UNAVAILABLE when the server closed the connection.
+  absl::StatusOr<FrameHeader> ReadHeader(absl::Duration timeout);
+  absl::Status ReadInto(char* out, size_t size, absl::Duration timeout);
+  // A whole frame with its payload (message frames; CHUNKs too, for tests).
+  absl::StatusOr<Frame> ReadFrame(absl::Duration timeout);
+
+  // Wakes a blocked reader; later calls fail.
+  void Shutdown();
+
+ private:
+  explicit DataConnection(int fd) : fd_(fd) {}
+  const int fd_;
+  std::mutex send_mu_;
+};
+
+// A call split for the data path: its REQUEST message (tensors with dtype and shape, no
+// data) and its payload, views of the request's tensor bytes in the order they travel.
+struct SplitCall {
+  v1::DataRequest request;
+  std::vector<absl::string_view> payload;
+};
+// The views point into `request`, which must outlive the result.
+SplitCall SplitForward(const v1::ForwardRequest& request);
+SplitCall SplitBackward(const v1::BackwardRequest& request);
+
+// A HELLO frame's message for `session_id` (16 bytes) and `token` (empty: none).
+v1::DataHello MakeHello(const std::string& session_id, const std::string& token);
+std::string RandomSessionId();
+
+}  // namespace data_channel
+
+struct DataChannelOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  int connections = 1;
+  std::string bearer_token;
+  int64_t chunk_bytes = int64_t{4} << 20;  // clamped to the server's max_chunk_bytes
+  absl::Duration timeout = absl::Seconds(60);  // per call
+  std::string priority;  // "high", "normal", "low"; empty: normal
+};
+
+class DataChannelClient {
+ public:
+  // Connects `options.connections` connections of one new session and says HELLO on each.
+  static absl::StatusOr<std::unique_ptr<DataChannelClient>> Open(const DataChannelOptions& options);
+  ~DataChannelClient();
+
+  // The tensor bytes travel from the request's own Tensor.data fields and arrive into the
+  // response's (as on gRPC); the request is copied once without them for its REQUEST frame.
+  absl::StatusOr<v1::ForwardResponse> Forward(const v1::ForwardRequest& request);
+  absl::StatusOr<v1::BackwardResponse> Backward(const v1::BackwardRequest& request);
+
+  // The general call: `request` without tensor data, its payload as pieces laid end to end,
+  // and buffers for the answer's tensor bytes laid end to end (sized from the shapes the
+  // caller expects). Returns the RESPONSE message (its status turned into the error).
+  absl::StatusOr<v1::DataResponse> Call(v1::DataRequest request,
+                                        const std::vector<absl::string_view>& payload,
+                                        const std::vector<absl::Span<char>>& answer);
+
+  int connections() const { return static_cast<int>(connections_.size()); }
+
+ private:
+  struct PendingCall;
+  explicit DataChannelClient(const DataChannelOptions& options) : options_(options) {}
+  void ReadLoop(data_channel::DataConnection* connection);
+  void FailAll(const absl::Status& status);
+  std::shared_ptr<PendingCall> Find(uint64_t id);
+
+  const DataChannelOptions options_;
+  int64_t chunk_bytes_ = 0;
+  std::vector<std::unique_ptr<data_channel::DataConnection>> connections_;
+  std::vector<std::thread> readers_;
+  std::atomic<uint64_t> next_id_{1};
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<PendingCall>> calls_;
+  absl::Status broken_;  // set once the session failed (mu_)
+};
+
+}  // namespace attnserve

@@ -1,0 +1,201 @@
+#include "attnserve/data_channel_client.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+namespace data_channel {
+namespace {
+
+constexpr int kSocketBufferBytes = 4 << 20;
+
+template <typename T>
+void Store(T value, char* out) {
+  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+template <typename T>
+T Load(const char* in) {
+  T value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    value |= static_cast<T>(static_cast<unsigned char>(in[i])) << (8 * i);
+  }
+  return value;
+}
+
+int Millis(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return -1;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), 1 << 30));
+}
+
+}  // namespace
+
+std::string EncodeHeader(const FrameHeader& header, uint32_t magic) {
+  std::string bytes(kHeaderBytes, '\0');
+  Store<uint32_t>(magic, bytes.data());
+  Store<uint16_t>(header.type, bytes.data() + 4);
+  Store<uint16_t>(header.flags, bytes.data() + 6);
+  Store<uint64_t>(header.request_id, bytes.data() + 8);
+  Store<uint64_t>(header.offset, bytes.data() + 16);
+  Store<uint64_t>(header.length, bytes.data() + 24);
+  return bytes;
+}
+
+absl::StatusOr<FrameHeader> DecodeHeader(const char* bytes) {
+  if (Load<uint32_t>(bytes) != kMagic) {
+    return absl::InternalError("the server sent a frame without the ADP1 magic");
+  }
+  FrameHeader header;
+  header.type = Load<uint16_t>(bytes + 4);
+  header.flags = Load<uint16_t>(bytes + 6);
+  header.request_id = Load<uint64_t>(bytes + 8);
+  header.offset = Load<uint64_t>(bytes + 16);
+  header.length = Load<uint64_t>(bytes + 24);
+  return header;
+}
+
+absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Connect(const std::string& host,
+                                                                        int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("data channel host ", host, ": ", gai_strerror(rc)));
+  }
+  std::string error = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kSocketBufferBytes, sizeof(kSocketBufferBytes));
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kSocketBufferBytes, sizeof(kSocketBufferBytes));
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      freeaddrinfo(found);
+      return std::unique_ptr<DataConnection>(new DataConnection(fd));
+    }
+    error = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return absl::UnavailableError(
+      absl::StrCat("could not connect to the data channel at ", host, ":", port, ": ", error));
+}
+
+DataConnection::~DataConnection() { close(fd_); }
+
+absl::Status DataConnection::SendFrame(const FrameHeader& header,
+                                       absl::Span<const iovec> payload) {
+  const std::string head = EncodeHeader(header);
+  std::vector<iovec> parts = {{const_cast<char*>(head.data()), head.size()}};
+  parts.insert(parts.end(), payload.begin(), payload.end());
+  std::lock_guard<std::mutex> lock(send_mu_);
+  size_t next = 0;
+  while (next < parts.size()) {
+    msghdr message{};
+    message.msg_iov = parts.data() + next;
+    message.msg_iovlen = std::min<size_t>(parts.size() - next, IOV_MAX);
+    const ssize_t n = sendmsg(fd_, &message, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(absl::StrCat("data channel send: ", std::strerror(errno)));
+    }
+    size_t sent = static_cast<size_t>(n);
+    while (next < parts.size() && sent >= parts[next].iov_len) sent -= parts[next++].iov_len;
+    if (next < parts.size()) {
+      parts[next].iov_base = static_cast<char*>(parts[next].iov_base) + sent;
+      parts[next].iov_len -= sent;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataConnection::SendMessage(uint16_t type, uint64_t request_id,
+                                         const google::protobuf::MessageLite& message) {
+  const std::string bytes = message.SerializeAsString();
+  FrameHeader header;
+  header.type = type;
+  header.request_id = request_id;
+  header.length = bytes.size();
+  const iovec part = {const_cast<char*>(bytes.data()), bytes.size()};
+  return SendFrame(header, absl::MakeConstSpan(&part, bytes.empty() ? 0 : 1));
+}
+
+absl::Status DataConnection::SendRaw(absl::string_view bytes) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+    return absl::UnavailableError(absl::StrCat("data channel send: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataConnection::ReadInto(char* out, size_t size, absl::Duration timeout) {
+  size_t got = 0;
+  while (got < size) {
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, Millis(timeout));
+    if (ready == 0) return absl::DeadlineExceededError("nothing from the data channel in time");
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
+    }
+    const ssize_t n = recv(fd_, out + got, size - got, 0);
+    if (n == 0) return absl::UnavailableError("the server closed the data channel connection");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return absl::UnavailableError(absl::StrCat("data channel recv: ", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FrameHeader> DataConnection::ReadHeader(absl::Duration timeout) {
+  char bytes[kHeaderBytes];
+  if (absl::Status s = ReadInto(bytes, kHeaderBytes, timeout); !s.ok()) return s;
+  return DecodeHeader(bytes);
+}
+
+absl::StatusOr<Frame> DataConnection::ReadFrame(absl::Duration timeout) {
+  absl::StatusOr<FrameHeader> header = ReadHeader(timeout);
+  if (!header.ok()) return header.status();
+  Frame frame;
+  frame.header = *header;
+  frame.payload.resize(header->length);
+  if (absl::Status s = ReadInto(frame.payload.data(), frame.payload.size(), timeout); !s.ok()) {
+    return s;
+  }
+  return frame;
+}
+
+void DataConnection::Shutdown() { shutdown(fd_, SHUT_RDWR); }
+
+v1::DataHello MakeHello(const std::string& session_id, const std::string& token) {
+  v1::DataHello hello;
+  hello.set_protocol_version(1);
+  hello.set_session_id(session_id);
+  hello.set_token(token);
+  return hello;
+}
+
+std::string RandomSessionId() {
+  std::random_device random;
+  std::string id(16, '\0');
+  for (char& c : id) c = static_cast<char>(random() & 0xff);
+  return id;
+}
+
+}  // namespace data_channel
+}  // namespace attnserve

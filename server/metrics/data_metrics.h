@@ -1,0 +1,45 @@
+// Metrics of the bulk data path (transport/data), registered beside ServerMetrics' in its
+// registry so /metrics shows both. Thread-safe like ServerMetrics.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace attnserve::metrics {
+
+class DataMetrics {
+ public:
+  explicit DataMetrics(prometheus::Registry& registry);
+
+  // One call per CHUNK frame's payload, received or sent.
+  void AddReceivedChunk(double bytes);
+  void AddSentChunk(double bytes);
+  void AddSessions(double delta);
+  void AddConnections(double delta);
+  void AddBufferedBytes(double delta);
+  // reason: a short label such as "bad_magic", "duplicate_chunk", "hello_timeout".
+  void RecordProtocolError(const std::string& reason);
+  // From a request's REQUEST frame to its last payload byte ("in"), from its RESPONSE being
+  // queued to its last byte sent ("out").
+  void RecordTransfer(const std::string& direction, double seconds);
+
+ private:
+  prometheus::Counter& received_bytes_;
+  prometheus::Counter& sent_bytes_;
+  prometheus::Family<prometheus::Counter>& chunks_;
+  prometheus::Counter& chunks_in_;
+  prometheus::Counter& chunks_out_;
+  prometheus::Gauge& sessions_;
+  prometheus::Gauge& connections_;
+  prometheus::Gauge& buffered_bytes_;
+  prometheus::Family<prometheus::Counter>& protocol_errors_;
+  prometheus::Family<prometheus::Histogram>& transfer_seconds_;
+};
+
+}  // namespace attnserve::metrics

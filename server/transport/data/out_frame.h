@@ -1,0 +1,57 @@
+// Frames on their way to a client, queued per connection. A message frame owns its
+// serialized protobuf; a CHUNK frame points into its response's tensor bytes (kept alive by
+// the frame), so tensor bytes are never copied into frames.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "google/protobuf/message_lite.h"
+#include "server/transport/data/data_context.h"
+#include "server/transport/data/frame.h"
+
+namespace attnserve::transport::data {
+
+// A call's answer being sent: its tensor bytes, and its slot until the last frame is sent or
+// every frame is dropped (its connections closed).
+struct OutboundResponse {
+  ~OutboundResponse();
+
+  std::unique_ptr<SlotLease> lease;
+  std::vector<std::string> tensors;
+  absl::Time queued;
+  metrics::DataMetrics* metrics = nullptr;
+  std::atomic<int64_t> unsent_frames{0};
+};
+
+struct OutFrame {
+  char header[kFrameHeaderBytes];
+  std::string message;
+  std::shared_ptr<OutboundResponse> response;  // set on a response's frames
+  const char* data = nullptr;                  // CHUNK payload, inside response->tensors
+  size_t size = 0;
+  bool last = false;  // the connection closes once this is sent (an ERROR frame)
+
+  const char* payload() const { return data != nullptr ? data : message.data(); }
+  size_t payload_size() const { return data != nullptr ? size : message.size(); }
+};
+
+// A frame carrying `message` serialized.
+OutFrame MessageFrame(v1::FrameType type, uint64_t request_id,
+                      const google::protobuf::MessageLite& message);
+// An ERROR frame for a violation (or any status), after which the connection closes.
+OutFrame ErrorFrame(const absl::Status& status);
+// A RESPONSE that only carries `status` (a refusal, a failure).
+OutFrame StatusResponseFrame(uint64_t request_id, const absl::Status& status);
+// The RESPONSE frame `message` and the CHUNK frames of `response`'s tensors (laid end to end,
+// cut at most `chunk_bytes` long, never across two tensors).
+std::vector<OutFrame> ResponseFrames(uint64_t request_id, const google::protobuf::MessageLite& message,
+                                     std::shared_ptr<OutboundResponse> response,
+                                     int64_t chunk_bytes);
+
+}  // namespace attnserve::transport::data

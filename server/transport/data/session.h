@@ -1,0 +1,111 @@
+// A data channel session: the connections that presented one session id, and the requests
+// in progress on them. Requests are keyed by the client's request_id; their chunks may come
+// on any connection of the session, and their responses are spread over all of them.
+// Thread-safe: connection threads and engine answer threads call in.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "attnserve/v1/data_channel.pb.h"
+#include "server/transport/data/chunk_tracker.h"
+#include "server/transport/data/data_context.h"
+#include "server/transport/data/out_frame.h"
+#include "server/transport/data/request_plan.h"
+
+namespace attnserve::transport::data {
+
+class Connection;
+
+// One request: from its accepted REQUEST through its payload and the engine's answer.
+struct DataCall {
+  DataCall(DataContext* context, uint64_t id, const char* rpc, absl::Time start)
+      : context(context), id(id), rpc(rpc), start(start) {}
+  ~DataCall() { ReleaseBuffer(); }
+  // The receive buffer goes back (and out of the budget) once the engine is done with it.
+  void ReleaseBuffer();
+
+  DataContext* const context;
+  const uint64_t id;
+  const char* const rpc;
+  const absl::Time start;  // when its REQUEST arrived
+  PlannedCall plan;
+  std::unique_ptr<engine::HostBuffer> buffer;  // plan.payload_bytes, reserved in the budget
+  std::unique_ptr<SlotLease> lease;
+  std::optional<ChunkTracker> tracker;
+  absl::Time transfer_deadline;
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  bool running = false;  // the payload is complete and the engine has it (session lock)
+};
+
+// The response message and the tensor bytes its CHUNKs carry.
+struct ResponseParts {
+  v1::DataResponse message;
+  std::vector<std::string> tensors;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  // `principal`: who the session's token names (Authenticator::Principal); it owns the saved
+  // contexts the session's calls keep, as on gRPC.
+  Session(std::string id, std::string principal, DataContext* context);
+
+  const std::string& principal() const { return principal_; }
+
+  // FAILED_PRECONDITION when the session has ended (the caller starts a new one),
+  // RESOURCE_EXHAUSTED when it has max_connections_per_session.
+  absl::Status Join(std::shared_ptr<Connection> connection);
+  // The connection's unsent frames go to the others; true when it was the last, which ends
+  // the session: its requests are cancelled and their buffers freed.
+  bool Leave(Connection* connection);
+  // Spreads frames over the live connections (dropped when there are none).
+  void Send(std::vector<OutFrame> frames);
+
+  // A violation when `id` names a request in progress.
+  absl::Status CheckIdFree(uint64_t id);
+  // RESOURCE_EXHAUSTED at max_requests_per_session, UNAVAILABLE when the session has ended.
+  absl::Status Register(std::shared_ptr<DataCall> call);
+  // Chunks still on their way for a refused, cancelled or failed request are dropped.
+  void Tombstone(uint64_t id);
+  // The call whose buffer the CHUNK fills, null when its bytes are to be dropped, or a
+  // violation (unknown request, wrong range or length, repeat).
+  absl::StatusOr<std::shared_ptr<DataCall>> ClaimChunk(uint64_t id, uint64_t offset,
+                                                       uint64_t length);
+  // A claimed chunk's bytes are in; the last one hands the call to the engine.
+  void ChunkArrived(const std::shared_ptr<DataCall>& call, uint64_t length);
+  // Answers a receiving call with `status` and forgets it.
+  void Fail(const std::shared_ptr<DataCall>& call, const absl::Status& status);
+  void Cancel(uint64_t id);
+  // Fails calls whose payload missed its transfer deadline.
+  void ExpireTransfers(absl::Time now);
+
+ private:
+  // call_runner.cc: hands a complete call to the engine, and sends its answer.
+  void Run(const std::shared_ptr<DataCall>& call);
+  void Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<ResponseParts> parts);
+  // Forgets `call` if it is still in progress; whether it was.
+  bool Forget(const std::shared_ptr<DataCall>& call, bool tombstone);
+
+  const std::string id_;
+  const std::string principal_;
+  DataContext* const context_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Connection>> connections_;
+  size_t next_connection_ = 0;
+  bool ended_ = false;
+  std::map<uint64_t, std::shared_ptr<DataCall>> calls_;
+  std::set<uint64_t> tombstones_;
+  std::deque<uint64_t> tombstone_order_;
+};
+
+}  // namespace attnserve::transport::data

@@ -1,0 +1,119 @@
+#include "server/transport/data/socket_io.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::transport::data {
+namespace {
+
+int PollMillis(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return -1;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(timeout), 1 << 30));
+}
+
+absl::Status ErrnoStatus(const char* what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// Waits until `fd` is readable; DEADLINE_EXCEEDED after `timeout`.
+absl::Status WaitReadable(int fd, absl::Duration timeout) {
+  pollfd p{fd, POLLIN, 0};
+  while (true) {
+    const int ready = poll(&p, 1, PollMillis(timeout));
+    if (ready > 0) return absl::OkStatus();
+    if (ready == 0) return absl::DeadlineExceededError("the peer sent nothing in time");
+    if (errno != EINTR) return ErrnoStatus("poll");
+  }
+}
+
+}  // namespace
+
+void ConfigureConnectedSocket(int fd, int buffer_bytes, absl::Duration send_timeout) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof(buffer_bytes));
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof(buffer_bytes));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  const int idle_seconds = 60, interval_seconds = 10, probes = 3;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_seconds, sizeof(idle_seconds));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_seconds, sizeof(interval_seconds));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  const timeval tv = absl::ToTimeval(send_timeout);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+absl::Status ReadExact(int fd, char* out, size_t size, absl::Duration first_byte_timeout,
+                       absl::Duration stall_timeout) {
+  size_t got = 0;
+  while (got < size) {
+    if (absl::Status ready = WaitReadable(fd, got == 0 ? first_byte_timeout : stall_timeout);
+        !ready.ok()) {
+      return ready;
+    }
+    const ssize_t n = recv(fd, out + got, size - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n == 0) {
+      return absl::UnavailableError(got == 0 ? "the peer closed the connection"
+                                             : "the peer closed the connection mid-frame");
+    } else if (errno != EINTR && errno != EAGAIN) {
+      return ErrnoStatus("recv");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Discard(int fd, size_t size, absl::Duration stall_timeout) {
+  char scratch[64 << 10];
+  while (size > 0) {
+    const size_t step = std::min(size, sizeof(scratch));
+    if (absl::Status s = ReadExact(fd, scratch, step, stall_timeout, stall_timeout); !s.ok()) {
+      return s;
+    }
+    size -= step;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendAll(int fd, const char* header, size_t header_size, const char* payload,
+                     size_t payload_size) {
+  iovec parts[2] = {{const_cast<char*>(header), header_size},
+                    {const_cast<char*>(payload), payload_size}};
+  iovec* next = parts;
+  int count = payload_size > 0 ? 2 : 1;
+  while (count > 0) {
+    msghdr message{};
+    message.msg_iov = next;
+    message.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t n = sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return absl::DeadlineExceededError("the peer did not read what was sent in time");
+      }
+      return ErrnoStatus("sendmsg");
+    }
+    size_t sent = static_cast<size_t>(n);
+    while (count > 0 && sent >= next->iov_len) {
+      sent -= next->iov_len;
+      ++next;
+      --count;
+    }
+    if (count > 0) {
+      next->iov_base = static_cast<char*>(next->iov_base) + sent;
+      next->iov_len -= sent;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::transport::data
