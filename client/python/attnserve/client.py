@@ -29,6 +29,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 MAX_RETRIES = 4
 SERVICE = "attnserve.v1.AttentionService"
 TRANSPORTS = ("auto", "grpc")
+# GetServerInfo failures that every call of this client would meet too.
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 DEFAULT_ASYNC_WORKERS = 8
 
 
@@ -302,12 +304,16 @@ class Client:
         with self._lock:
             if self._transport_decided:
                 return self._data
-            try:
-                info = self.server_info()
-            except AttentionError as error:
-                if error.code != grpc.StatusCode.UNIMPLEMENTED:
-                    return None  # this call goes over gRPC (and fails there); ask again later
-                info = None
+            info = None
+            # TLS clients stay on gRPC (see _open_data_channel): no need to ask.
+            if not self.security.uses_tls:
+                try:
+                    info = self.server_info()
+                except AttentionError as error:
+                    if error.code in _REFUSED:
+                        raise  # the call itself would be refused the same way
+                    if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                        return None  # this call goes over gRPC (and fails there); ask later
             self._data = self._open_data_channel(info)
             self._transport_decided = True
             return self._data
