@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Regenerates the committed gRPC/protobuf stubs of the attnserve package from the one proto.
+"""Regenerates the committed gRPC/protobuf stubs of the attnserve package from the protos.
 
-Run it after any change to proto/attnserve/v1/attention.proto (with the grpcio-tools version
-pinned in scripts/requirements-dev.txt); tests/python/test_stubs_current.py fails until then.
+Run it after any change to proto/attnserve/v1/*.proto (with the grpcio-tools version pinned in
+scripts/requirements-dev.txt); tests/python/test_stubs_current.py fails until then.
 """
 import argparse
 import pathlib
@@ -12,7 +12,12 @@ from grpc_tools import protoc
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO_ROOT / "proto"
-PROTO_FILE = "attnserve/v1/attention.proto"
+# Each proto and whether it declares a service (data_channel.proto only has messages: a gRPC
+# module for it would be empty).
+PROTO_FILES = (
+    ("attnserve/v1/attention.proto", True),
+    ("attnserve/v1/data_channel.proto", False),
+)
 PACKAGE_OUT = pathlib.Path(__file__).resolve().parent / "attnserve" / "_proto"
 
 # The files protoc writes, relative to the output root.
@@ -20,6 +25,8 @@ GENERATED = (
     "attnserve/v1/attention_pb2.py",
     "attnserve/v1/attention_pb2.pyi",
     "attnserve/v1/attention_pb2_grpc.py",
+    "attnserve/v1/data_channel_pb2.py",
+    "attnserve/v1/data_channel_pb2.pyi",
 )
 
 # protoc names modules relative to the proto root ("attnserve.v1"), which inside the installed
@@ -30,6 +37,12 @@ _FIXUPS = (
      "from attnserve.v1 import attention_pb2 as", "from . import attention_pb2 as"),
     ("attnserve/v1/attention_pb2.py",
      "'attnserve.v1.attention_pb2'", "'attnserve._proto.attnserve.v1.attention_pb2'"),
+    ("attnserve/v1/data_channel_pb2.py",
+     "from attnserve.v1 import attention_pb2 as", "from . import attention_pb2 as"),
+    ("attnserve/v1/data_channel_pb2.py",
+     "'attnserve.v1.data_channel_pb2'", "'attnserve._proto.attnserve.v1.data_channel_pb2'"),
+    ("attnserve/v1/data_channel_pb2.pyi",
+     "from attnserve.v1 import attention_pb2 as", "from . import attention_pb2 as"),
 )
 
 
@@ -37,17 +50,18 @@ def generate(out_dir: pathlib.Path) -> None:
     """Writes the files in GENERATED under out_dir, imports fixed for use inside the package."""
     out_dir.mkdir(parents=True, exist_ok=True)
     well_known = pathlib.Path(protoc.__file__).parent / "_proto"
-    args = [
-        "grpc_tools.protoc",
-        f"-I{PROTO_ROOT}",
-        f"-I{well_known}",
-        f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
-        f"--grpc_python_out={out_dir}",
-        PROTO_FILE,
-    ]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO_ROOT / PROTO_FILE}")
+    for proto, has_service in PROTO_FILES:
+        args = [
+            "grpc_tools.protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{well_known}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            *([f"--grpc_python_out={out_dir}"] if has_service else []),
+            proto,
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed on {PROTO_ROOT / proto}")
     for name, old, new in _FIXUPS:
         path = out_dir / name
         text = path.read_text()

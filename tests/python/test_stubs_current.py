@@ -1,4 +1,4 @@
-"""The committed stubs are exactly what generate_stubs.py makes from the current proto."""
+"""The committed stubs are exactly what generate_stubs.py makes from the current protos."""
 import importlib.util
 import pathlib
 

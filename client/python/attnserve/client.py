@@ -1,21 +1,37 @@
-"""The numpy client: packs arrays into attnserve.v1 requests and unpacks the responses."""
+"""The numpy client: Forward, Backward and saved contexts over gRPC or the data channel.
+
+gRPC is the control plane and carries everything a server without the data channel needs.
+When GetServerInfo advertises a data channel (data_channel.py), Forward and Backward move their
+tensor bytes over it instead: sent from the caller's arrays and received into arrays allocated
+(or passed in) before the request leaves, with no protobuf copy on either side.
+"""
 import json
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
 
+from . import frames
 from ._proto.attnserve.v1 import attention_pb2 as pb2
 from ._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
+from .data_channel import DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DataChannel
 from .errors import AttentionError
 from .security import Security
-from .tensors import from_tensor, to_tensor
+from .tensors import from_tensor, numpy_dtype, to_tensor, wire_array
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 # gRPC caps a retry policy at 5 attempts; more are silently treated as 5.
 MAX_RETRIES = 4
 SERVICE = "attnserve.v1.AttentionService"
+TRANSPORTS = ("auto", "grpc")
+# GetServerInfo failures that every call of this client would meet too.
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+DEFAULT_ASYNC_WORKERS = 8
 
 
 def service_config(retries: int, load_balancing: str) -> str:
@@ -58,6 +74,8 @@ class ForwardResult:
     out: np.ndarray  # [total_q, num_heads, head_dim], dtype of q
     lse: np.ndarray  # [num_heads, total_q] float32; +inf for rows that see no key
     execution: Execution
+    context_id: str = ""       # the kept context (keep_context=True); empty when none was kept
+    context_address: str = ""  # the replica holding it, when the server knows its address
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,74 @@ def backward_request(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         options=attention_options(**options), deterministic=deterministic)
 
 
+def split_host_port(address: str) -> Optional[Tuple[str, int]]:
+    """("host", port) of "host:port" or "[v6 address]:port"; None if it is neither."""
+    if address.startswith("["):
+        host, separator, port = address[1:].partition("]:")
+    else:
+        host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def target_host(target: str) -> Optional[str]:
+    """The one host a gRPC target names ("host:port", "dns:///host:port", "ipv4:a:port"), or
+    None when it names several addresses or none (unix sockets, other resolvers)."""
+    for prefix in ("dns:///", "ipv4:", "ipv6:", "dns:"):
+        if target.startswith(prefix):
+            target = target[len(prefix):]
+            break
+    else:
+        if ":/" in target or target.startswith("unix:"):
+            return None
+    if "," in target or "/" in target:
+        return None
+    parsed = split_host_port(target)
+    if parsed is not None:
+        return parsed[0]
+    return target if target and ":" not in target else None  # a bare host name
+
+
+def _output(array: Optional[np.ndarray], shape, dtype: np.dtype, name: str) -> np.ndarray:
+    """The caller's array a result is received into, checked; a fresh one when none."""
+    if array is None:
+        return np.empty(shape, dtype)
+    if array.shape != tuple(shape) or array.dtype != dtype:
+        raise ValueError(f"{name}: expected an array of shape {list(shape)} and dtype {dtype}, "
+                         f"got {list(array.shape)} {array.dtype}")
+    if not (array.flags.writeable and array.flags.c_contiguous):
+        raise ValueError(f"{name}: the array to receive into must be writable and C-contiguous")
+    return array
+
+
+def _check_answer(tensor: pb2.Tensor, expected: np.ndarray, name: str) -> None:
+    """A data channel answer's shape and dtype against the array its bytes went into."""
+    if tuple(tensor.shape) != expected.shape or numpy_dtype(tensor.dtype) != expected.dtype:
+        raise AttentionError(grpc.StatusCode.INTERNAL,
+                             f"{name}: the server answered shape {list(tensor.shape)} dtype "
+                             f"{pb2.DType.Name(tensor.dtype)}; expected {list(expected.shape)} "
+                             f"{expected.dtype}")
+
+
+def _grpc_result(tensor: pb2.Tensor, into: Optional[np.ndarray], name: str) -> np.ndarray:
+    array = from_tensor(tensor, name)
+    if into is None:
+        return array
+    _output(into, array.shape, array.dtype, name)
+    np.copyto(into, array)
+    return into
+
+
+def _shape_only(wire: np.ndarray, enum: int) -> pb2.Tensor:
+    # A data channel request's tensors carry dtype and shape; their bytes travel as chunks.
+    return pb2.Tensor(dtype=enum, shape=wire.shape)
+
+
+def _with_data(wire: np.ndarray, enum: int) -> pb2.Tensor:
+    return pb2.Tensor(dtype=enum, shape=wire.shape, data=wire.tobytes())
+
+
 class Client:
     """A connection to attnserve. Thread-safe; use one per process and share it.
 
@@ -119,13 +205,23 @@ class Client:
     time). timeout is the default deadline in seconds for every call, retries included (None: no
     deadline); each call can override it. Calls failing with UNAVAILABLE are retried up to
     `retries` times (at most 4) with exponential backoff. Failed calls raise AttentionError.
-    Arrays in results are read-only views of the response bytes (copy them to modify in place).
+
+    transport: "auto" (default) asks the server once (GetServerInfo, on the first call) whether
+    it has a data channel and, if it does, moves Forward and Backward tensors over it
+    (`data_connections` TCP connections, `chunk_bytes` per chunk, both capped by the server);
+    else, and with "grpc", everything goes over gRPC. The data channel is used when it is no
+    less secure than the channel (not yet over TLS), goes to the replica that answered
+    GetServerInfo (its advertised address, else the target's host), and needs a
+    little-endian host. Result arrays from the data channel are writable arrays of their own;
+    over gRPC they are read-only views of the response (copy them to modify in place). Both
+    write into arrays the caller passes (out=, lse=, dq=, ...) when given.
 
     Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True
     alone uses the system's roots), tls_cert_file + tls_key_file (a client certificate, for
     mTLS), server_name (the name the server's certificate carries, when not the target's host),
-    token (sent as "authorization: Bearer <token>" on every call), or a whole `security`;
-    `credentials` (grpc.ChannelCredentials) replaces the TLS settings.
+    token (sent as "authorization: Bearer <token>" on every call, and in the data channel's
+    HELLO), or a whole `security`; `credentials` (grpc.ChannelCredentials) replaces the TLS
+    settings.
     """
 
     def __init__(self, target: str = "localhost:8001", timeout: Optional[float] = None, *,
@@ -136,9 +232,14 @@ class Client:
                  security: Optional[Security] = None,
                  credentials: Optional[grpc.ChannelCredentials] = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 options: Sequence[Tuple[str, object]] = ()):
+                 options: Sequence[Tuple[str, object]] = (),
+                 transport: str = "auto", data_connections: int = DEFAULT_CONNECTIONS,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 async_workers: int = DEFAULT_ASYNC_WORKERS):
         if not 0 <= retries <= MAX_RETRIES:
             raise ValueError(f"retries must be in [0, {MAX_RETRIES}], got {retries}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if security is not None and (tls or tls_ca_file or tls_cert_file or tls_key_file
                                      or server_name or token):
             raise ValueError("pass either security or its parts (tls*, server_name, token)")
@@ -147,7 +248,17 @@ class Client:
                                 tls_key_file=tls_key_file, server_name=server_name, token=token)
         self.target = target
         self.security = security
+        self.retries = retries
+        self.transport = transport
+        self.data_connections = data_connections
+        self.chunk_bytes = chunk_bytes
+        self.async_workers = async_workers
         self._metadata = security.call_metadata()
+        # Kept to make clients of the same kind for other replicas (contexts held there).
+        self._peer_settings = dict(retries=retries, security=security, credentials=credentials,
+                                   max_message_bytes=max_message_bytes, options=tuple(options),
+                                   transport=transport, data_connections=data_connections,
+                                   chunk_bytes=chunk_bytes, async_workers=async_workers)
         if credentials is None:
             credentials = security.channel_credentials()
         # gRPC's 4 MiB default receive limit is far below one realistic attention request, and
@@ -166,44 +277,271 @@ class Client:
             self._channel = grpc.secure_channel(target, credentials, options=channel_options)
         self.stub = pb2_grpc.AttentionServiceStub(self._channel)
         self.timeout = timeout
+        self._lock = threading.Lock()
+        # Held through the first call's GetServerInfo, so apart from _lock.
+        self._transport_lock = threading.Lock()
+        self._transport_decided = transport == "grpc"
+        self._data: Optional[DataChannel] = None
+        # The gRPC address of the replica the data channel reaches, as it advertises it.
+        self._replica_address = ""
+        self._peers: Dict[str, "Client"] = {}
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    # --- transport ----------------------------------------------------------------------------
 
     def _call(self, method, request, timeout):
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout,
-                          metadata=self._metadata)
+            return method(request, timeout=self._deadline(timeout), metadata=self._metadata)
         except grpc.RpcError as error:
             raise AttentionError(error.code(), error.details()) from error
 
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        return self.timeout if timeout is None else timeout
+
+    def _data_channel(self) -> Optional[DataChannel]:
+        """The data channel, when the server has one this client may use; decided on the first
+        call (a GetServerInfo) and kept."""
+        with self._lock:
+            if self._transport_decided:
+                return self._data
+            info = None
+            # TLS clients stay on gRPC (see _open_data_channel): no need to ask.
+            if not self.security.uses_tls:
+                try:
+                    info = self.server_info()
+                except AttentionError as error:
+                    if error.code in _REFUSED:
+                        raise  # the call itself would be refused the same way
+                    if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                        return None  # this call goes over gRPC (and fails there); ask later
+            self._data = self._open_data_channel(info)
+            self._transport_decided = True
+            return self._data
+
+    def _open_data_channel(self, info: Optional[pb2.ServerInfo]) -> Optional[DataChannel]:
+        if info is None or not info.HasField("data_channel"):
+            return None
+        advertised = info.data_channel
+        # TLS on the data channel is not implemented here yet, and a TLS client must not send
+        # its tensors in the clear beside its encrypted channel.
+        if advertised.tls or self.security.uses_tls:
+            return None
+        if advertised.protocol_version != frames.PROTOCOL_VERSION or sys.byteorder != "little":
+            return None
+        if advertised.address:
+            address = split_host_port(advertised.address)
+        else:
+            host = target_host(self.target)
+            address = (host, advertised.port) if host and advertised.port else None
+        if address is None:
+            return None
+        connections = self.data_connections
+        if advertised.max_connections_per_session > 0:
+            connections = min(connections, advertised.max_connections_per_session)
+        chunk_bytes = self.chunk_bytes
+        if advertised.max_chunk_bytes > 0:
+            chunk_bytes = min(chunk_bytes, advertised.max_chunk_bytes)
+        self._replica_address = info.address
+        return DataChannel(*address, token=self.security.token, connections=connections,
+                           chunk_bytes=chunk_bytes)
+
+    def active_transport(self) -> str:
+        """"data_channel" or "grpc": where this client's Forward and Backward go now."""
+        return "grpc" if self._data_channel() is None else "data_channel"
+
+    def _data_call(self, channel: DataChannel, kind: str, message, payload, outputs, timeout):
+        """channel.call with gRPC's retry policy: UNAVAILABLE (a lost session) is retried with
+        exponential backoff within the deadline; the call is a pure function of its request."""
+        timeout = self._deadline(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for attempt in range(self.retries + 1):
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return channel.call(kind, message, payload, outputs, remaining)
+            except AttentionError as error:
+                backoff = min(2.0, 0.1 * 2 ** attempt)
+                if (error.code != grpc.StatusCode.UNAVAILABLE or attempt == self.retries
+                        or deadline is not None and time.monotonic() + backoff >= deadline):
+                    raise
+                time.sleep(backoff)
+        raise AssertionError("unreachable")
+
+    # --- calls --------------------------------------------------------------------------------
+
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
-                window_size=(-1, -1), softcap=0.0, *, timeout=None) -> ForwardResult:
+                window_size=(-1, -1), softcap=0.0, *, keep_context=False, timeout=None,
+                out: Optional[np.ndarray] = None,
+                lse: Optional[np.ndarray] = None) -> ForwardResult:
         """flash_attn_varlen_func's forward: out and lse for packed q [total_q, H, D],
-        k and v [total_k, H_k, D] (float16, float32 or bfloat16, all the same dtype)."""
-        request = forward_request(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                  softmax_scale=softmax_scale, causal=causal,
-                                  window_size=window_size, softcap=softcap)
-        response = self._call(self.stub.Forward, request, timeout)
-        return ForwardResult(out=from_tensor(response.out, "out"),
-                             lse=from_tensor(response.lse, "lse"),
-                             execution=Execution.from_proto(response.execution))
+        k and v [total_k, H_k, D] (float16, float32 or bfloat16, all the same dtype).
+
+        keep_context=True asks the server to keep what a Backward needs; the result's
+        context_id (empty if the server keeps none) then goes to backward(context_id=...), or
+        to release_context if no backward follows. out= and lse= are arrays to write the
+        results into (C-contiguous, writable, of the results' shapes and dtypes)."""
+        options = attention_options(softmax_scale=softmax_scale, causal=causal,
+                                    window_size=window_size, softcap=softcap)
+        (q_enum, q_wire), (k_enum, k_wire), (v_enum, v_wire) = (
+            wire_array(q, "q"), wire_array(k, "k"), wire_array(v, "v"))
+        offsets = dict(cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
+                       cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"))
+        # Malformed shapes go to gRPC, whose answer names the field; the data channel must size
+        # the answer before it asks.
+        channel = self._data_channel() if q_wire.ndim == 3 else None
+        if channel is None:
+            request = pb2.ForwardRequest(q=_with_data(q_wire, q_enum),
+                                         k=_with_data(k_wire, k_enum),
+                                         v=_with_data(v_wire, v_enum), options=options,
+                                         keep_context=keep_context, **offsets)
+            response = self._call(self.stub.Forward, request, timeout)
+            result_out = _grpc_result(response.out, out, "out")
+            result_lse = _grpc_result(response.lse, lse, "lse")
+        else:
+            request = pb2.ForwardRequest(q=_shape_only(q_wire, q_enum),
+                                         k=_shape_only(k_wire, k_enum),
+                                         v=_shape_only(v_wire, v_enum), options=options,
+                                         keep_context=keep_context, **offsets)
+            total_q, heads = q_wire.shape[:2]
+            result_out = _output(out, q_wire.shape, numpy_dtype(q_enum), "out")
+            result_lse = _output(lse, (heads, total_q), np.dtype(np.float32), "lse")
+            response = self._data_call(channel, "forward", request, [q_wire, k_wire, v_wire],
+                                       [result_out, result_lse], timeout)
+            _check_answer(response.out, result_out, "out")
+            _check_answer(response.lse, result_lse, "lse")
+        return ForwardResult(out=result_out, lse=result_lse,
+                             execution=Execution.from_proto(response.execution),
+                             context_id=response.context_id,
+                             context_address=response.context_address)
 
     def backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale=None,
                  causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False, *,
-                 timeout=None) -> BackwardResult:
-        """Gradients dq, dk, dv given dout and the forward's out and lse (float32)."""
-        request = backward_request(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                   deterministic=deterministic, softmax_scale=softmax_scale,
-                                   causal=causal, window_size=window_size, softcap=softcap)
-        response = self._call(self.stub.Backward, request, timeout)
-        return BackwardResult(dq=from_tensor(response.dq, "dq"),
-                              dk=from_tensor(response.dk, "dk"),
-                              dv=from_tensor(response.dv, "dv"),
-                              execution=Execution.from_proto(response.execution))
+                 context_id: str = "", context_address: str = "", keep_context: bool = False,
+                 timeout=None, dq: Optional[np.ndarray] = None, dk: Optional[np.ndarray] = None,
+                 dv: Optional[np.ndarray] = None) -> BackwardResult:
+        """Gradients dq, dk, dv given dout and the forward's out and lse (float32).
+
+        With a context_id (and the context_address) of a forward that kept one, only dout is
+        sent, to the replica holding the context; q, k and v are then read for their shapes
+        only, and out and lse not at all, unless the server no longer has the context
+        (NOT_FOUND): then the whole request is sent, without the caller noticing. So they may
+        be anything with .shape whose np.asarray() makes the array, fetched only then. The
+        context is released unless keep_context. dq=, dk=, dv= are arrays to write into."""
+        options = attention_options(softmax_scale=softmax_scale, causal=causal,
+                                    window_size=window_size, softcap=softcap)
+        full = dict(q=q, k=k, v=v, out=out, lse=lse,
+                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, options=options)
+        outputs = dict(dq=dq, dk=dk, dv=dv)
+        if not context_id:
+            return self._backward(dout, full, deterministic, "", False, timeout, outputs)
+        route = self._for_context(context_address)
+        try:
+            return route._backward(dout, dict(q=q, k=k, v=v), deterministic, context_id,
+                                   keep_context, timeout, outputs)
+        except AttentionError as error:
+            if error.code == grpc.StatusCode.NOT_FOUND:
+                fallback = route
+            elif error.code == grpc.StatusCode.UNAVAILABLE and route is not self:
+                fallback = self  # the replica holding the context is gone; any one will do
+            else:
+                raise
+        return fallback._backward(dout, full, deterministic, "", False, timeout, outputs)
+
+    def _backward(self, dout, inputs, deterministic, context_id, keep_context, timeout,
+                  outputs) -> BackwardResult:
+        """One Backward: with a context_id, `inputs` holds q, k, v for their shapes only; else
+        every input of a full request."""
+        dout_enum, dout_wire = wire_array(dout, "dout")
+        shapes = [tuple(inputs[name].shape) for name in ("q", "k", "v")]
+        names = ("dout",) if context_id else ("dout", "q", "k", "v", "out", "lse")
+        wires = {"dout": (dout_enum, dout_wire)}
+        wires.update((name, wire_array(inputs[name], name)) for name in names[1:])
+        fields = dict(deterministic=deterministic, context_id=context_id,
+                      keep_context=keep_context)
+        if not context_id:
+            fields.update(cu_seqlens_q=_offsets(inputs["cu_seqlens_q"], "cu_seqlens_q"),
+                          cu_seqlens_k=_offsets(inputs["cu_seqlens_k"], "cu_seqlens_k"),
+                          options=inputs["options"])
+        channel = self._data_channel() if all(len(s) == 3 for s in shapes) else None
+        if channel is None:
+            request = pb2.BackwardRequest(
+                **{name: _with_data(wire, enum) for name, (enum, wire) in wires.items()},
+                **fields)
+            response = self._call(self.stub.Backward, request, timeout)
+            grads = {name: _grpc_result(getattr(response, name), outputs[name], name)
+                     for name in ("dq", "dk", "dv")}
+        else:
+            request = pb2.BackwardRequest(
+                **{name: _shape_only(wire, enum) for name, (enum, wire) in wires.items()},
+                **fields)
+            dtype = numpy_dtype(dout_enum)  # the server requires dout's dtype to be q's
+            grads = {name: _output(outputs[name], shape, dtype, name)
+                     for name, shape in zip(("dq", "dk", "dv"), shapes)}
+            response = self._data_call(channel, "backward", request,
+                                       [wire for _, wire in wires.values()],
+                                       list(grads.values()), timeout)
+            for name, array in grads.items():
+                _check_answer(getattr(response, name), array, name)
+        return BackwardResult(execution=Execution.from_proto(response.execution), **grads)
+
+    def release_context(self, context_id: str, *, context_address: str = "",
+                        timeout=None) -> bool:
+        """Frees a context that no backward will use; False if the server had no such context
+        (already used, released, expired or evicted)."""
+        route = self._for_context(context_address)
+        response = route._call(route.stub.ReleaseContext,
+                               pb2.ReleaseContextRequest(context_id=context_id), timeout)
+        return response.released
+
+    def _for_context(self, address: str) -> "Client":
+        """The client whose calls reach the replica at `address` (this one, unless the target
+        spreads calls over several replicas and the context lives on another)."""
+        if not address or address in (self.target, self._replica_address):
+            return self
+        with self._lock:
+            peer = self._peers.get(address)
+            if peer is None:
+                peer = self._peers[address] = Client(address, self.timeout,
+                                                     load_balancing="pick_first",
+                                                     **self._peer_settings)
+            return peer
+
+    # --- async --------------------------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.async_workers,
+                                                thread_name_prefix="attnserve-call")
+            return self._pool
+
+    def forward_async(self, *args, **kwargs) -> "Future[ForwardResult]":
+        """forward(...) run in the background (at most async_workers calls at once, the rest
+        queued); the arguments must stay unchanged until the future is done."""
+        return self._executor().submit(self.forward, *args, **kwargs)
+
+    def backward_async(self, *args, **kwargs) -> "Future[BackwardResult]":
+        """backward(...) run in the background, as forward_async."""
+        return self._executor().submit(self.backward, *args, **kwargs)
+
+    # --- the rest -----------------------------------------------------------------------------
 
     def server_info(self, *, timeout=None) -> pb2.ServerInfo:
         """Version, devices, kernel families and limits, as the attnserve.v1.ServerInfo proto."""
         return self._call(self.stub.GetServerInfo, pb2.GetServerInfoRequest(), timeout)
 
     def close(self) -> None:
+        with self._transport_lock:
+            data, self._data = self._data, None
+            self._transport_decided = True
+        with self._lock:
+            pool, self._pool = self._pool, None
+            peers, self._peers = list(self._peers.values()), {}
+        if pool is not None:
+            pool.shutdown(wait=False)
+        for peer in peers:
+            peer.close()
+        if data is not None:
+            data.close()
         self._channel.close()
 
     def __enter__(self) -> "Client":

@@ -1,4 +1,6 @@
 """Conversion between numpy arrays and attnserve.v1.Tensor (row-major little-endian bytes)."""
+from typing import Tuple
+
 import numpy as np
 from ml_dtypes import bfloat16
 
@@ -22,8 +24,10 @@ def _native(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.kind == "f" else dtype
 
 
-def to_tensor(array, name: str) -> pb2.Tensor:
-    """Packs a float16, float32 or ml_dtypes.bfloat16 array of any layout or byte order."""
+def wire_array(array, name: str) -> Tuple[int, np.ndarray]:
+    """(wire dtype enum, the array's values C-contiguous in the wire's byte order), for a
+    float16, float32 or ml_dtypes.bfloat16 array of any layout or byte order. Copies only when
+    the layout or byte order needs it."""
     array = np.asarray(array)
     dtype = _native(array.dtype)
     if dtype not in _TO_WIRE:
@@ -32,10 +36,31 @@ def to_tensor(array, name: str) -> pb2.Tensor:
     enum, wire = _TO_WIRE[dtype]
     if dtype == bfloat16:
         bits = np.ascontiguousarray(array).view(np.uint16)
-        data = np.ascontiguousarray(bits, dtype=wire)
-    else:
-        data = np.ascontiguousarray(array, dtype=wire)
-    return pb2.Tensor(dtype=enum, shape=array.shape, data=data.tobytes())
+        return enum, np.ascontiguousarray(bits, dtype=wire)
+    return enum, np.ascontiguousarray(array, dtype=wire)
+
+
+def to_tensor(array, name: str) -> pb2.Tensor:
+    """Packs a float16, float32 or ml_dtypes.bfloat16 array of any layout or byte order."""
+    enum, data = wire_array(array, name)
+    return pb2.Tensor(dtype=enum, shape=data.shape, data=data.tobytes())
+
+
+def numpy_dtype(enum: int) -> np.dtype:
+    """The numpy dtype a response tensor of wire dtype `enum` is returned in."""
+    return _FROM_WIRE[enum][0]
+
+
+def wire_enum(dtype) -> int:
+    return _TO_WIRE[_native(np.dtype(dtype))][0]
+
+
+def byte_view(array: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array as a flat memoryview, without copying (numpy cannot
+    export ml_dtypes' bfloat16 through the buffer protocol, hence the uint8 view)."""
+    if not array.flags.c_contiguous:
+        raise ValueError("byte_view needs a C-contiguous array")
+    return memoryview(array.reshape(-1).view(np.uint8))
 
 
 def from_tensor(tensor: pb2.Tensor, name: str) -> np.ndarray:

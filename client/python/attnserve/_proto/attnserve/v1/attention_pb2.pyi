@@ -43,33 +43,39 @@ class AttentionOptions(_message.Message):
     def __init__(self, softmax_scale: _Optional[float] = ..., causal: bool = ..., window_left: _Optional[int] = ..., window_right: _Optional[int] = ..., softcap: _Optional[float] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "options")
+    __slots__ = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "options", "keep_context")
     Q_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     V_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_Q_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_K_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     q: Tensor
     k: Tensor
     v: Tensor
     cu_seqlens_q: _containers.RepeatedScalarFieldContainer[int]
     cu_seqlens_k: _containers.RepeatedScalarFieldContainer[int]
     options: AttentionOptions
-    def __init__(self, q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ...) -> None: ...
+    keep_context: bool
+    def __init__(self, q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ..., keep_context: bool = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
-    __slots__ = ("out", "lse", "execution")
+    __slots__ = ("out", "lse", "execution", "context_id", "context_address")
     OUT_FIELD_NUMBER: _ClassVar[int]
     LSE_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     out: Tensor
     lse: Tensor
     execution: Execution
-    def __init__(self, out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
+    context_id: str
+    context_address: str
+    def __init__(self, out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., context_id: _Optional[str] = ..., context_address: _Optional[str] = ...) -> None: ...
 
 class BackwardRequest(_message.Message):
-    __slots__ = ("dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "options", "deterministic")
+    __slots__ = ("dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "options", "deterministic", "context_id", "keep_context")
     DOUT_FIELD_NUMBER: _ClassVar[int]
     Q_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +86,8 @@ class BackwardRequest(_message.Message):
     CU_SEQLENS_K_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     dout: Tensor
     q: Tensor
     k: Tensor
@@ -90,7 +98,9 @@ class BackwardRequest(_message.Message):
     cu_seqlens_k: _containers.RepeatedScalarFieldContainer[int]
     options: AttentionOptions
     deterministic: bool
-    def __init__(self, dout: _Optional[_Union[Tensor, _Mapping]] = ..., q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ..., deterministic: bool = ...) -> None: ...
+    context_id: str
+    keep_context: bool
+    def __init__(self, dout: _Optional[_Union[Tensor, _Mapping]] = ..., q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ..., deterministic: bool = ..., context_id: _Optional[str] = ..., keep_context: bool = ...) -> None: ...
 
 class BackwardResponse(_message.Message):
     __slots__ = ("dq", "dk", "dv", "execution")
@@ -117,6 +127,18 @@ class Execution(_message.Message):
     compute_us: int
     batched_requests: int
     def __init__(self, device: _Optional[str] = ..., kernel: _Optional[str] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batched_requests: _Optional[int] = ...) -> None: ...
+
+class ReleaseContextRequest(_message.Message):
+    __slots__ = ("context_id",)
+    CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    context_id: str
+    def __init__(self, context_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseContextResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: bool = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
@@ -163,7 +185,7 @@ class KernelRoute(_message.Message):
     def __init__(self, family: _Optional[str] = ..., direction: _Optional[str] = ..., dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., min_head_dim: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., head_dim_multiple: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch", "max_concurrent_requests", "max_deadline_seconds")
+    __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch", "max_concurrent_requests", "max_deadline_seconds", "context_memory_bytes", "context_ttl_seconds")
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +193,8 @@ class ServerLimits(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     max_message_bytes: int
     max_total_tokens: int
     max_head_dim: int
@@ -178,18 +202,40 @@ class ServerLimits(_message.Message):
     max_batch: int
     max_concurrent_requests: int
     max_deadline_seconds: int
-    def __init__(self, max_message_bytes: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., max_num_heads: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_concurrent_requests: _Optional[int] = ..., max_deadline_seconds: _Optional[int] = ...) -> None: ...
+    context_memory_bytes: int
+    context_ttl_seconds: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., max_num_heads: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_concurrent_requests: _Optional[int] = ..., max_deadline_seconds: _Optional[int] = ..., context_memory_bytes: _Optional[int] = ..., context_ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class DataChannelInfo(_message.Message):
+    __slots__ = ("port", "address", "protocol_version", "max_chunk_bytes", "max_connections_per_session", "tls")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONNECTIONS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    address: str
+    protocol_version: int
+    max_chunk_bytes: int
+    max_connections_per_session: int
+    tls: bool
+    def __init__(self, port: _Optional[int] = ..., address: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., max_connections_per_session: _Optional[int] = ..., tls: bool = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "devices", "kernel_families", "limits", "dtypes")
+    __slots__ = ("version", "devices", "kernel_families", "limits", "dtypes", "data_channel", "address")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     KERNEL_FAMILIES_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     DTYPES_FIELD_NUMBER: _ClassVar[int]
+    DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     version: str
     devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
     kernel_families: _containers.RepeatedScalarFieldContainer[str]
     limits: ServerLimits
     dtypes: _containers.RepeatedScalarFieldContainer[DType]
-    def __init__(self, version: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., kernel_families: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., dtypes: _Optional[_Iterable[_Union[DType, str]]] = ...) -> None: ...
+    data_channel: DataChannelInfo
+    address: str
+    def __init__(self, version: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., kernel_families: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., data_channel: _Optional[_Union[DataChannelInfo, _Mapping]] = ..., address: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,11 @@ class AttentionServiceStub(object):
                 request_serializer=attnserve_dot_v1_dot_attention__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_attention__pb2.ServerInfo.FromString,
                 _registered_method=True)
+        self.ReleaseContext = channel.unary_unary(
+                '/attnserve.v1.AttentionService/ReleaseContext',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.ReleaseContextRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.ReleaseContextResponse.FromString,
+                _registered_method=True)
 
 
 class AttentionServiceServicer(object):
@@ -73,6 +78,12 @@ class AttentionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseContext(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AttentionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +101,11 @@ def add_AttentionServiceServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=attnserve_dot_v1_dot_attention__pb2.GetServerInfoRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_attention__pb2.ServerInfo.SerializeToString,
+            ),
+            'ReleaseContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseContext,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.ReleaseContextRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.ReleaseContextResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +189,33 @@ class AttentionService(object):
             '/attnserve.v1.AttentionService/GetServerInfo',
             attnserve_dot_v1_dot_attention__pb2.GetServerInfoRequest.SerializeToString,
             attnserve_dot_v1_dot_attention__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnserve.v1.AttentionService/ReleaseContext',
+            attnserve_dot_v1_dot_attention__pb2.ReleaseContextRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.ReleaseContextResponse.FromString,
             options,
             channel_credentials,
             insecure,
