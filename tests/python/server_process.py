@@ -65,7 +65,8 @@ class ServerProcess:
     def __init__(self, binary: pathlib.Path, flags: Optional[Dict[str, object]] = None):
         self.binary = binary
         self.flags = dict(flags or {})
-        self.grpc_port, self.http_port = _free_ports(2)
+        # Each server its own data channel port: tests run servers side by side.
+        self.grpc_port, self.http_port, self.data_port = _free_ports(3)
         self.target = f"127.0.0.1:{self.grpc_port}"
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         # A file, not a pipe: nobody drains a pipe while tests run, and a full one blocks the
@@ -79,7 +80,8 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         command = [str(self.binary), f"--grpc_port={self.grpc_port}",
-                   f"--http_port={self.http_port}", "--devices=cpu", "--host=127.0.0.1"]
+                   f"--http_port={self.http_port}", f"--data_port={self.data_port}",
+                   "--devices=cpu", "--host=127.0.0.1"]
         command += [f"--{name}={value}" for name, value in self.flags.items()]
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + READY_TIMEOUT_S
