@@ -141,10 +141,18 @@ absl::StatusOr<PlannedCall> PlanCall(const v1::DataRequest& request, const engin
     if (!priority.ok()) return priority.status();
     call.priority = *priority;
   }
-  const absl::Status valid =
-      call.backward() ? engine::ValidateBackward(std::get<1>(call.inputs), limits)
-                      : engine::ValidateForward(std::get<0>(call.inputs), limits);
-  if (!valid.ok()) return valid;
+  // A backward on a saved context is checked by the engine once it has filled the context's
+  // tensors in (Enqueue); here its payload size, from dout's shape, is all there is to check.
+  if (call.backward()) {
+    const engine::BackwardInputs& inputs = std::get<engine::BackwardInputs>(call.inputs);
+    if (inputs.context_id.empty()) {
+      if (absl::Status valid = engine::ValidateBackward(inputs, limits); !valid.ok()) return valid;
+    }
+  } else if (absl::Status valid = engine::ValidateForward(
+                 std::get<engine::ForwardInputs>(call.inputs), limits);
+             !valid.ok()) {
+    return valid;
+  }
   return call;
 }
 
