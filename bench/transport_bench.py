@@ -131,6 +131,9 @@ def main() -> int:
     parser.add_argument("--seqlen", type=int, default=64)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--before", action="store_true",
+                        help="measure only the raw sockets and the drop-in, with an older "
+                             "attnserve package on PYTHONPATH (its Client takes no transport)")
     parser.add_argument("--skip-grpc", action="store_true",
                         help="leave out the gRPC rows (slow at these sizes)")
     args = parser.parse_args()
@@ -142,11 +145,16 @@ def main() -> int:
         rows.append((f"raw socket, {connections} connection(s), one way",
                      f"{args.raw_bytes / 1e6:.0f} MB", "", f"{raw[connections]:.2f}", ""))
 
-    fast = attnserve.Client(args.target, timeout=600, data_connections=args.connections)
-    slow = attnserve.Client(args.target, timeout=600, transport="grpc")
-    transport = fast.active_transport()
+    if args.before:
+        # An older attnserve package on PYTHONPATH: its only path, for a before/after.
+        fast = slow = attnserve.Client(args.target, timeout=600)
+        transport = "before"
+    else:
+        fast = attnserve.Client(args.target, timeout=600, data_connections=args.connections)
+        slow = attnserve.Client(args.target, timeout=600, transport="grpc")
+        transport = fast.active_transport()
     clients = [("data channel", fast)] if transport == "data_channel" else []
-    if not args.skip_grpc:
+    if not args.skip_grpc and not args.before:
         clients.append(("gRPC", slow))
     for name, client in clients:
         seconds, payload = numpy_forward(client, args.tokens, args.seqlen, args.heads, args.dim,
@@ -163,7 +171,7 @@ def main() -> int:
     if cuda:
         ideal = DROPIN_TARGET_BYTES / (raw[1] * 1e9)
         dropin = [(f"torch drop-in fwd+bwd, {transport.replace('_', ' ')}", fast)]
-        if not args.skip_grpc and transport != "grpc":
+        if not args.skip_grpc and transport not in ("grpc", "before"):
             dropin.append(("torch drop-in fwd+bwd, gRPC", slow))
         for name, client in dropin:
             seconds = dropin_step(client, args.repeats)
@@ -171,7 +179,8 @@ def main() -> int:
                          f"{DROPIN_TARGET_BYTES / seconds / 1e9:.2f}",
                          f"{seconds / ideal:.2f}x (537 MB / raw = {ideal:.3f} s)"))
     fast.close()
-    slow.close()
+    if slow is not fast:
+        slow.close()
 
     print(f"server {args.target}, client transport {transport}, {args.repeats} repeats "
           "(medians)\n")

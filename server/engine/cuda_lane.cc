@@ -94,15 +94,21 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     size_t workspace_bytes,
     const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
     std::unique_ptr<KeptDeviceMemory>* keep) {
-  // One layout for pinned and device memory: [inputs | outputs | workspace (device only)].
-  std::vector<size_t> input_offsets, input_sizes, output_offsets;
-  size_t end = 0;
-  for (const GatheredInput& in : inputs) {
+  // Device memory: [inputs | outputs | workspace]. Pinned memory: [staged inputs | outputs]:
+  // an input that arrived in page-locked memory (the data channel's receive buffers) crosses
+  // PCIe from where it is, so it takes no staging space and is not copied once more.
+  std::vector<size_t> input_offsets, input_sizes, staged_offsets, output_offsets;
+  std::vector<const char*> in_place(inputs.size());
+  size_t end = 0, staged_end = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
     size_t size = 0;
-    for (const HostBytes& piece : in) size += piece.size;
+    for (const HostBytes& piece : inputs[i]) size += piece.size;
     input_offsets.push_back(end);
     input_sizes.push_back(size);
     end += AlignUp(size);
+    in_place[i] = PinnedSource(inputs[i]);
+    staged_offsets.push_back(staged_end);
+    if (in_place[i] == nullptr) staged_end += AlignUp(size);
   }
   const size_t outputs_begin = end;
   for (size_t size : output_sizes) {
@@ -110,10 +116,11 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     end += AlignUp(size);
   }
   const size_t workspace_offset = end;
-  const size_t pinned_end = end;
+  const size_t outputs_bytes = end - outputs_begin;
   end += AlignUp(workspace_bytes);
 
-  if (absl::Status s = ReservePinned(pinned_end); !s.ok()) return s;
+  if (absl::Status s = ReservePinned(staged_end + outputs_bytes); !s.ok()) return s;
+  char* const pinned_outputs = pinned_ + staged_end;
   char* device = nullptr;
   ATTN_RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&device), end, stream_));
   DeviceBuffers buffers;
@@ -127,12 +134,10 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     const absl::Time stage_start = absl::Now();
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (input_sizes[i] == 0) continue;
-      // An input that arrived in page-locked memory (the data channel's receive buffers)
-      // crosses PCIe from where it is: staging it would only copy it once more.
-      const char* source = PinnedSource(inputs[i]);
+      const char* source = in_place[i];
       if (source == nullptr) {
-        gather_->Gather(inputs[i], pinned_ + input_offsets[i]);
-        source = pinned_ + input_offsets[i];
+        gather_->Gather(inputs[i], pinned_ + staged_offsets[i]);
+        source = pinned_ + staged_offsets[i];
       }
       // This input crosses PCIe while the next one is gathered.
       ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device + input_offsets[i], source,
@@ -144,9 +149,8 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_start_, stream_));
     if (absl::Status s = launch(buffers, stream_); !s.ok()) return s;
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_end_, stream_));
-    ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pinned_ + outputs_begin, device + outputs_begin,
-                                              pinned_end - outputs_begin, cudaMemcpyDeviceToHost,
-                                              stream_));
+    ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pinned_outputs, device + outputs_begin,
+                                              outputs_bytes, cudaMemcpyDeviceToHost, stream_));
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   };
   absl::Status status = stage_launch_copy();
@@ -164,7 +168,9 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     return status;
   }
   run.device_seconds = absl::ToDoubleSeconds(absl::Now() - stage_end);
-  for (size_t offset : output_offsets) run.outputs.push_back(pinned_ + offset);
+  for (size_t offset : output_offsets) {
+    run.outputs.push_back(pinned_outputs + (offset - outputs_begin));
+  }
   cudaEventElapsedTime(&run.kernel_ms, kernel_start_, kernel_end_);
   return run;
 }
