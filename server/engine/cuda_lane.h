@@ -1,10 +1,10 @@
 // One lane of a CUDA device worker: a stream, kernel-timing events, a pinned staging buffer and
 // the threads that gather into it. Run() takes a request (or a batch of them) through the lane:
-// each input gathered from its pieces straight into pinned memory by several threads (or
-// read where it is when it arrived in page-locked memory), its copy
-// to the device issued at once so it overlaps the staging of the next, the kernel launch, every output back in one copy, left in pinned memory
-// for the caller to split. Device memory comes from the device's stream-ordered pool and goes
-// back to it whatever happens.
+// each input gathered from its pieces straight into pinned memory by several threads (or read
+// where it is when it arrived in page-locked memory), its copy to the device issued at once so
+// it overlaps the staging of the next, the kernel launch, every output back in one copy, left in
+// pinned memory for the caller to split. Device memory comes from the device's stream-ordered
+// pool and goes back to it whatever happens.
 #pragma once
 
 #include <cuda_runtime_api.h>
