@@ -295,6 +295,11 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
     runner->clients_.push_back(*std::move(client));
   }
 
+  // Before the pool is built: a transport the server cannot offer fails at once.
+  absl::StatusOr<std::optional<DataChannelOptions>> data = tools::ChooseDataChannel(
+      config.transport, config.target, runner->server_info_, config.tls.enabled);
+  if (!data.ok()) return data.status();
+
   const std::vector<SequenceLengths> shapes =
       config.seqlens.empty() ? SampleShapes(config.shape, config.pool_size, config.seed)
                              : SelectRequests(config.seqlens, config.pool_size);
@@ -316,9 +321,6 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
   if (!pool.ok()) return pool.status();
   runner->pool_ = *std::move(pool);
 
-  absl::StatusOr<std::optional<DataChannelOptions>> data = tools::ChooseDataChannel(
-      config.transport, config.target, runner->server_info_, config.tls.enabled);
-  if (!data.ok()) return data.status();
   if (*data) {
     (*data)->connections = config.data_connections;
     (*data)->bearer_token = config.bearer_token;
