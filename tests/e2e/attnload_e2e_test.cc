@@ -154,6 +154,64 @@ TEST_F(AttnloadE2ETest, CheckModeVerifiesForwardAndBackwardWithoutMismatches) {
   EXPECT_THAT(result.output, HasSubstr("0 mismatched"));
 }
 
+TEST_F(AttnloadE2ETest, DataChannelAndGrpcCarryTheSamePayloadAndSayWhichRan) {
+  // One forward of 64 tokens, 2 heads of 16 (bf16): q, k, v and out of 4096 bytes, lse 512.
+  const int64_t forward_bytes = 4 * 4096 + 512;
+  for (const std::string transport : {"data", "grpc", "auto"}) {
+    const std::string json = TempPath("transport_" + transport + ".json");
+    const ProcessResult result = RunAttnload(
+        server_->target(),
+        {"--transport=" + transport, "--data_connections=3", "--shape=fixed:batch=1,seqlen=64",
+         "--heads=2", "--head_dim=16", "--requests=20", "--warmup=0s", "--concurrency=2",
+         "--check=1", "--max_error_rate=0", "--raw_socket_peer_bytes=20000000",
+         "--output_json=" + json});
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const std::string ran = transport == "grpc" ? "grpc" : "data";  // the server offers it
+    EXPECT_THAT(result.output, HasSubstr(ran == "data" ? "over data channel (3 connection(s))"
+                                                       : "over grpc (1 connection(s))"));
+    EXPECT_THAT(result.output, HasSubstr("GB/s over " + ran));
+    EXPECT_THAT(result.output, HasSubstr("x raw socket (1 connection)"));
+    const std::vector<Fields> runs = ReadJsonRuns(json);
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_EQ(runs[0].at("transport").string_value(), ran);
+    EXPECT_EQ(Number(runs[0], "checked"), 20);
+    EXPECT_EQ(Number(runs[0], "mismatches"), 0);
+    EXPECT_EQ(Number(runs[0], "payload_bytes"), 20 * forward_bytes);
+    EXPECT_GT(Number(runs[0], "payload_gbps"), 0);
+  }
+}
+
+TEST_F(AttnloadE2ETest, KeepContextStepsRunAndCheckOnEitherTransport) {
+  for (const std::string transport : {"data", "grpc"}) {
+    const std::string json = TempPath("steps_" + transport + ".json");
+    const ProcessResult result = RunAttnload(
+        server_->target(),
+        {"--transport=" + transport, "--rpc=backward", "--keep_context", "--causal",
+         "--shape=uniform:batch=1-2,seqlen=8-40", "--heads=4", "--heads_k=2", "--head_dim=16",
+         "--requests=24", "--warmup=0s", "--concurrency=3", "--check=1", "--max_error_rate=0",
+         "--output_json=" + json});
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_THAT(result.output, HasSubstr("each a forward keeping its context, then dout only"));
+    const std::vector<Fields> runs = ReadJsonRuns(json);
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_EQ(Number(runs[0], "backward"), 24);
+    EXPECT_EQ(Number(runs[0], "mismatches"), 0);
+    EXPECT_GT(Number(runs[0], "payload_bytes"), 0);
+  }
+}
+
+TEST(AttnloadTransportE2ETest, DataTransportWithoutADataChannelIsAClearError) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--data_port=0"});
+  ASSERT_NE(server, nullptr);
+  ProcessResult result = RunAttnload(server->target(), {"--transport=data", "--requests=2"});
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("--transport=data: the server advertises no data channel"));
+  result = RunAttnload(server->target(), {"--requests=4", "--warmup=0s", "--heads=2",
+                                          "--head_dim=16", "--shape=fixed:batch=1,seqlen=16"});
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("over grpc"));
+}
+
 TEST_F(AttnloadE2ETest, SeqlensFileDrivesTheShapes) {
   const std::string seqlens = TempPath("seqlens.txt"), json = TempPath("seqlens.json");
   std::ofstream(seqlens) << "# two requests\n8 16\n4:12, 20\n";
@@ -235,6 +293,10 @@ TEST(AttnloadFlagsE2ETest, BadFlagsFailWithAClearMessage) {
       {{"--sweep=1,x"}, "--sweep: 'x' is not a positive integer"},
       {{"--sweep=1,2", "--rate=10"}, "cannot be combined with --rate"},
       {{"--max_error_rate=7"}, "--max_error_rate must be in [0, 1]"},
+      {{"--transport=udp"}, "--transport must be auto, grpc or data, not 'udp'"},
+      {{"--data_connections=0"}, "--data_connections must be >= 1"},
+      {{"--keep_context"}, "--keep_context measures training steps"},
+      {{"--raw_socket_peer_bytes=-5"}, "--raw_socket_peer_bytes must be >= 0"},
       {{"--duration=0s"}, "--duration must be positive"},
       {{"--seqlens_file=/nonexistent/lengths.txt"}, "cannot open"},
       {{"stray"}, "unexpected argument 'stray'"},
@@ -252,6 +314,10 @@ TEST(AttnloadFlagsE2ETest, HelpDescribesEveryFlag) {
   EXPECT_GE(result.exit_code, 0) << "--help must not crash";
   for (const char* flag : {"--target",
                            "--connections",
+                           "--transport",
+                           "--data_connections",
+                           "--keep_context",
+                           "--raw_socket_peer_bytes",
                            "--concurrency",
                            "--rate",
                            "--arrival",

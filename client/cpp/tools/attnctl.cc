@@ -6,9 +6,13 @@
 //                                      its TTL); prints the id
 //   attnctl backward --keep_context    the same through a saved context: a Forward that keeps
 //                                      it, then a backward that sends only dout
+// --transport=grpc|data|auto picks gRPC or the server's data channel (auto: the data channel
+// when the server offers one without TLS).
 // --check compares the answer with the local exact reference and fails (exit 1) beyond the
 // dtype's tolerance. TLS and bearer tokens: tools/security_flags.h.
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -16,14 +20,21 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/client.h"
 #include "attnserve/tensor_codec.h"
 #include "google/protobuf/util/json_util.h"
 #include "tools/attention_problem.h"
+#include "tools/data_calls.h"
 #include "tools/security_flags.h"
+#include "tools/transport_choice.h"
 
 ABSL_FLAG(std::string, target, "localhost:8001", "Server address (gRPC target).");
+ABSL_FLAG(std::string, transport, "auto",
+          "grpc, data (the server's bulk data channel; plain TCP only) or auto (data when the "
+          "server offers it without TLS and this client uses none).");
+ABSL_FLAG(int32_t, data_connections, 4, "Data channel: TCP connections of the session.");
 ABSL_FLAG(int32_t, timeout_ms, 0, "Per-call deadline in milliseconds (0 = none).");
 ABSL_FLAG(int32_t, batch, 2, "Sequences in the request.");
 ABSL_FLAG(int32_t, seqlen_q, 128, "Longest query sequence (lengths are random in [n/2, n]).");
@@ -45,6 +56,39 @@ ABSL_FLAG(bool, keep_context, false,
 
 namespace attnserve {
 namespace {
+
+// The forward and backward calls of one transport.
+struct Calls {
+  std::function<absl::StatusOr<v1::ForwardResponse>(const v1::ForwardRequest&)> forward;
+  std::function<absl::StatusOr<v1::BackwardResponse>(const v1::BackwardRequest&)> backward;
+  // The backward on the context `answer` names (only dout sent), in full when it is gone.
+  std::function<absl::StatusOr<v1::BackwardResponse>(
+      const v1::ForwardRequest&, const v1::ForwardResponse&, const v1::Tensor&)>
+      backward_on_context;
+};
+
+Calls GrpcCalls(Client& client) {
+  return {[&client](const v1::ForwardRequest& r) { return client.Forward(r); },
+          [&client](const v1::BackwardRequest& r) { return client.Backward(r); },
+          [&client](const v1::ForwardRequest& f, const v1::ForwardResponse& a,
+                    const v1::Tensor& dout) { return client.BackwardOnContext(f, a, dout); }};
+}
+
+Calls DataCalls(DataChannelClient& data) {
+  return {[&data](const v1::ForwardRequest& r) { return data.Forward(r); },
+          [&data](const v1::BackwardRequest& r) { return data.Backward(r); },
+          [&data](const v1::ForwardRequest& f, const v1::ForwardResponse& a,
+                  const v1::Tensor& dout) -> absl::StatusOr<v1::BackwardResponse> {
+            if (!a.context_id().empty()) {
+              tools::AnswerBuffers grads;
+              absl::StatusOr<v1::DataResponse> r =
+                  tools::DataBackwardOnContext(data, f, a.context_id(), dout, grads);
+              if (r.ok()) return tools::ToBackwardResponse(*r, grads);
+              if (r.status().code() != absl::StatusCode::kNotFound) return r.status();
+            }
+            return data.Backward(FullBackwardRequest(f, a, dout));
+          }};
+}
 
 absl::StatusOr<v1::DType> ParseDType(const std::string& name) {
   if (name == "fp16" || name == "float16") return v1::DTYPE_FLOAT16;
@@ -125,10 +169,10 @@ void PrintContext(const v1::ForwardResponse& answer) {
               answer.context_address().empty() ? "" : " on ", answer.context_address().c_str());
 }
 
-int RunForward(Client& client, const tools::Problem& problem, bool check) {
+int RunForward(const Calls& calls, const tools::Problem& problem, bool check) {
   v1::ForwardRequest request = problem.MakeForwardRequest();
   request.set_keep_context(absl::GetFlag(FLAGS_keep_context));
-  absl::StatusOr<v1::ForwardResponse> response = client.Forward(request);
+  absl::StatusOr<v1::ForwardResponse> response = calls.forward(request);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Forward failed: %s\n", response.status().ToString().c_str());
     return 1;
@@ -143,11 +187,11 @@ int RunForward(Client& client, const tools::Problem& problem, bool check) {
   return ok ? 0 : 1;
 }
 
-int RunBackward(Client& client, const tools::Problem& problem, bool check) {
+int RunBackward(const Calls& calls, const tools::Problem& problem, bool check) {
   // The backward differentiates the exact forward, computed locally.
   const tools::ForwardAnswer forward = tools::ReferenceForward(problem);
   const v1::BackwardRequest request = problem.MakeBackwardRequest(forward.out, forward.lse);
-  absl::StatusOr<v1::BackwardResponse> response = client.Backward(request);
+  absl::StatusOr<v1::BackwardResponse> response = calls.backward(request);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Backward failed: %s\n", response.status().ToString().c_str());
     return 1;
@@ -164,10 +208,10 @@ int RunBackward(Client& client, const tools::Problem& problem, bool check) {
   return ok ? 0 : 1;
 }
 
-int RunBackwardOnContext(Client& client, const tools::Problem& problem, bool check) {
+int RunBackwardOnContext(const Calls& calls, const tools::Problem& problem, bool check) {
   v1::ForwardRequest forward = problem.MakeForwardRequest();
   forward.set_keep_context(true);
-  absl::StatusOr<v1::ForwardResponse> answer = client.Forward(forward);
+  absl::StatusOr<v1::ForwardResponse> answer = calls.forward(forward);
   if (!answer.ok()) {
     std::fprintf(stderr, "attnctl: Forward failed: %s\n", answer.status().ToString().c_str());
     return 1;
@@ -180,7 +224,7 @@ int RunBackwardOnContext(Client& client, const tools::Problem& problem, bool che
     std::fprintf(stderr, "attnctl: %s\n", dout.status().ToString().c_str());
     return 1;
   }
-  absl::StatusOr<v1::BackwardResponse> response = client.BackwardOnContext(forward, *answer, *dout);
+  absl::StatusOr<v1::BackwardResponse> response = calls.backward_on_context(forward, *answer, *dout);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Backward failed: %s\n", response.status().ToString().c_str());
     return 1;
@@ -198,6 +242,35 @@ int RunBackwardOnContext(Client& client, const tools::Problem& problem, bool che
 }
 
 }  // namespace
+
+// Opens the data channel into `data` when --transport chooses it (leaves it null for gRPC).
+absl::Status OpenTransport(Client& client, const ClientOptions& options,
+                           std::unique_ptr<DataChannelClient>& data) {
+  absl::StatusOr<tools::Transport> choice = tools::ParseTransport(absl::GetFlag(FLAGS_transport));
+  if (!choice.ok()) return choice.status();
+  if (absl::GetFlag(FLAGS_data_connections) < 1) {
+    return absl::InvalidArgumentError("--data_connections must be >= 1");
+  }
+  if (*choice == tools::Transport::kGrpc) return absl::OkStatus();
+  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+  if (!info.ok()) return info.status();
+  absl::StatusOr<std::optional<DataChannelOptions>> endpoint = tools::ChooseDataChannel(
+      *choice, absl::GetFlag(FLAGS_target), *info, options.tls.enabled);
+  if (!endpoint.ok()) return endpoint.status();
+  if (!*endpoint) return absl::OkStatus();
+  (*endpoint)->connections = absl::GetFlag(FLAGS_data_connections);
+  (*endpoint)->bearer_token = options.bearer_token;
+  if (options.timeout) (*endpoint)->timeout = absl::FromChrono(*options.timeout);
+  absl::StatusOr<std::unique_ptr<DataChannelClient>> opened = DataChannelClient::Open(**endpoint);
+  if (!opened.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot open the data channel at ",
+                                               (*endpoint)->host, ":", (*endpoint)->port, ": ",
+                                               opened.status().ToString()));
+  }
+  data = *std::move(opened);
+  return absl::OkStatus();
+}
+
 }  // namespace attnserve
 
 int main(int argc, char** argv) {
@@ -239,8 +312,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const attnserve::tools::Problem problem = attnserve::tools::MakeRandomProblem(*spec);
+  std::unique_ptr<attnserve::DataChannelClient> data;
+  if (absl::Status s = attnserve::OpenTransport(**client, options, data); !s.ok()) {
+    std::fprintf(stderr, "attnctl: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  const attnserve::Calls calls =
+      data ? attnserve::DataCalls(*data) : attnserve::GrpcCalls(**client);
+  std::printf("transport: %s\n",
+              data ? absl::StrCat("data channel (", data->connections(), " connection(s))").c_str()
+                   : "grpc");
   const bool check = absl::GetFlag(FLAGS_check);
-  if (command == "forward") return attnserve::RunForward(**client, problem, check);
-  return absl::GetFlag(FLAGS_keep_context) ? attnserve::RunBackwardOnContext(**client, problem, check)
-                                           : attnserve::RunBackward(**client, problem, check);
+  if (command == "forward") return attnserve::RunForward(calls, problem, check);
+  return absl::GetFlag(FLAGS_keep_context) ? attnserve::RunBackwardOnContext(calls, problem, check)
+                                           : attnserve::RunBackward(calls, problem, check);
 }

@@ -1,8 +1,9 @@
 // attnload: load tester for attnserve. Sends pre-built Forward/Backward requests over K gRPC
-// connections in a closed loop (--concurrency calls in flight) or an open loop (--rate calls
+// connections or the data channel (--transport) in a closed loop (--concurrency calls in flight) or an open loop (--rate calls
 // per second), and reports throughput, latency percentiles and errors; --sweep measures a
 // series of concurrency levels and plots latency against throughput.
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,11 @@
 ABSL_FLAG(std::string, target, "localhost:8001", "attnserve gRPC address.");
 ABSL_FLAG(int32_t, connections, 1,
           "gRPC connections (channels); calls are spread over them round-robin.");
+ABSL_FLAG(std::string, transport, "auto",
+          "grpc, data (the bulk data channel the server advertises; plain TCP only) or auto "
+          "(data when the server offers it without TLS and this client uses none, else grpc).");
+ABSL_FLAG(int32_t, data_connections, 4,
+          "Data channel: TCP connections of the one session all calls share.");
 ABSL_FLAG(int32_t, concurrency, 1, "Closed loop: calls kept in flight.");
 ABSL_FLAG(double, rate, 0,
           "Open loop: calls started per second, whatever the latency (0 = closed loop). "
@@ -50,6 +56,9 @@ ABSL_FLAG(std::string, dtype, "bf16", "fp16, bf16 or fp32.");
 ABSL_FLAG(bool, causal, false, "Causal masking (bottom-right aligned).");
 ABSL_FLAG(std::string, rpc, "forward", "forward, backward or mixed.");
 ABSL_FLAG(double, backward_fraction, 0.5, "--rpc=mixed: share of Backward calls.");
+ABSL_FLAG(bool, keep_context, false,
+          "--rpc=backward: each call is a training step, a Forward that keeps its context and "
+          "then the Backward on it that sends only dout (in full if the context is gone).");
 ABSL_FLAG(int32_t, pool_size, 16,
           "Distinct requests pre-built and cycled through (a --seqlens_file longer than this "
           "is sampled evenly).");
@@ -69,6 +78,10 @@ ABSL_FLAG(std::string, gnuplot, "gnuplot", "gnuplot binary that draws the sweep'
 ABSL_FLAG(std::string, output_json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, output_csv, "", "Also write the results as CSV to this file.");
 ABSL_FLAG(bool, progress, true, "Print progress to stderr once a second.");
+ABSL_FLAG(int64_t, raw_socket_peer_bytes, 0,
+          "After the runs, move this many bytes one way over loopback TCP between two threads "
+          "(on 1 connection and on --data_connections or --connections) and state each run's "
+          "payload rate as a multiple of it (0 = off).");
 
 namespace attnserve::load {
 namespace {
@@ -85,11 +98,14 @@ constexpr char kUsage[] =
     "  attnload --rate=200 --arrival=poisson --requests=5000 --rpc=mixed --check=100\n"
     "  attnload --sweep=1,2,4,8,16 --sweep_prefix=results/h100 --seqlens_file=lengths.txt\n"
     "  attnload --target=HOST:8001 --tls_ca_file=ca.pem --token_file=token --duration=30s\n"
+    "  attnload --transport=data --shape=fixed:batch=1,seqlen=16384 --causal --requests=10 \\\n"
+    "           --raw_socket_peer_bytes=1073741824\n"
     "\n"
     "Requests are built before the load starts (--pool_size of them) and reused, so building\n"
     "tensors never limits the load. Throughput counts every measured completion (req/s) and\n"
     "the successful ones' query tokens and FLOPs (4 * head_dim * heads * visible query-key\n"
-    "pairs forward, causal masking counted exactly; 2.5x that backward). Latency percentiles\n"
+    "pairs forward, causal masking counted exactly; 2.5x that backward) and the tensor bytes\n"
+    "sent and received (payload GB/s). Latency percentiles\n"
     "are of successful calls. Exit status: 0 ok; 1 bad flags or the run could not be done;\n"
     "2 the error rate exceeded --max_error_rate (or no request succeeded).";
 
@@ -108,6 +124,9 @@ absl::StatusOr<LoadConfig> ConfigFromFlags() {
   c.tls = security.tls;
   c.bearer_token = security.bearer_token;
   c.connections = absl::GetFlag(FLAGS_connections);
+  c.data_connections = absl::GetFlag(FLAGS_data_connections);
+  c.keep_context = absl::GetFlag(FLAGS_keep_context);
+  c.raw_socket_peer_bytes = absl::GetFlag(FLAGS_raw_socket_peer_bytes);
   c.concurrency = absl::GetFlag(FLAGS_concurrency);
   c.rate = absl::GetFlag(FLAGS_rate);
   c.duration = absl::GetFlag(FLAGS_duration);
@@ -132,7 +151,9 @@ absl::StatusOr<LoadConfig> ConfigFromFlags() {
   for (absl::Status s : {Assign(ParseArrival(absl::GetFlag(FLAGS_arrival)), c.arrival),
                          Assign(ParseShapeSpec(absl::GetFlag(FLAGS_shape)), c.shape),
                          Assign(ParseDType(absl::GetFlag(FLAGS_dtype)), c.dtype),
-                         Assign(ParseRpcMix(absl::GetFlag(FLAGS_rpc)), c.rpc)}) {
+                         Assign(ParseRpcMix(absl::GetFlag(FLAGS_rpc)), c.rpc),
+                         Assign(tools::ParseTransport(absl::GetFlag(FLAGS_transport)),
+                                c.transport)}) {
     if (!s.ok()) return s;
   }
   if (!absl::GetFlag(FLAGS_sweep).empty()) {
@@ -169,13 +190,30 @@ absl::Status WriteSweep(const LoadConfig& config, const std::vector<RunResult>& 
   return absl::OkStatus();
 }
 
+// The raw socket on 1 connection and on as many as the transport used.
+absl::StatusOr<RawSocketResult> MeasureRawPeer(const LoadConfig& config,
+                                               const LoadTransport& transport) {
+  RawSocketResult raw;
+  raw.bytes = config.raw_socket_peer_bytes;
+  raw.connections = transport.Name() == "data" ? config.data_connections : config.connections;
+  absl::StatusOr<double> one = MeasureRawSocket(raw.bytes, 1);
+  if (!one.ok()) return one.status();
+  absl::StatusOr<double> many = MeasureRawSocket(raw.bytes, raw.connections);
+  if (!many.ok()) return many.status();
+  raw.gbps_one = *one;
+  raw.gbps_many = *many;
+  return raw;
+}
+
 int Main() {
   absl::StatusOr<LoadConfig> config = ConfigFromFlags();
   if (!config.ok()) return Fail(config.status());
   if (config->progress) std::fprintf(stderr, "attnload: connecting and building requests\n");
   absl::StatusOr<std::unique_ptr<LoadRunner>> runner = LoadRunner::Create(*config);
   if (!runner.ok()) return Fail(runner.status());
-  std::printf("%s", DescribeLoad(*config, (*runner)->pool(), (*runner)->server_info()).c_str());
+  std::printf("%s", DescribeLoad(*config, (*runner)->pool(), (*runner)->server_info(),
+                                 (*runner)->transport().Describe())
+                        .c_str());
   std::fflush(stdout);
 
   std::vector<int> levels = config->sweep;
@@ -187,11 +225,20 @@ int Main() {
     std::fflush(stdout);
   }
 
+  std::optional<RawSocketResult> raw;
+  if (config->raw_socket_peer_bytes > 0) {
+    absl::StatusOr<RawSocketResult> measured = MeasureRawPeer(*config, (*runner)->transport());
+    if (!measured.ok()) return Fail(measured.status());
+    raw = *measured;
+    std::printf("%s", FormatRawSocket(*raw, runs).c_str());
+    std::fflush(stdout);
+  }
+
   if (!config->sweep.empty()) {
     if (absl::Status s = WriteSweep(*config, runs); !s.ok()) return Fail(s);
   }
   if (!config->output_json.empty()) {
-    if (absl::Status s = WriteTextFile(config->output_json, RunsToJson(*config, runs)); !s.ok()) {
+    if (absl::Status s = WriteTextFile(config->output_json, RunsToJson(*config, runs, raw)); !s.ok()) {
       return Fail(s);
     }
   }

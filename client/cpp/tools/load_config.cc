@@ -228,6 +228,16 @@ absl::Status ValidateConfig(const LoadConfig& c) {
   auto invalid = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (c.target.empty()) return invalid("--target must not be empty");
   if (c.connections < 1) return invalid("--connections must be >= 1, not ", c.connections);
+  if (c.data_connections < 1) {
+    return invalid("--data_connections must be >= 1, not ", c.data_connections);
+  }
+  if (c.keep_context && c.rpc != RpcMix::kBackward) {
+    return invalid("--keep_context measures training steps (a forward, then the backward on its "
+                   "context): it needs --rpc=backward");
+  }
+  if (c.raw_socket_peer_bytes < 0) {
+    return invalid("--raw_socket_peer_bytes must be >= 0 (0 = off), not ", c.raw_socket_peer_bytes);
+  }
   if (c.concurrency < 1) return invalid("--concurrency must be >= 1, not ", c.concurrency);
   if (!(c.rate >= 0) || std::isinf(c.rate)) {
     return invalid("--rate must be finite and >= 0 (0 = closed loop), not ", c.rate);

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "attnserve/client.h"
 #include "attnserve/v1/attention.pb.h"
+#include "tools/transport_choice.h"
 
 namespace attnserve::load {
 
@@ -61,6 +62,8 @@ struct LoadConfig {
   TlsOptions tls;
   std::string bearer_token;  // never printed
   int connections = 1;
+  tools::Transport transport = tools::Transport::kAuto;
+  int data_connections = 4;  // of the data channel session, when it is the transport
   // Closed loop: this many calls always in flight. Ignored when rate > 0 (open loop).
   int concurrency = 1;
   double rate = 0;
@@ -78,6 +81,8 @@ struct LoadConfig {
   bool causal = false;
   RpcMix rpc = RpcMix::kForward;
   double backward_fraction = 0.5;  // for kMixed
+  // kBackward: each call is a Forward keeping its context, then the backward on it (dout only).
+  bool keep_context = false;
   int pool_size = 16;
   uint64_t seed = 1;
 
@@ -88,6 +93,9 @@ struct LoadConfig {
   std::string gnuplot = "gnuplot";
   std::string output_json, output_csv;
   bool progress = true;
+  // > 0: after the runs, move this many bytes over a loopback TCP peer (1 and N connections)
+  // and state the payload rate as a multiple of it.
+  int64_t raw_socket_peer_bytes = 0;
 };
 
 // Cross-flag checks (ranges, combinations); the message names the flag.

@@ -151,6 +151,9 @@ TEST(ValidateConfigTest, DefaultsAreValidAndBadValuesNameTheFlag) {
       {[](LoadConfig& c) { c.check_every = -1; }, "--check"},
       {[](LoadConfig& c) { c.max_error_rate = 2; }, "--max_error_rate"},
       {[](LoadConfig& c) { c.pool_size = 0; }, "--pool_size"},
+      {[](LoadConfig& c) { c.data_connections = 0; }, "--data_connections"},
+      {[](LoadConfig& c) { c.keep_context = true; }, "--keep_context"},
+      {[](LoadConfig& c) { c.raw_socket_peer_bytes = -1; }, "--raw_socket_peer_bytes"},
       {[](LoadConfig& c) {
          c.sweep = {1, 2};
          c.rate = 10;
@@ -168,6 +171,10 @@ TEST(ValidateConfigTest, DefaultsAreValidAndBadValuesNameTheFlag) {
   by_count.duration = absl::ZeroDuration();
   by_count.requests = 100;
   EXPECT_TRUE(ValidateConfig(by_count).ok());
+  LoadConfig steps;
+  steps.rpc = RpcMix::kBackward;
+  steps.keep_context = true;
+  EXPECT_TRUE(ValidateConfig(steps).ok());
 }
 
 }  // namespace

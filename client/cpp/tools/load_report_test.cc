@@ -20,6 +20,8 @@ RunResult SampleRun(int concurrency) {
   run.errors = 2;
   run.tokens = 6400;
   run.flops = 4e12;
+  run.transport = "data";
+  run.payload_bytes = int64_t{98} * 50'000'000;  // 50 MB per successful request
   run.errors_by_code["RESOURCE_EXHAUSTED"] = 2;
   run.first_error["RESOURCE_EXHAUSTED"] = "total \"tokens\" over\nlimit";
   for (int i = 1; i <= 98; ++i) run.latency.Record(absl::Microseconds(100 * i));
@@ -29,7 +31,8 @@ RunResult SampleRun(int concurrency) {
 TEST(LoadReportTest, JsonParsesAndCarriesTheNumbers) {
   LoadConfig config;
   config.target = "host:8001";
-  const std::string json = RunsToJson(config, {SampleRun(1), SampleRun(4)});
+  RawSocketResult raw{1 << 30, 4, 4.9, 9.8};
+  const std::string json = RunsToJson(config, {SampleRun(1), SampleRun(4)}, raw);
   google::protobuf::Struct parsed;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json;
   EXPECT_EQ(parsed.fields().at("target").string_value(), "host:8001");
@@ -41,6 +44,10 @@ TEST(LoadReportTest, JsonParsesAndCarriesTheNumbers) {
   EXPECT_EQ(run.at("ok").number_value(), 98);
   EXPECT_DOUBLE_EQ(run.at("throughput_rps").number_value(), 50);
   EXPECT_DOUBLE_EQ(run.at("tflops").number_value(), 2);
+  EXPECT_EQ(run.at("transport").string_value(), "data");
+  EXPECT_DOUBLE_EQ(run.at("payload_gbps").number_value(), 2.45);
+  const auto& raw_json = parsed.fields().at("raw_socket").struct_value().fields();
+  EXPECT_DOUBLE_EQ(raw_json.at("gbps").number_value(), 9.8);
   EXPECT_EQ(
       run.at("errors_by_code").struct_value().fields().at("RESOURCE_EXHAUSTED").number_value(), 2);
   EXPECT_EQ(run.at("first_error").struct_value().fields().at("RESOURCE_EXHAUSTED").string_value(),
@@ -68,6 +75,10 @@ TEST(LoadReportTest, TextReportNamesErrors) {
   EXPECT_THAT(text, HasSubstr("closed loop, concurrency 3: 100 requests"));
   EXPECT_THAT(text, HasSubstr("RESOURCE_EXHAUSTED x2"));
   EXPECT_THAT(text, HasSubstr("p99.9"));
+  EXPECT_THAT(text, HasSubstr("payload     2.45 GB/s over data (50 MB"));
+  const std::string raw = FormatRawSocket({1 << 30, 4, 4.9, 9.8}, {SampleRun(3)});
+  EXPECT_THAT(raw, HasSubstr("4.9 GB/s on 1 connection, 9.8 GB/s on 4"));
+  EXPECT_THAT(raw, HasSubstr("payload 2.45 GB/s = 0.50x raw socket (1 connection), 0.25x"));
 }
 
 TEST(SweepPlotTest, ScriptHoldsTheDataAndQuotesThePath) {

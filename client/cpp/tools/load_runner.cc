@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -37,9 +38,9 @@ double UnitInterval(uint64_t seq, uint64_t seed) {
 // the scheduling and progress threads is under `mu_` or atomic.
 class LoadRun {
  public:
-  LoadRun(const LoadConfig& config, const std::vector<std::unique_ptr<Client>>& clients,
-          const std::vector<WorkItem>& pool, int concurrency)
-      : config_(config), clients_(clients), pool_(pool), concurrency_(concurrency) {}
+  LoadRun(const LoadConfig& config, LoadTransport& transport, const std::vector<WorkItem>& pool,
+          int concurrency)
+      : config_(config), transport_(transport), pool_(pool), concurrency_(concurrency) {}
 
   RunResult Execute();
 
@@ -52,12 +53,12 @@ class LoadRun {
   void OpenLoop();
   void Send(Clock::time_point start, bool measured, bool closed_loop);
   void Finish(const WorkItem& item, bool backward, Clock::time_point start, bool measured,
-              bool closed_loop, const absl::Status& status,
+              bool closed_loop, const absl::Status& status, int64_t payload_bytes,
               const std::function<absl::Status()>& verify);
   void ReportProgress();
 
   const LoadConfig& config_;
-  const std::vector<std::unique_ptr<Client>>& clients_;
+  LoadTransport& transport_;
   const std::vector<WorkItem>& pool_;
   const int concurrency_;
 
@@ -143,29 +144,26 @@ void LoadRun::OpenLoop() {
 void LoadRun::Send(Clock::time_point start, bool measured, bool closed_loop) {
   const uint64_t seq = next_seq_.fetch_add(1);
   const WorkItem& item = pool_[seq % pool_.size()];
-  Client& client = *clients_[seq % clients_.size()];
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++inflight_;
   }
   ++outstanding_;
-  if (UseBackward(seq)) {
-    client.BackwardAsync(item.backward, [this, &item, start, measured, closed_loop](
-                                            absl::StatusOr<v1::BackwardResponse> response) {
-      Finish(item, /*backward=*/true, start, measured, closed_loop, response.status(),
-             [&] { return VerifyBackward(item, *response); });
-    });
+  const bool backward = UseBackward(seq);
+  LoadTransport::Done done = [this, &item, backward, start, measured, closed_loop](
+                                 const absl::Status& status, int64_t payload_bytes,
+                                 const std::function<absl::Status()>& verify) {
+    Finish(item, backward, start, measured, closed_loop, status, payload_bytes, verify);
+  };
+  if (backward) {
+    transport_.Backward(item, std::move(done));
   } else {
-    client.ForwardAsync(item.forward, [this, &item, start, measured,
-                                       closed_loop](absl::StatusOr<v1::ForwardResponse> response) {
-      Finish(item, /*backward=*/false, start, measured, closed_loop, response.status(),
-             [&] { return VerifyForward(item, *response); });
-    });
+    transport_.Forward(item, std::move(done));
   }
 }
 
 void LoadRun::Finish(const WorkItem& item, bool backward, Clock::time_point start, bool measured,
-                     bool closed_loop, const absl::Status& status,
+                     bool closed_loop, const absl::Status& status, int64_t payload_bytes,
                      const std::function<absl::Status()>& verify) {
   const Clock::time_point end = Clock::now();
   --outstanding_;
@@ -179,7 +177,11 @@ void LoadRun::Finish(const WorkItem& item, bool backward, Clock::time_point star
     if (status.ok()) {
       r.latency.Record(absl::FromChrono(end - start));
       r.tokens += item.tokens;
-      r.flops += item.forward_flops * (backward ? kBackwardFlopFactor : 1.0);
+      r.payload_bytes += payload_bytes;
+      // A step on a context ran its forward too.
+      const double factor =
+          backward ? kBackwardFlopFactor + (config_.keep_context ? 1.0 : 0.0) : 1.0;
+      r.flops += item.forward_flops * factor;
       check = config_.check_every > 0 && ++ok_since_check_ % config_.check_every == 0;
     } else {
       const std::string code = absl::StatusCodeToString(status.code());
@@ -260,6 +262,7 @@ RunResult LoadRun::Execute() {
   if (progress.joinable()) progress.join();
 
   RunResult result = std::move(result_);
+  result.transport = transport_.Name();
   result.concurrency = config_.rate > 0 ? 0 : concurrency_;
   result.target_rate = config_.rate;
   result.arrival = config_.rate > 0 ? std::string(ArrivalName(config_.arrival)) : "";
@@ -292,6 +295,11 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
     runner->clients_.push_back(*std::move(client));
   }
 
+  // Before the pool is built: a transport the server cannot offer fails at once.
+  absl::StatusOr<std::optional<DataChannelOptions>> data = tools::ChooseDataChannel(
+      config.transport, config.target, runner->server_info_, config.tls.enabled);
+  if (!data.ok()) return data.status();
+
   const std::vector<SequenceLengths> shapes =
       config.seqlens.empty() ? SampleShapes(config.shape, config.pool_size, config.seed)
                              : SelectRequests(config.seqlens, config.pool_size);
@@ -301,7 +309,8 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
   options_for_pool.head_dim = config.head_dim;
   options_for_pool.dtype = config.dtype;
   options_for_pool.causal = config.causal;
-  options_for_pool.forward = config.rpc == RpcMix::kForward ||
+  options_for_pool.keep_context = config.keep_context;
+  options_for_pool.forward = config.keep_context || config.rpc == RpcMix::kForward ||
                              (config.rpc == RpcMix::kMixed && config.backward_fraction < 1);
   options_for_pool.backward = config.rpc == RpcMix::kBackward ||
                               (config.rpc == RpcMix::kMixed && config.backward_fraction > 0);
@@ -311,11 +320,23 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
       BuildPool(shapes, options_for_pool, *runner->clients_.front());
   if (!pool.ok()) return pool.status();
   runner->pool_ = *std::move(pool);
+
+  if (*data) {
+    (*data)->connections = config.data_connections;
+    (*data)->bearer_token = config.bearer_token;
+    (*data)->timeout = config.timeout;
+    absl::StatusOr<std::unique_ptr<LoadTransport>> transport =
+        OpenDataTransport(**data, config.keep_context);
+    if (!transport.ok()) return transport.status();
+    runner->transport_ = *std::move(transport);
+  } else {
+    runner->transport_ = MakeGrpcTransport(runner->clients_, config.keep_context);
+  }
   return runner;
 }
 
 RunResult LoadRunner::Run(int concurrency) {
-  return LoadRun(config_, clients_, pool_, concurrency).Execute();
+  return LoadRun(config_, *transport_, pool_, concurrency).Execute();
 }
 
 }  // namespace attnserve::load

@@ -123,6 +123,8 @@ absl::StatusOr<std::vector<WorkItem>> BuildPool(const std::vector<SequenceLength
       }
       item.backward = std::move(backward);
     }
+    // Set after the pool's own forward above, which must leave no context behind.
+    forward->set_keep_context(options.keep_context);
     if (options.forward) item.forward = std::move(forward);
     pool.push_back(std::move(item));
   }

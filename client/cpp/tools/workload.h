@@ -35,6 +35,8 @@ struct WorkloadOptions {
   v1::DType dtype = v1::DTYPE_BFLOAT16;
   bool causal = false;
   bool forward = true, backward = false;
+  // The forward requests keep their contexts (for backward steps on them).
+  bool keep_context = false;
   bool references = false;  // compute the local reference answers --check compares with
   uint64_t seed = 1;
 };

@@ -1,0 +1,75 @@
+#include "tools/transport_choice.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/raw_socket_peer.h"
+
+namespace attnserve::tools {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ParseTransportTest, NamesAndAnError) {
+  EXPECT_EQ(*ParseTransport("auto"), Transport::kAuto);
+  EXPECT_EQ(*ParseTransport("grpc"), Transport::kGrpc);
+  EXPECT_EQ(*ParseTransport("data"), Transport::kData);
+  EXPECT_EQ(TransportName(Transport::kData), "data");
+  EXPECT_THAT(std::string(ParseTransport("udp").status().message()),
+              HasSubstr("--transport must be auto, grpc or data, not 'udp'"));
+}
+
+TEST(TargetHostTest, OneHostOrNone) {
+  EXPECT_EQ(TargetHost("localhost:8001"), "localhost");
+  EXPECT_EQ(TargetHost("dns:///attnserve.ns:8001"), "attnserve.ns");
+  EXPECT_EQ(TargetHost("ipv4:10.0.0.2:8001"), "10.0.0.2");
+  EXPECT_EQ(TargetHost("[::1]:8001"), "::1");
+  EXPECT_EQ(TargetHost("attnserve"), "attnserve");
+  EXPECT_EQ(TargetHost("unix:/tmp/socket"), std::nullopt);
+  EXPECT_EQ(TargetHost("ipv4:10.0.0.2:8001,10.0.0.3:8001"), std::nullopt);
+  EXPECT_EQ(SplitHostPort("h:99999"), std::nullopt);
+}
+
+v1::ServerInfo WithDataChannel(int port, const std::string& address, bool tls) {
+  v1::ServerInfo info;
+  info.mutable_data_channel()->set_port(port);
+  info.mutable_data_channel()->set_address(address);
+  info.mutable_data_channel()->set_tls(tls);
+  return info;
+}
+
+TEST(ChooseDataChannelTest, AutoFallsBackToGrpcAndDataSaysWhy) {
+  const v1::ServerInfo plain = WithDataChannel(9001, "", false);
+  auto chosen = ChooseDataChannel(Transport::kAuto, "dns:///server:8001", plain, false);
+  ASSERT_TRUE(chosen.ok() && chosen->has_value());
+  EXPECT_EQ((*chosen)->host, "server");
+  EXPECT_EQ((*chosen)->port, 9001);
+  chosen = ChooseDataChannel(Transport::kData, "server:8001",
+                             WithDataChannel(9001, "10.1.2.3:9002", false), false);
+  ASSERT_TRUE(chosen.ok() && chosen->has_value());
+  EXPECT_EQ((*chosen)->host, "10.1.2.3");
+  EXPECT_EQ((*chosen)->port, 9002);
+  EXPECT_EQ(*ChooseDataChannel(Transport::kGrpc, "server:8001", plain, false), std::nullopt);
+
+  const std::pair<v1::ServerInfo, bool> refused[] = {
+      {v1::ServerInfo(), false}, {WithDataChannel(9001, "", true), false}, {plain, true}};
+  const char* reasons[] = {"advertises no data channel", "wants TLS", "this client uses TLS"};
+  for (int i = 0; i < 3; ++i) {
+    const auto& [info, client_tls] = refused[i];
+    EXPECT_EQ(*ChooseDataChannel(Transport::kAuto, "server:8001", info, client_tls), std::nullopt);
+    const auto data = ChooseDataChannel(Transport::kData, "server:8001", info, client_tls);
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(data.status().message()), HasSubstr(reasons[i]));
+  }
+}
+
+TEST(RawSocketPeerTest, MovesBytesOnOneAndSeveralConnections) {
+  for (int connections : {1, 3}) {
+    absl::StatusOr<double> gbps = load::MeasureRawSocket(10'000'003, connections);
+    ASSERT_TRUE(gbps.ok()) << gbps.status();
+    EXPECT_GT(*gbps, 0);
+  }
+  EXPECT_FALSE(load::MeasureRawSocket(0, 1).ok());
+}
+
+}  // namespace
+}  // namespace attnserve::tools
