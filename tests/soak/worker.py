@@ -223,9 +223,11 @@ class Worker:
             return
         names, weights = zip(*CONTEXT_FATES)
         fate = str(self.rng.choice(names, p=weights))
-        if fate == "park" and len(self.parked) < MAX_PARKED:
-            self.parked.append((problem, result, time.monotonic()))
-            return
+        if fate == "park":
+            if len(self.parked) < MAX_PARKED:
+                self.parked.append((problem, result, time.monotonic()))
+                return
+            fate = "hit"  # enough are parked already
         if fate in ("released", "release_only"):
             # False when the context is already gone (it lived on the server before a restart).
             released = self.client_call(
