@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes deploy/grafana/attnserve.json, the attnserve Grafana dashboard.
 
-The dashboard is generated so its ~20 panels stay short to read and review here; the JSON is
+The dashboard is generated so its ~35 panels stay short to read and review here; the JSON is
 committed for import (Grafana > Dashboards > New > Import, or a provisioning folder) and
 tests/deploy/test_dashboard.py fails while it is stale. After editing this file:
 
@@ -139,6 +139,83 @@ PANELS = [
                [mean("attnserve_launch_phase_duration_seconds", ["device", "phase"],
                      "{{device}} {{phase}}")], "s"),
 
+    row("Data path and saved contexts"),
+    timeseries("Tensor bytes by path",
+               "Tensor payload per second over gRPC and over the data channel. The server's "
+               "received/sent totals count both paths; gRPC's share is the total less the data "
+               "channel's (all of it on a server without a data channel).",
+               [target(f"sum(rate(attnserve_{direction}_bytes_total{{{SEL}}}[{RATE}])) - "
+                       f"(sum(rate(attnserve_data_{direction}_bytes_total{{{SEL}}}[{RATE}])) "
+                       f"or vector(0))", f"gRPC {direction}")
+                for direction in ("received", "sent")]
+               + [target(f"sum(rate(attnserve_data_{direction}_bytes_total{{{SEL}}}[{RATE}]))",
+                         f"data channel {direction}") for direction in ("received", "sent")],
+               "Bps"),
+    timeseries("Data channel chunks",
+               "CHUNK frames per second by direction (in: request payload, out: answers). "
+               "Bytes over chunks is the chunk size clients negotiated.",
+               [target(f"sum by (direction) (rate(attnserve_data_chunks_total{{{SEL}}}[{RATE}]))",
+                       "{{direction}}")], "ops"),
+    timeseries("Data channel sessions and connections",
+               "Sessions with an open connection and the connections themselves, per pod. "
+               "Connections far above sessions times the clients' data_connections, or "
+               "sessions that outlive their clients, are leaks.",
+               [target(f"sum by (pod) (attnserve_data_sessions{{{SEL}}})", "{{pod}} sessions"),
+                target(f"sum by (pod) (attnserve_data_connections{{{SEL}}})",
+                       "{{pod}} connections")]),
+    timeseries("Data channel buffered bytes",
+               "Receive buffers held by data channel requests against the "
+               "--data_max_buffered_bytes budget; at the budget new requests are refused "
+               "with RESOURCE_EXHAUSTED.",
+               [target(f"sum by (pod) (attnserve_data_buffered_bytes{{{SEL}}})",
+                       "{{pod}} buffered"),
+                target(f"max by (pod) (attnserve_data_buffered_bytes_limit{{{SEL}}})",
+                       "{{pod}} budget")], "bytes"),
+    timeseries("Data channel protocol errors by reason",
+               "Connections closed per second for breaking the protocol (bad frames, "
+               "duplicate chunks, HELLO timeouts, connection limit). A steady rate is a "
+               "broken or hostile client.",
+               [target(f"sum by (reason) "
+                       f"(rate(attnserve_data_protocol_errors_total{{{SEL}}}[{RATE}]))",
+                       "{{reason}}")], "ops"),
+    timeseries("Transfer time against compute time per request",
+               "Data channel transfer per request (in: REQUEST frame to last payload byte; out: "
+               "answer queued to last byte sent) beside compute time on the device, both from "
+               "their histograms. Transfer far above compute means the wire, not the GPU, "
+               "sets the pace. gRPC calls have no transfer histogram; how much transfer "
+               "overlapped compute is not measured.",
+               [mean("attnserve_data_transfer_seconds", ["direction"], "transfer {{direction}}")]
+               + quantiles("attnserve_data_transfer_seconds", ["direction"],
+                           "transfer {{direction}}", (0.9,))
+               + [mean("attnserve_compute_duration_seconds", ["rpc"], "compute {{rpc}}")]
+               + quantiles("attnserve_compute_duration_seconds", ["rpc"], "compute {{rpc}}",
+                           (0.9,)), "s"),
+    timeseries("Saved contexts by device",
+               "Contexts (keep_context forwards awaiting their backward) each device holds.",
+               [target(f"max by (pod, device) (attnserve_contexts{{{SEL}}})",
+                       "{{pod}} {{device}}")]),
+    timeseries("Saved context bytes by device",
+               "Device memory the saved contexts hold, part of the device's memory budget "
+               "(at most --context_memory_bytes).",
+               [target(f"max by (pod, device) (attnserve_context_bytes{{{SEL}}})",
+                       "{{pod}} {{device}}")], "bytes"),
+    timeseries("Context lookup hit ratio",
+               "Share of Backwards by context_id that found their context. A miss (unknown, "
+               "expired or evicted) costs the client a full resend.",
+               [target(f'(sum(rate(attnserve_context_lookups_total{{{SEL}, result="hit"}}[{RATE}]))'
+                       f" or vector(0)) / "
+                       f"sum(rate(attnserve_context_lookups_total{{{SEL}}}[{RATE}]))",
+                       "hit ratio")], "percentunit"),
+    timeseries("Context evictions and releases",
+               "Contexts leaving the store per second: released (by their Backward or "
+               "ReleaseContext), evicted after the TTL (ttl: the client lost interest), or "
+               "evicted for room (lru: the budget is too small for the contexts in use).",
+               [target(f"sum by (reason) "
+                       f"(rate(attnserve_context_evictions_total{{{SEL}}}[{RATE}]))",
+                       "evicted {{reason}}"),
+                target(f"sum(rate(attnserve_context_releases_total{{{SEL}}}[{RATE}]))",
+                       "released")], "ops"),
+
     row("Batching and kernels"),
     timeseries("Batch size", "Requests that shared one kernel launch.",
                quantiles("attnserve_batch_requests", [], "batch", (0.5, 0.99))
@@ -215,8 +292,9 @@ def dashboard():
     return {
         "title": "attnserve",
         "uid": "attnserve-overview",
-        "description": "attnserve GPU attention service: traffic, latency, queueing, batching, "
-                       "kernel families, throughput and devices. Generated by "
+        "description": "attnserve GPU attention service: traffic, latency, queueing, the data "
+                       "path and saved contexts, batching, kernel families, throughput and "
+                       "devices. Generated by "
                        "deploy/grafana/generate_dashboard.py.",
         "tags": ["attnserve", "gpu"],
         "editable": True,

@@ -43,6 +43,12 @@ DataMetrics::DataMetrics(prometheus::Registry& registry)
                           .Help("Receive buffer bytes held by data channel requests.")
                           .Register(registry)
                           .Add({})),
+      buffered_bytes_limit_(prometheus::BuildGauge()
+                                .Name("attnserve_data_buffered_bytes_limit")
+                                .Help("Receive buffer bytes data channel requests may hold at "
+                                      "once (--data_max_buffered_bytes).")
+                                .Register(registry)
+                                .Add({})),
       protocol_errors_(prometheus::BuildCounter()
                            .Name("attnserve_data_protocol_errors_total")
                            .Help("Data channel connections closed for breaking the protocol.")
@@ -65,6 +71,7 @@ void DataMetrics::AddSentChunk(double bytes) {
 void DataMetrics::AddSessions(double delta) { sessions_.Increment(delta); }
 void DataMetrics::AddConnections(double delta) { connections_.Increment(delta); }
 void DataMetrics::AddBufferedBytes(double delta) { buffered_bytes_.Increment(delta); }
+void DataMetrics::SetBufferedBytesLimit(double bytes) { buffered_bytes_limit_.Set(bytes); }
 
 void DataMetrics::RecordProtocolError(const std::string& reason) {
   protocol_errors_.Add({{"reason", reason}}).Increment();

@@ -23,6 +23,8 @@ class DataMetrics {
   void AddSessions(double delta);
   void AddConnections(double delta);
   void AddBufferedBytes(double delta);
+  // The --data_max_buffered_bytes budget, so alerts can compare buffered bytes against it.
+  void SetBufferedBytesLimit(double bytes);
   // reason: a short label such as "bad_magic", "duplicate_chunk", "hello_timeout".
   void RecordProtocolError(const std::string& reason);
   // From a request's REQUEST frame to its last payload byte ("in"), from its RESPONSE being
@@ -38,6 +40,7 @@ class DataMetrics {
   prometheus::Gauge& sessions_;
   prometheus::Gauge& connections_;
   prometheus::Gauge& buffered_bytes_;
+  prometheus::Gauge& buffered_bytes_limit_;
   prometheus::Family<prometheus::Counter>& protocol_errors_;
   prometheus::Family<prometheus::Histogram>& transfer_seconds_;
 };

@@ -1,9 +1,11 @@
-"""Bounded load on a local attnserve: forward and backward calls from a few threads, plus a
-steady trickle of requests the server must reject, so every labelled series (each rpc, OK and
-error codes, each kernel) exists and moves."""
+"""Bounded load on a local attnserve: forward and backward calls from a few threads, over gRPC
+and over the data channel, with saved contexts hit, missed and evicted, plus a steady trickle
+of requests and data channel connections the server must reject, so every labelled series
+(each rpc, OK and error codes, each kernel, each transfer direction) exists and moves."""
+import socket
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -11,8 +13,9 @@ import attnserve
 
 # The server under test runs with --max_head_dim=64 (LIMITS); head_dim 128 is refused with
 # RESOURCE_EXHAUSTED before any work, offsets past the end with INVALID_ARGUMENT.
+# The context budget holds one context of _problem()'s default shape (133 KB) but not two.
 LIMITS = {"max_head_dim": 64, "max_total_tokens": 4096, "max_batch": 64,
-          "max_message_bytes": 16 << 20, "cpu_threads": 1}
+          "max_message_bytes": 16 << 20, "cpu_threads": 1, "context_memory_bytes": 200_000}
 CALL_TIMEOUT_S = 20
 
 
@@ -23,14 +26,31 @@ def _problem(rng, head_dim=32, heads=4, seqlens=(48, 80)):
     return q, k, v, cu
 
 
-def one_round(client: attnserve.Client, rng, counts: Dict[str, int]) -> None:
-    """A forward, a backward, a server-info call and two rejected requests."""
+def break_data_protocol(address: Tuple[str, int]) -> None:
+    """A data channel connection that opens with bytes no frame starts with: the server closes
+    it and counts a protocol error."""
+    with socket.create_connection(address, timeout=CALL_TIMEOUT_S) as sock:
+        sock.sendall(b"\xff" * 64)
+        while sock.recv(4096):
+            pass
+
+
+def one_round(client: attnserve.Client, rng, counts: Dict[str, int],
+              data_address: Optional[Tuple[str, int]] = None) -> None:
+    """Two forwards keeping contexts (the second evicts the first: LIMITS' context budget holds
+    one), their two backwards by context_id (a miss resent in full, and usually a hit), a
+    server-info call, two rejected requests and, given the data channel's address, a
+    connection that breaks its protocol."""
     q, k, v, cu = _problem(rng)
-    fwd = client.forward(q, k, v, cu, cu, causal=True, timeout=CALL_TIMEOUT_S)
+    forwards = [client.forward(q, k, v, cu, cu, causal=True, keep_context=True,
+                               timeout=CALL_TIMEOUT_S) for _ in range(2)]
     dout = rng.standard_normal(q.shape).astype(np.float16)
-    client.backward(dout, q, k, v, fwd.out, fwd.lse, cu, cu, causal=True, timeout=CALL_TIMEOUT_S)
+    for fwd in forwards:
+        client.backward(dout, q, k, v, fwd.out, fwd.lse, cu, cu, causal=True,
+                        context_id=fwd.context_id, context_address=fwd.context_address,
+                        timeout=CALL_TIMEOUT_S)
     client.server_info(timeout=CALL_TIMEOUT_S)
-    counts["ok"] += 3
+    counts["ok"] += 5
     big_q, big_k, big_v, big_cu = _problem(rng, head_dim=128, seqlens=(8,))
     bad_cu = cu.copy()
     bad_cu[-1] += 5
@@ -41,16 +61,22 @@ def one_round(client: attnserve.Client, rng, counts: Dict[str, int]) -> None:
             counts["rejected"] += 1
         else:
             raise AssertionError("the server accepted a request it must refuse")
+    if data_address is not None:
+        break_data_protocol(data_address)
+        counts["protocol_errors"] += 1
 
 
 class Load:
-    """Runs one_round in `threads` threads until stop() or `max_seconds`, whichever first."""
+    """Runs one_round in `threads` threads until stop() or `max_seconds`, whichever first; the
+    first thread stays on gRPC, the others take the data channel when the server has one."""
 
-    def __init__(self, target: str, threads: int = 3, max_seconds: float = 60.0):
+    def __init__(self, target: str, threads: int = 3, max_seconds: float = 60.0,
+                 data_address: Optional[Tuple[str, int]] = None):
         self.target = target
+        self.data_address = data_address
         self.threads = threads
         self.deadline = time.monotonic() + max_seconds
-        self.counts = {"ok": 0, "rejected": 0}
+        self.counts = {"ok": 0, "rejected": 0, "protocol_errors": 0}
         self.errors: List[BaseException] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -58,11 +84,13 @@ class Load:
 
     def _run(self, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        local = {"ok": 0, "rejected": 0}
+        local = {"ok": 0, "rejected": 0, "protocol_errors": 0}
+        transport = "grpc" if seed == 0 else "auto"
         try:
-            with attnserve.Client(self.target, timeout=CALL_TIMEOUT_S) as client:
+            with attnserve.Client(self.target, timeout=CALL_TIMEOUT_S,
+                                  transport=transport) as client:
                 while not self._stop.is_set() and time.monotonic() < self.deadline:
-                    one_round(client, rng, local)
+                    one_round(client, rng, local, self.data_address)
         except BaseException as error:  # reported by stop(), not lost in a thread
             with self._lock:
                 self.errors.append(error)
@@ -87,11 +115,12 @@ class Load:
         return dict(self.counts)
 
 
-def run_rounds(target: str, rounds: int) -> Dict[str, int]:
+def run_rounds(target: str, rounds: int,
+               data_address: Optional[Tuple[str, int]] = None) -> Dict[str, int]:
     """A fixed number of rounds from this thread."""
-    counts = {"ok": 0, "rejected": 0}
+    counts = {"ok": 0, "rejected": 0, "protocol_errors": 0}
     rng = np.random.default_rng(0)
     with attnserve.Client(target, timeout=CALL_TIMEOUT_S) as client:
         for _ in range(rounds):
-            one_round(client, rng, counts)
+            one_round(client, rng, counts, data_address)
     return counts

@@ -15,8 +15,9 @@ TARGET_LABELS = {"namespace", "job", "pod", "instance", "le"}
 
 @pytest.fixture(scope="module")
 def exposition(live_server):
-    counts = run_rounds(live_server.target, rounds=2)
-    assert counts == {"ok": 6, "rejected": 4}
+    counts = run_rounds(live_server.target, rounds=2,
+                        data_address=("127.0.0.1", live_server.data_port))
+    assert counts == {"ok": 10, "rejected": 4, "protocol_errors": 2}
     return live_server.http_get("/metrics").decode()
 
 

@@ -86,7 +86,8 @@ def prometheus(live_server, tmp_path_factory):
             assert time.monotonic() < deadline, "Prometheus not ready"
             time.sleep(0.2)
         api = Prometheus(url)
-        load = Load(live_server.target, threads=3, max_seconds=120).start()
+        load = Load(live_server.target, threads=3, max_seconds=120,
+                    data_address=("127.0.0.1", live_server.data_port)).start()
         # Enough scrapes under load for 10 s rate windows, and rules evaluated on them.
         deadline = time.monotonic() + DATA_TIMEOUT_S
         while True:

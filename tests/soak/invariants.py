@@ -16,6 +16,9 @@ abandoned being the fault-injected calls (cancel, deadline, close, victim) that 
 CANCELLED, DEADLINE_EXCEEDED or KILLED at the client. A plain valid call is never abandoned: if
 one ends CANCELLED during the restart after the server had answered it OK (an accepted call
 dropped), the server's count exceeds the bound.
+A data channel request torn mid-payload (data_close) the server counts UNAVAILABLE (the
+connection carrying its payload closed), the client CANCELLED; so the server's UNAVAILABLE
+may exceed the clients' after the SIGTERM by at most those.
 Refusals the handler makes (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) are never abandoned in the
 soak, so their counts must be equal, except for what the dying first server counted after its
 last /metrics scrape, which only calls that ended after its SIGTERM can be.
@@ -26,11 +29,13 @@ import statistics
 PHASES = {"L1": ("L1", "L1drain"), "L2": ("L2",)}
 RPCS = ("Forward", "Backward")
 ABANDONED = {"CANCELLED", "DEADLINE_EXCEEDED", "KILLED"}
-ABANDONING_KINDS = {"cancel", "deadline", "close", "victim"}
+ABANDONING_KINDS = {"cancel", "deadline", "close", "victim", "data_close"}
 # Kinds whose calls never reach the handler: gRPC refuses them while reading the message.
 TRANSPORT_ONLY = {"malformed:oversize_message"}
 HANDLER_CODES = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")
-FAULT_KINDS = ("cancel", "deadline", "close", "victim", "garbage_bytes")
+FAULT_KINDS = ("cancel", "deadline", "close", "victim", "garbage_bytes", "data_close")
+# Backwards by context_id: found, released first, never made, expired.
+CONTEXT_KINDS = ("context:hit", "context:released", "context:unknown", "context:expired")
 
 
 def outcomes(counts):
@@ -135,7 +140,9 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
                 got = server.get(f"{rpc}|{code}", 0)
                 if code == "UNAVAILABLE":
                     # Clients also see UNAVAILABLE while no server listens at all.
-                    ok, rule = got <= late, f"server {got} <= client after SIGTERM {late}"
+                    torn = _sum(rows, phases, rpc, kinds={"data_close"}, codes={"CANCELLED"})
+                    ok = got <= late + torn
+                    rule = f"server {got} <= client after SIGTERM {late} + torn {torn}"
                 else:
                     ok = got <= client and client - got <= late
                     rule = f"server {got}, client {client} (of which after SIGTERM {late})"
@@ -178,6 +185,28 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
                        ("victim", "KILLED")):
         hit = _sum(rows, ("L1", "L1drain", "L2"), kinds={kind}, codes={code})
         checks.add(f"fault took effect: {kind} ended {code}", hit > 0, f"{hit} calls")
+    for kind in CONTEXT_KINDS + ("context:release", "client:auto", "client:grpc"):
+        ok = _sum(rows, ("L1", "L1drain", "L2"), kinds={kind}, codes={"OK"})
+        checks.add(f"path exercised: {kind} answered OK", ok > 0, f"{ok} calls")
+    lookups = collections.Counter()
+    for lifetime in lifetimes:
+        lookups.update((lifetime["final_metrics"] or {}).get("context_lookups", {}))
+    checks.add("the servers counted context hits and misses (misses resent in full)",
+               lookups["hit"] > 0 and lookups["miss"] > 0, str(dict(lookups)))
+    rest = lifetimes[-1].get("rest")
+    if rest is None:
+        checks.add("at rest: the last server's holdings scraped", False, "no scrape")
+    else:
+        drained = rest["drained_after_s"]
+        checks.add("at rest: no data channel buffers, sessions or connections left",
+                   drained["data"] is not None and drained["data"] <= rest["margin_s"],
+                   f"held at rest {rest['held_at_rest']}, gone after {drained['data']} s")
+        checks.add("at rest: saved contexts freed within their TTL",
+                   drained["contexts"] is not None
+                   and drained["contexts"] <= rest["ttl_s"] + rest["margin_s"],
+                   f"{rest['held_at_rest']['contexts']} contexts "
+                   f"({rest['held_at_rest']['context_bytes']} bytes) at rest, gone after "
+                   f"{drained['contexts']} s (TTL {rest['ttl_s']} s)")
     refused = sum(_grouped(counts, "gap_refused").values())
     checks.add("SIGTERM + restart: clients were refused during the gap and retried",
                len(lifetimes) == 2 and refused > 0, f"{refused} refused attempts")

@@ -15,9 +15,18 @@ SCRAPE_INTERVAL_S = 0.02
 _DRAINING = re.compile(r"received, draining (\d+) in-flight requests")
 
 
+# Gauges of what the data channel and the context store hold, summed over their labels.
+HELD = {"attnserve_data_buffered_bytes": "data_buffered_bytes",
+        "attnserve_data_sessions": "data_sessions",
+        "attnserve_data_connections": "data_connections",
+        "attnserve_contexts": "contexts", "attnserve_context_bytes": "context_bytes"}
+
+
 def parse_metrics(text: str) -> dict:
-    """{"requests": {"Forward|OK": n, ...}, "rejections": {reason: n}, "inflight": n}."""
-    parsed = {"requests": {}, "rejections": {}, "inflight": None}
+    """{"requests": {"Forward|OK": n, ...}, "rejections": {reason: n}, "inflight": n,
+    "held": {HELD's short names: n}, "context_lookups": {"hit"|"miss": n}}."""
+    parsed = {"requests": {}, "rejections": {}, "inflight": None,
+              "held": dict.fromkeys(HELD.values(), 0), "context_lookups": {}}
     for line in text.splitlines():
         match = _SERIES.match(line)
         if not match:
@@ -30,6 +39,10 @@ def parse_metrics(text: str) -> dict:
             parsed["rejections"][labels["reason"]] = int(value)
         elif name == "attnserve_inflight_requests":
             parsed["inflight"] = int(value)
+        elif name in HELD:
+            parsed["held"][HELD[name]] += int(value)
+        elif name == "attnserve_context_lookups_total":
+            parsed["context_lookups"][labels["result"]] = int(value)
     return parsed
 
 
@@ -37,8 +50,8 @@ class Lifetime:
     def __init__(self, name, binary, flags, ports=None):
         self.name = name
         self.server = ServerProcess(binary, flags)
-        if ports is not None:  # a restart: the clients keep their target
-            self.server.grpc_port, self.server.http_port = ports
+        if ports is not None:  # a restart: the clients keep their target and data channel
+            self.server.grpc_port, self.server.http_port, self.server.data_port = ports
             self.server.target = f"127.0.0.1:{ports[0]}"
             self.server.http_url = f"http://127.0.0.1:{ports[1]}"
         # "warmup", "load_end" (the last sample under load), "rest" (the last server, after
@@ -46,13 +59,16 @@ class Lifetime:
         self.samples = {}
         self.series = []       # periodic samples, to show the curve, not just two points
         self.final_metrics = None
+        # At rest, once the clients are gone: what the server still held, and seconds until
+        # the data channel's and the contexts' holdings reached zero (None: they never did).
+        self.rest = None
         self.exit_code = None
         self.inflight_at_sigterm = None
         self.started_at = self.ready_at = None
 
     @property
     def ports(self):
-        return self.server.grpc_port, self.server.http_port
+        return self.server.grpc_port, self.server.http_port, self.server.data_port
 
     def start(self):
         self.started_at = time.monotonic()
@@ -81,6 +97,30 @@ class Lifetime:
         with urllib.request.urlopen(self.server.http_url + "/metrics", timeout=timeout) as reply:
             return parse_metrics(reply.read().decode())
 
+    def wait_for_rest(self, ttl_s: float, margin_s: float) -> dict:
+        """Scrapes until the server holds no data channel session, connection or buffer, and
+        no saved context: the first must go as soon as the clients have; contexts may stay
+        for their TTL (plus the store's sweep), never longer."""
+        start = time.monotonic()
+        held = self.metrics()["held"]
+        first = dict(held)
+        drained = {"data": None, "contexts": None}
+        while time.monotonic() - start <= ttl_s + margin_s:
+            elapsed = round(time.monotonic() - start, 2)
+            if drained["data"] is None and not (held["data_buffered_bytes"]
+                                                or held["data_sessions"]
+                                                or held["data_connections"]):
+                drained["data"] = elapsed
+            if drained["contexts"] is None and not (held["contexts"] or held["context_bytes"]):
+                drained["contexts"] = elapsed
+            if None not in drained.values():
+                break
+            time.sleep(0.2)
+            held = self.metrics()["held"]
+        self.rest = {"held_at_rest": first, "held_last": held, "drained_after_s": drained,
+                     "ttl_s": ttl_s, "margin_s": margin_s}
+        return self.rest
+
     def terminate_and_capture(self, timeout=60.0):
         """SIGTERM, then scrape /metrics until the server is gone. The HTTP frontend stops
         last (after the drain and gRPC's shutdown), so the last scrape that succeeds holds
@@ -102,4 +142,4 @@ class Lifetime:
         return {"name": self.name, "ports": list(self.ports), "exit_code": self.exit_code,
                 "inflight_at_sigterm": self.inflight_at_sigterm,
                 "samples": self.samples, "series": self.series,
-                "final_metrics": self.final_metrics, "log_tail": self.server.log()[-2000:]}
+                "final_metrics": self.final_metrics, "rest": self.rest, "log_tail": self.server.log()[-2000:]}

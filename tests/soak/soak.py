@@ -2,13 +2,17 @@
 
 Starts the server (CPU backend), runs client processes that send small mixed forward and
 backward requests (fp32/fp16/bf16, GQA, causal, windows), each answer checked against the
-float64 reference, with faults mixed in: client cancellations, deadlines that expire,
-malformed and oversized requests, channels closed under a call, clients killed with SIGKILL
-mid-call, and one SIGTERM half way (with a burst of larger calls in flight, see
+float64 reference, over raw gRPC and through the Python client (its data channel and its
+gRPC transport), with saved contexts whose backwards find them, or find them released, expired
+or unknown and resend in full, and with faults mixed in: client cancellations, deadlines that
+expire, malformed and oversized requests, channels closed under a call, data channel
+connections closed mid-payload, clients killed with SIGKILL mid-call, and one SIGTERM half way (with a burst of larger calls in flight, see
 drain_burst.py) followed by a restart on the same ports. Then checks that
 every call resolved exactly once and correctly, that the servers' counters agree with the
-clients' (invariants.py says exactly how), that RSS and fds stayed flat, and that both servers
-exited 0. Writes soak.json and soak.md into --out; exit status 0 only if every check passed.
+clients' (invariants.py says exactly how), that RSS and fds stayed flat, that at rest the
+server holds no data channel buffers, sessions or connections and frees saved contexts within
+their TTL, and that both servers exited 0. Writes soak.json and soak.md into --out; exit
+status 0 only if every check passed.
 
     tests/soak/soak.py --duration 300 --workers 3 --out /tmp/soak
 """
@@ -43,6 +47,9 @@ SAMPLE_INTERVAL_S = 2.0
 VICTIM_READY_TIMEOUT_S = 60.0
 # Victims pause this long before the SIGTERM, so none straddles the restart.
 VICTIM_QUIET_S = 5.0
+# At rest, the data channel's holdings must be gone within this, and saved contexts within
+# their TTL plus this (the context store sweeps every 250 ms).
+REST_MARGIN_S = 1.5
 
 
 def parse_args(argv=None):
@@ -195,7 +202,8 @@ class Soak:
         first = self.start_lifetime("L1")
         processes = [self.context.Process(target=worker.run, daemon=True,
                                           args=(i, first.server.target, self.seed + 1 + i,
-                                                self.shared, self.results))
+                                                self.shared, self.results,
+                                                ("127.0.0.1", first.server.data_port)))
                      for i in range(args.workers)]
         for process in processes:
             process.start()
@@ -244,6 +252,7 @@ class Soak:
             # Quiet now: the counters are final, and this sample is taken at rest.
             last.final_metrics = last.metrics()
             last.sample("rest")
+            last.wait_for_rest(workload.CONTEXT_TTL_S, REST_MARGIN_S)
             last.terminate_and_capture()
         elif last.exit_code is None:
             last.exit_code = last.server.process.returncode

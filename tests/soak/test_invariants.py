@@ -26,10 +26,19 @@ def _counts():
         "outcome|L2|Backward|malformed:oversize_message|RESOURCE_EXHAUSTED": 3,
         "outcome|L1drain|Forward|drain_burst|OK": 2, "issued|drain_burst": 2,
         "verified|Forward|fp16": 158, "gap_refused|valid|UNAVAILABLE": 3,
+        # A torn data channel request, and one call of each context and client path.
+        "outcome|L2|Forward|data_close|CANCELLED": 1,
+        "outcome|L2|Forward|context:keep|OK": 4, "outcome|L2|ReleaseContext|context:release|OK": 1,
+        "outcome|L2|Backward|context:hit|OK": 1, "outcome|L2|Backward|context:released|OK": 1,
+        "outcome|L2|Backward|context:unknown|OK": 1, "outcome|L2|Backward|context:expired|OK": 1,
+        "outcome|L2|Forward|client:auto|OK": 1, "outcome|L2|Forward|client:grpc|OK": 1,
     })
     for kind, n in (("valid", 145), ("cancel", 10), ("malformed:bad_dtype", 8),
                     ("deadline", 4), ("victim", 10), ("garbage_bytes", 2),
-                    ("malformed:oversize_message", 3), ("close", 0)):
+                    ("malformed:oversize_message", 3), ("close", 0), ("data_close", 1),
+                    ("context:keep", 4), ("context:release", 1), ("context:hit", 1),
+                    ("context:released", 1), ("context:unknown", 1), ("context:expired", 1),
+                    ("client:auto", 1), ("client:grpc", 1)):
         counts[f"issued|{kind}"] = n
     return counts
 
@@ -41,12 +50,19 @@ def _lifetimes():
                   for t in range(10, 101, 2)]
         return {"name": name, "exit_code": 0, "series": series, "inflight_at_sigterm": 2,
                 "samples": {"warmup": series[0], "load_end": series[-1]},
-                "final_metrics": {"requests": requests, "rejections": {}, "inflight": 0}}
+                "final_metrics": {"requests": requests, "rejections": {}, "inflight": 0,
+                                  "context_lookups": {"hit": 1, "miss": 3}}}
     # L1: 99 OK received + up to 5 cancelled; the last INVALID_ARGUMENT came after the scrape.
+    # L2: the torn data channel request counted UNAVAILABLE; 6 OK Forwards and 4 Backwards
+    # through the client.
+    l2 = lifetime("L2", {"Forward|OK": 66, "Forward|DEADLINE_EXCEEDED": 2,
+                         "Forward|UNAVAILABLE": 1, "Backward|OK": 4, "Backward|NOT_FOUND": 3,
+                         "Backward|INVALID_ARGUMENT": 2})
+    l2["rest"] = {"held_at_rest": {"contexts": 2, "context_bytes": 4096},
+                  "drained_after_s": {"data": 0.0, "contexts": 3.1}, "ttl_s": 4,
+                  "margin_s": 1.5}
     return [lifetime("L1", {"Forward|OK": 101, "Forward|UNAVAILABLE": 3,
-                            "Backward|INVALID_ARGUMENT": 7}),
-            lifetime("L2", {"Forward|OK": 60, "Forward|DEADLINE_EXCEEDED": 2,
-                            "Backward|INVALID_ARGUMENT": 2})]
+                            "Backward|INVALID_ARGUMENT": 7}), l2]
 
 
 def _failed(counts, lifetimes):
@@ -64,7 +80,7 @@ def _with(counts=None, lifetimes=None):
     base_counts["issued|close"] = 1
     base_counts["outcome|L2|Forward|close|CANCELLED"] = 1
     lifetimes = lifetimes or _lifetimes()
-    lifetimes[1]["final_metrics"]["requests"]["Forward|OK"] = 61  # the closed call finished
+    lifetimes[1]["final_metrics"]["requests"]["Forward|OK"] = 67  # the closed call finished
     base_counts.update(counts or {})
     return _failed(base_counts, lifetimes)
 
@@ -91,6 +107,28 @@ def test_seeded_defects_fail_their_checks():
     assert "L2 Backward: server and client agree on INVALID_ARGUMENT" in _with(
         {"outcome|L2|Backward|malformed:bad_dtype|INVALID_ARGUMENT": 1,
          "issued|malformed:bad_dtype": 1})
+    # An UNAVAILABLE beyond the one torn data channel request, outside the restart.
+    lifetimes = _lifetimes()
+    lifetimes[1]["final_metrics"]["requests"]["Forward|UNAVAILABLE"] = 2
+    assert _with(lifetimes=lifetimes) == {"L2 Forward: server and client agree on UNAVAILABLE"}
+    # No context miss was ever counted: the resend path went untested.
+    lifetimes = _lifetimes()
+    for lifetime in lifetimes:
+        lifetime["final_metrics"]["context_lookups"] = {"hit": 5}
+    assert _with(lifetimes=lifetimes) == {
+        "the servers counted context hits and misses (misses resent in full)"}
+
+
+def test_rest_defects_fail_their_checks():
+    # A session left behind, and contexts that outlived their TTL.
+    lifetimes = _lifetimes()
+    lifetimes[1]["rest"]["drained_after_s"] = {"data": None, "contexts": None}
+    assert _with(lifetimes=lifetimes) == {
+        "at rest: no data channel buffers, sessions or connections left",
+        "at rest: saved contexts freed within their TTL"}
+    lifetimes = _lifetimes()
+    del lifetimes[1]["rest"]
+    assert _with(lifetimes=lifetimes) == {"at rest: the last server's holdings scraped"}
 
 
 def test_lifetime_defects_fail_their_checks():
@@ -112,6 +150,13 @@ def test_parse_metrics():
             'attnserve_requests_total{code="OK",rpc="Forward"} 15\n'
             'attnserve_requests_total{code="INVALID_ARGUMENT",rpc="Backward"} 2\n'
             'attnserve_rejections_total{reason="deadline"} 3\n'
-            'attnserve_inflight_requests 0\n')
+            'attnserve_inflight_requests 0\n'
+            'attnserve_data_sessions 1\n'
+            'attnserve_contexts{device="cpu"} 2\n'
+            'attnserve_contexts{device="cuda:0"} 1\n'
+            'attnserve_context_lookups_total{result="miss"} 4\n')
+    held = {"data_buffered_bytes": 0, "data_sessions": 1, "data_connections": 0,
+            "contexts": 3, "context_bytes": 0}
     assert parse_metrics(text) == {"requests": {"Forward|OK": 15, "Backward|INVALID_ARGUMENT": 2},
-                                   "rejections": {"deadline": 3}, "inflight": 0}
+                                   "rejections": {"deadline": 3}, "inflight": 0,
+                                   "held": held, "context_lookups": {"miss": 4}}

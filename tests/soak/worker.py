@@ -1,13 +1,20 @@
 """One soak client process: a loop of valid calls (checked against the reference) with faults
-mixed in, counting how every call it issues ends."""
+mixed in, counting how every call it issues ends. Besides raw gRPC calls it calls through
+attnserve.Client (over the data channel in even-numbered workers, over gRPC in odd ones),
+keeps saved contexts for backwards that find them, find them released, expired or never
+made (the client then resends in full), and tears data channel connections mid-payload."""
 import collections
+import os
 import time
 import traceback
 
 import grpc
 import numpy as np
 
+import attnserve
 from attnserve import attention_pb2_grpc as pb2_grpc
+from attnserve import data_channel, frames
+from attnserve._proto.attnserve.v1 import data_channel_pb2 as dc_pb2
 import workload
 
 RPCS = ("Forward", "Backward")
@@ -22,8 +29,18 @@ GAP_RETRY_PAUSE_S = 0.05
 WINDOW_GRACE_S = 3.0
 
 # (action, weight): mostly valid traffic, the faults the soak is about mixed in.
-ACTIONS = (("valid", 0.50), ("cancel", 0.10), ("deadline", 0.10), ("close", 0.05),
-           ("malformed", 0.22), ("garbage", 0.03))
+ACTIONS = (("valid", 0.22), ("client", 0.15), ("context", 0.15), ("cancel", 0.08),
+           ("deadline", 0.08), ("close", 0.04), ("data_close", 0.05), ("malformed", 0.20),
+           ("garbage", 0.03))
+# What becomes of a kept context: its backward finds it (hit), finds it released or never
+# made (unknown id), runs after the TTL (park, then expired), or it is only released.
+CONTEXT_FATES = (("hit", 0.35), ("released", 0.15), ("unknown", 0.10), ("park", 0.25),
+                 ("release_only", 0.15))
+MAX_PARKED = 4
+MIN_CHUNK_BYTES = 64 << 10
+# A parked context's backward waits this long past the server's TTL (its sweep runs every
+# 250 ms), so the context is surely gone.
+EXPIRED_AFTER_S = workload.CONTEXT_TTL_S + 1.0
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -65,11 +82,11 @@ class Shared:
         return bool(start) and t1 >= start and (not end or t0 <= end + WINDOW_GRACE_S)
 
 
-def gap_cause(error) -> str:
-    """Why a call failed around the restart: refused by the draining server, sent while no
-    server listened, or cut with the connection (the one an accepted call would show if the
-    server dropped it)."""
-    details = (error.details() if error is not None else "") or ""
+def gap_cause(details: str) -> str:
+    """Why a call failed around the restart (details: its error's message): refused by the
+    draining server, sent while no server listened, or cut with the connection (the one an
+    accepted call would show if the server dropped it)."""
+    details = details or ""
     if "shutting down" in details:
         return "draining_server"
     if "failed to connect" in details or "Connection refused" in details:
@@ -98,9 +115,16 @@ def resolve(future, timeout: float):
 
 
 class Worker:
-    def __init__(self, target: str, rng: np.random.Generator, shared: Shared):
+    def __init__(self, target: str, rng: np.random.Generator, shared: Shared, index: int = 0,
+                 data_address=None):
         self.target, self.rng, self.shared = target, rng, shared
+        self.data_address = data_address
         self.channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        # No retries: every UNAVAILABLE reaches the soak, as on the raw channel.
+        self.transport = "auto" if index % 2 == 0 else "grpc"
+        self.client = attnserve.Client(target, timeout=CALL_TIMEOUT_S, retries=0,
+                                       transport=self.transport)
+        self.parked = collections.deque()  # (forward problem, its result, kept at)
         self.counts = collections.Counter()
         self.failures = []
 
@@ -136,7 +160,8 @@ class Worker:
             if code in accepted:
                 return
             if code in GAP_CODES and self.shared.in_window(t0, t1):
-                self.counts[key("gap_refused", kind, code.name, gap_cause(response))] += 1
+                details = response.details() if response is not None else ""
+                self.counts[key("gap_refused", kind, code.name, gap_cause(details))] += 1
                 if not retry or t1 - first > GAP_RETRY_BUDGET_S:
                     return
                 time.sleep(GAP_RETRY_PAUSE_S)
@@ -145,6 +170,120 @@ class Worker:
             details = response.details() if response is not None else "cancelled"
             self.fail(f"{kind} {rpc} ended {code.name}: {details!r} [{describe}]")
             return
+
+    def client_call(self, kind, rpc, make, check=None, describe=""):
+        """As call, for a call made through attnserve.Client by make(); check(result) says
+        why its result is wrong (None: right; no check: nothing to verify)."""
+        first = time.monotonic()
+        while True:
+            t0 = time.monotonic()
+            self.counts[key("issued", kind)] += 1
+            try:
+                result, code, details = make(), grpc.StatusCode.OK, ""
+            except attnserve.AttentionError as error:
+                result, code, details = None, error.code, error.details
+            t1 = time.monotonic()
+            self.counts[key("outcome", self.shared.phase(t1), rpc, kind, code.name)] += 1
+            if code == grpc.StatusCode.OK:
+                why = check(result) if check is not None else None
+                if why is not None:
+                    self.counts[key("wrong", kind)] += 1
+                    self.fail(f"wrong answer: {why} [{kind} {describe}]")
+                elif check is not None:
+                    self.counts[key("verified", rpc, describe.split()[1])] += 1
+                return result
+            if code in GAP_CODES and self.shared.in_window(t0, t1):
+                self.counts[key("gap_refused", kind, code.name, gap_cause(details))] += 1
+                if t1 - first > GAP_RETRY_BUDGET_S:
+                    return None
+                time.sleep(GAP_RETRY_PAUSE_S)
+                continue
+            self.counts[key("unexpected", kind, code.name)] += 1
+            self.fail(f"{kind} {rpc} ended {code.name}: {details!r} [{describe}]")
+            return None
+
+    def client_valid(self, rpc):
+        problem = workload.valid_problem(self.rng, rpc)
+        method = getattr(self.client, rpc.lower())
+        self.client_call(f"client:{self.transport}", rpc,
+                         lambda: method(*problem.args, **problem.options),
+                         problem.check_result, problem.describe)
+
+    def context_step(self):
+        """A forward keeping its context, then what CONTEXT_FATES draws for the context."""
+        problem = workload.valid_problem(self.rng, "Forward")
+        result = self.client_call(
+            "context:keep", "Forward",
+            lambda: self.client.forward(*problem.args, **problem.options, keep_context=True),
+            problem.check_result, problem.describe)
+        if result is None:
+            return
+        if not result.context_id:
+            self.fail(f"forward with keep_context kept no context [{problem.describe}]")
+            return
+        names, weights = zip(*CONTEXT_FATES)
+        fate = str(self.rng.choice(names, p=weights))
+        if fate == "park":
+            if len(self.parked) < MAX_PARKED:
+                self.parked.append((problem, result, time.monotonic()))
+                return
+            fate = "hit"  # enough are parked already
+        if fate in ("released", "release_only"):
+            # False when the context is already gone (it lived on the server before a restart).
+            released = self.client_call(
+                "context:release", "ReleaseContext",
+                lambda: self.client.release_context(result.context_id))
+            self.counts[key("context_released", released)] += 1
+            if fate == "release_only":
+                return
+        context_id = "0" * 32 if fate == "unknown" else result.context_id
+        self.context_backward(f"context:{fate}", problem, result, context_id)
+
+    def context_backward(self, kind, problem, result, context_id):
+        args, check = workload.context_backward(self.rng, problem, result)
+        self.client_call(kind, "Backward",
+                         lambda: self.client.backward(*args, **problem.options,
+                                                      context_id=context_id),
+                         check, "Backward" + problem.describe[len("Forward"):])
+
+    def expire_parked(self):
+        """The backward of a parked context once its TTL has surely run out."""
+        if self.parked and time.monotonic() - self.parked[0][2] > EXPIRED_AFTER_S:
+            problem, result, _ = self.parked.popleft()
+            self.context_backward("context:expired", problem, result, result.context_id)
+
+    def data_close(self):
+        """A data channel connection closed mid-payload: HELLO, a Forward's REQUEST, part of
+        its payload, and close, as a client that crashes while sending."""
+        problem = workload.valid_problem(self.rng, "Forward")
+        request, payload = workload.data_payload(problem)
+        if len(payload) < 2:
+            return
+        cut = int(self.rng.integers(1, len(payload)))
+        # One chunk, sent right behind the REQUEST (the server's chunks are 64 KiB at least).
+        chunk_bytes = max(len(payload), MIN_CHUNK_BYTES)
+        message = dc_pb2.DataRequest(payload_bytes=len(payload), chunk_bytes=chunk_bytes,
+                                     timeout_ms=int(CALL_TIMEOUT_S * 1000))
+        message.forward.CopyFrom(request)
+        t0 = time.monotonic()
+        self.counts[key("issued", "data_close")] += 1
+        try:
+            sock, _ = data_channel._connect(*self.data_address, os.urandom(16), None, 5.0)
+            with sock:
+                sock.sendall(frames.message_frame(frames.REQUEST, message, 1)
+                             + frames.pack_header(frames.CHUNK, 1, 0, len(payload))
+                             + payload[:cut])
+            code, details = "CANCELLED", ""
+        except (OSError, frames.ProtocolError, data_channel._ServerClosed) as error:
+            code, details = "UNAVAILABLE", str(error)
+        t1 = time.monotonic()
+        self.counts[key("outcome", self.shared.phase(t1), "Forward", "data_close", code)] += 1
+        if code == "UNAVAILABLE":
+            if self.shared.in_window(t0, t1):
+                self.counts[key("gap_refused", "data_close", code, gap_cause(details))] += 1
+            else:
+                self.counts[key("unexpected", "data_close", code)] += 1
+                self.fail(f"data_close: {details}")
 
     def _check(self, kind, rpc, check, response, describe):
         if check is None:  # a malformed request: OK is never right
@@ -159,9 +298,19 @@ class Worker:
             self.fail(f"wrong answer: {why} [{describe}]")
 
     def step(self):
+        self.expire_parked()
         names, weights = zip(*ACTIONS)
         action = str(self.rng.choice(names, p=weights))
         rpc = RPCS[int(self.rng.random() < 0.4)]
+        if action == "client":
+            self.client_valid(rpc)
+            return
+        if action == "context":
+            self.context_step()
+            return
+        if action == "data_close":
+            self.data_close()
+            return
         if action == "malformed":
             name = str(self.rng.choice(list(workload.MALFORMED)))
             codes = workload.MALFORMED[name][0]
@@ -197,14 +346,16 @@ class Worker:
         return {"worker": index, "counts": dict(self.counts), "failures": self.failures}
 
 
-def run(index, target, seed, shared, results):
-    """Process entry point: loops until the coordinator sets stop, then reports its counts."""
-    worker = Worker(target, np.random.default_rng(seed), shared)
+def run(index, target, seed, shared, results, data_address):
+    """Process entry point: loops until the coordinator sets stop, then reports its counts.
+    Contexts still parked then are left to the server's TTL."""
+    worker = Worker(target, np.random.default_rng(seed), shared, index, data_address)
     try:
         while not shared.stop.is_set():
             worker.step()
     except Exception:  # reported, not swallowed: a soak client that dies is a failure
         worker.fail("worker crashed:\n" + traceback.format_exc())
     finally:
+        worker.client.close()
         worker.channel.close()
         results.put(worker.report(index))

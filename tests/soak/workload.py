@@ -1,7 +1,7 @@
 """What the soak's clients send: small random valid problems (with their float64 reference
 answers) and malformed requests (with the status codes they must get)."""
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import grpc
@@ -14,8 +14,11 @@ from attnserve.tensors import from_tensor, to_tensor
 from cases import DTYPES, LSE_TOLERANCE, TOLERANCE, rel_error
 
 # Server limits the soak runs with: small, so that the over-limit requests stay cheap to build.
+# Saved contexts expire after CONTEXT_TTL_S, so that a soak of a minute sees contexts expire
+# under their backward.
+CONTEXT_TTL_S = 4
 SERVER_LIMITS = {"max_total_tokens": 2048, "max_batch": 64, "max_head_dim": 256,
-                 "max_message_bytes": 4 << 20}
+                 "max_message_bytes": 4 << 20, "context_ttl_seconds": CONTEXT_TTL_S}
 
 INVALID = frozenset({grpc.StatusCode.INVALID_ARGUMENT})
 LIMIT = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -31,6 +34,11 @@ class Problem:
     request: object
     check: Callable[[object], Optional[str]]  # response -> None, or why it is wrong
     describe: str
+    # The same call through attnserve.Client: client.forward(*args, **options) (or backward),
+    # and its ForwardResult/BackwardResult -> None, or why it is wrong.
+    args: tuple = ()
+    options: dict = field(default_factory=dict)
+    check_result: Callable[[object], Optional[str]] = lambda result: "no check"
 
 
 def _random_options(rng, dim):
@@ -62,35 +70,42 @@ def _random_shape(rng):
     return cu(seqlens_q), cu(seqlens_k), heads, heads_k, dim
 
 
+def forward_error(dtype, ref_out, ref_lse, out, lse) -> Optional[str]:
+    """Why out and lse are not the reference's, or None."""
+    if out.dtype != dtype or out.shape != ref_out.shape:
+        return f"out is {out.dtype}{out.shape}"
+    if lse.dtype != np.float32 or lse.shape != ref_lse.shape:
+        return f"lse is {lse.dtype}{lse.shape}"
+    masked = np.isposinf(ref_lse)
+    if not np.array_equal(np.isposinf(lse), masked):
+        return "lse +inf rows differ"
+    out_error = rel_error(out, ref_out)
+    lse_error = rel_error(lse[~masked], ref_lse[~masked]) if (~masked).any() else 0.0
+    if not out_error <= TOLERANCE[dtype] or not lse_error <= LSE_TOLERANCE:
+        return f"out error {out_error:.2e}, lse error {lse_error:.2e}"
+    return None
+
+
+def backward_error(dtype, refs, grads) -> Optional[str]:
+    """Why grads (dq, dk, dv) are not the reference's refs, or None."""
+    for name, ref, actual in zip(("dq", "dk", "dv"), refs, grads):
+        if actual.dtype != dtype or actual.shape != ref.shape:
+            return f"{name} is {actual.dtype}{actual.shape}"
+        error = rel_error(actual, ref)
+        if not error <= TOLERANCE[dtype]:
+            return f"{name} error {error:.2e}"
+    return None
+
+
 def _check_forward(dtype, ref_out, ref_lse):
-    def check(response):
-        out, lse = from_tensor(response.out, "out"), from_tensor(response.lse, "lse")
-        if out.dtype != dtype or out.shape != ref_out.shape:
-            return f"out is {out.dtype}{out.shape}"
-        if lse.dtype != np.float32 or lse.shape != ref_lse.shape:
-            return f"lse is {lse.dtype}{lse.shape}"
-        masked = np.isposinf(ref_lse)
-        if not np.array_equal(np.isposinf(lse), masked):
-            return "lse +inf rows differ"
-        out_error = rel_error(out, ref_out)
-        lse_error = rel_error(lse[~masked], ref_lse[~masked]) if (~masked).any() else 0.0
-        if not out_error <= TOLERANCE[dtype] or not lse_error <= LSE_TOLERANCE:
-            return f"out error {out_error:.2e}, lse error {lse_error:.2e}"
-        return None
-    return check
+    return lambda response: forward_error(dtype, ref_out, ref_lse,
+                                          from_tensor(response.out, "out"),
+                                          from_tensor(response.lse, "lse"))
 
 
 def _check_backward(dtype, refs):
-    def check(response):
-        for name, ref in zip(("dq", "dk", "dv"), refs):
-            actual = from_tensor(getattr(response, name), name)
-            if actual.dtype != dtype or actual.shape != ref.shape:
-                return f"{name} is {actual.dtype}{actual.shape}"
-            error = rel_error(actual, ref)
-            if not error <= TOLERANCE[dtype]:
-                return f"{name} error {error:.2e}"
-        return None
-    return check
+    return lambda response: backward_error(
+        dtype, refs, [from_tensor(getattr(response, name), name) for name in ("dq", "dk", "dv")])
 
 
 def valid_problem(rng, rpc: str, shape=None, dtype_name=None) -> Problem:
@@ -107,14 +122,43 @@ def valid_problem(rng, rpc: str, shape=None, dtype_name=None) -> Problem:
                 f"heads={heads}/{heads_k} dim={dim} {options}")
     if rpc == "Forward":
         request = attnserve.forward_request(q, k, v, cu_q, cu_k, **options)
-        return Problem(rpc, dtype, request, _check_forward(dtype, out, lse), describe)
+        return Problem(rpc, dtype, request, _check_forward(dtype, out, lse), describe,
+                       (q, k, v, cu_q, cu_k), options,
+                       lambda result: forward_error(dtype, out, lse, result.out, result.lse))
     # The backward gets the reference forward (rounded as a client would hold it) and is
     # checked against the reference backward from exactly those out and lse.
     out, lse = out.astype(dtype), lse.astype(np.float32)
     dout = randn(total_q, heads)
     refs = reference.attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, **options)
     request = attnserve.backward_request(dout, q, k, v, out, lse, cu_q, cu_k, **options)
-    return Problem(rpc, dtype, request, _check_backward(dtype, refs), describe)
+    return Problem(rpc, dtype, request, _check_backward(dtype, refs), describe,
+                   (dout, q, k, v, out, lse, cu_q, cu_k), options,
+                   lambda result: backward_error(dtype, refs, (result.dq, result.dk, result.dv)))
+
+
+def context_backward(rng, forward: Problem, forward_result):
+    """A Backward after `forward` kept its context: the arguments of client.backward (the
+    full inputs, which the client resends when the context is gone) and the check of its
+    answer, against the reference backward from the out and lse the server returned (which
+    the context holds)."""
+    q, k, v, cu_q, cu_k = forward.args
+    out, lse = forward_result.out, forward_result.lse
+    dout = rng.standard_normal(out.shape).astype(forward.dtype)
+    refs = reference.attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, **forward.options)
+    return ((dout, q, k, v, out, lse, cu_q, cu_k),
+            lambda result: backward_error(forward.dtype, refs,
+                                          (result.dq, result.dk, result.dv)))
+
+
+def data_payload(problem: Problem):
+    """A Forward as the data channel carries it: the request with shape-only tensors, and the
+    payload bytes (q, k, v back to back)."""
+    request = type(problem.request)()
+    request.CopyFrom(problem.request)
+    payload = b"".join(getattr(request, name).data for name in ("q", "k", "v"))
+    for name in ("q", "k", "v"):
+        getattr(request, name).data = b""
+    return request, payload
 
 
 # ---- malformed requests: (name, expected codes, reaches the handler, mutation) ----------------

@@ -93,6 +93,7 @@ DataServer::DataServer(const DataServerOptions& options, metrics::ServerMetrics*
   context_.metrics = metrics;
   context_.data_metrics = &data_metrics_;
   context_.budget = &budget_;
+  data_metrics_.SetBufferedBytesLimit(static_cast<double>(options.max_buffered_bytes));
 }
 
 absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Start(
