@@ -3,9 +3,7 @@ import numpy as np
 import pytest
 
 import attnserve
-from server_process import MAIN_LIMITS, SMALL_LIMITS, run_server
-
-CALL_TIMEOUT_S = 30
+from server_process import CALL_TIMEOUT_S, MAIN_LIMITS, SMALL_LIMITS, run_server
 
 
 @pytest.fixture(scope="session")

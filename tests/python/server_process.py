@@ -16,6 +16,8 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_BINARY = REPO_ROOT / "build" / "bin" / "attnserve"
 READY_TIMEOUT_S = 30.0
+# A deadline for the tests' calls: generous for a 2-core CI machine.
+CALL_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 20.0
 
 # Explicit limits, so test_info can check that the server reports what it was given; large

@@ -7,7 +7,7 @@ import pytest
 
 import attnserve
 from cases import CASES, DTYPES, TOLERANCE, backward_errors, make_inputs
-from conftest import CALL_TIMEOUT_S
+from server_process import CALL_TIMEOUT_S
 
 # Of the shared cases: GQA, empty sequences and a large head dim (several chunks at 64 KiB).
 FAST_CASES = [c for c in CASES if c.name in ("gqa", "empty_seqs", "head_dim_128", "window")]

@@ -92,7 +92,7 @@ def _dtype(field_name, dtype):
 # (id, mutation of a good request, accepted substrings of the details: any one must appear).
 COMMON = [
     ("q_dtype_unspecified", _dtype("q", pb2.DTYPE_UNSPECIFIED), ["q.dtype"]),
-    ("q_missing", lambda r: r.ClearField("q"), ["q."]),
+    ("q_missing", lambda r: r.ClearField("q"), ["q.", "q: missing"]),
     ("k_dtype_mismatch", _set("k", _tensor((12, 2, 16), np.float16)), ["k.dtype"]),
     ("v_dtype_mismatch", _set("v", _tensor((12, 2, 16), bfloat16)), ["v.dtype"]),
     ("q_rank_2", _shape("q", [12, 32]), ["q.shape"]),
