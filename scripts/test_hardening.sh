@@ -48,13 +48,14 @@ if [[ " $STAGES " == *" tsan "* ]]; then
   # report fails the stage, whichever process it came from.
   configure build-tsan -DATTN_SANITIZE=thread
   cmake --build build-tsan --target attn_server_unit_tests attnserve attnctl attnload \
-    attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests
+    attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests attn_data_channel_e2e_tests
   tsan_logs="$PWD/build-tsan/tsan-reports"
   rm -rf "$tsan_logs" && mkdir -p "$tsan_logs"
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/tests/sanitizers/tsan_grpc.supp:log_path=$tsan_logs/report"
   tsan_failed=0
   build-tsan/bin/attn_server_unit_tests --gtest_repeat=20 --gtest_brief=1 || tsan_failed=1
-  for e2e in attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests; do
+  for e2e in attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests \
+             attn_data_channel_e2e_tests; do
     "build-tsan/bin/$e2e" --gtest_brief=1 || tsan_failed=1
   done
   # Without the compute_timed tests (pytest.ini): their blockers and deadlines assume CPU
