@@ -316,6 +316,12 @@ absl::StatusOr<v1::ForwardResponse> DataChannelClient::Forward(const v1::Forward
 
 absl::StatusOr<v1::BackwardResponse> DataChannelClient::Backward(
     const v1::BackwardRequest& request) {
+  // Answers land in buffers sized from k and v; a backward on a saved context sends neither.
+  if (!request.has_k() || !request.has_v()) {
+    return absl::InvalidArgumentError(
+        "Backward needs k and v to size dk and dv; for a backward on a saved context use Call() "
+        "with answer buffers sized from the forward's k and v");
+  }
   data_channel::SplitCall split = data_channel::SplitBackward(request);
   // dq, dk, dv have the shapes and dtype of q, k, v.
   const int64_t item = request.dout().dtype() == v1::DTYPE_FLOAT32 ? 4 : 2;

@@ -109,6 +109,8 @@ class DataChannelClient {
 
   // The tensor bytes travel from the request's own Tensor.data fields and arrive into the
   // response's (as on gRPC); the request is copied once without them for its REQUEST frame.
+  // Backward needs k and v (INVALID_ARGUMENT otherwise): a backward on a saved context goes
+  // through Call with answer buffers sized from the forward's q, k and v.
   absl::StatusOr<v1::ForwardResponse> Forward(const v1::ForwardRequest& request);
   absl::StatusOr<v1::BackwardResponse> Backward(const v1::BackwardRequest& request);
 
