@@ -59,6 +59,9 @@ ABSL_FLAG(int64_t, context_memory_bytes, 0,
 ABSL_FLAG(int32_t, context_ttl_seconds, 300,
           "A saved context unused this long is freed (its backward then gets NOT_FOUND and the "
           "client resends in full).");
+ABSL_FLAG(bool, transport_ceiling, false,
+          "Benchmarks only: answer every valid request at once with zero-filled outputs, "
+          "computing nothing, to measure what the transports alone sustain.");
 ABSL_FLAG(std::string, advertise_address, "",
           "This replica's own gRPC address (host:port) as clients reach it, returned with kept "
           "contexts (ForwardResponse.context_address) and in ServerInfo.address so clients "
@@ -192,6 +195,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.engine.contexts.memory_bytes = absl::GetFlag(FLAGS_context_memory_bytes);
   config.engine.contexts.ttl = absl::Seconds(absl::GetFlag(FLAGS_context_ttl_seconds));
   config.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  config.transport_ceiling = absl::GetFlag(FLAGS_transport_ceiling);
   config.engine.cpu_lanes = absl::GetFlag(FLAGS_cpu_lanes);
   config.engine.cuda_lanes = absl::GetFlag(FLAGS_cuda_lanes);
   config.engine.answer_threads_per_lane = absl::GetFlag(FLAGS_answer_threads_per_lane);
@@ -324,6 +328,10 @@ int main(int argc, char** argv) {
 
   std::fprintf(stderr, "attnserve: %s\n", (*app)->SecuritySummary().c_str());
   std::fprintf(stderr, "attnserve: %s\n", (*app)->DataChannelSummary().c_str());
+  if (config->transport_ceiling) {
+    std::fprintf(stderr, "attnserve: WARNING: --transport_ceiling: every answer is zeros, "
+                         "nothing is computed (benchmarks only)\n");
+  }
 
   int signal_number = 0;
   while (sigwait(&shutdown_signals, &signal_number) == 0 && signal_number == SIGHUP) {

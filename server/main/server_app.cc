@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/devices/capability_emulation.h"
+#include "server/engine/transport_ceiling_engine.h"
 
 namespace attnserve {
 namespace {
@@ -76,6 +77,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
       engine::LocalEngine::Create(*devices, config.engine, app->metrics_.get());
   if (!engine.ok()) return engine.status();
   app->engine_ = *std::move(engine);
+  if (config.transport_ceiling) {
+    app->engine_ = std::make_unique<engine::TransportCeilingEngine>(std::move(app->engine_));
+  }
   app->slots_ = std::make_unique<transport::CallSlots>(config.call_limits.max_concurrent_requests);
   transport::CallLimits call_limits = config.call_limits;
   app->StartDataChannel(tls.has_value(), compute_auth, &call_limits);

@@ -37,6 +37,9 @@ struct ServerConfig {
   engine::EngineOptions engine;
   // This replica's gRPC address as clients reach it (--advertise_address); empty: unknown.
   std::string advertise_address;
+  // Benchmarks only: answer every valid request with zeros, computing nothing
+  // (engine/transport_ceiling_engine.h).
+  bool transport_ceiling = false;
   absl::Duration drain_timeout = absl::Seconds(30);
   // Connections older than this are closed gracefully (GOAWAY) so clients re-resolve and
   // spread over replicas added since; zero keeps connections forever.
@@ -107,7 +110,7 @@ class ServerApp {
   std::unique_ptr<transport::CallSlots> slots_;
   std::unique_ptr<transport::data::DataServer> data_;
   std::string data_summary_;
-  std::unique_ptr<engine::LocalEngine> engine_;
+  std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::AttentionServiceImpl> service_;
   std::unique_ptr<transport::HealthService> health_;
   std::unique_ptr<grpc::Server> grpc_server_;
