@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Small requests against the transports' own ceiling (issue 24 item 6), on the GPU machine in one
+# go: 64 concurrent attnload clients send one-sequence forwards of 64 and of 512 tokens (16
+# heads, head_dim 128, bf16) over loopback, through gRPC and through the data channel, to the
+# server built here (a bundle folder, default .gpu-bundle/; ATTN_BUNDLE=<folder> picks another)
+# with batching off, batching on, and --transport_ceiling (valid requests answered with zeros at
+# once: what the transport alone sustains). Prints a table of req/s and each configuration's
+# ratio to the ceiling of its transport and shape; attnload's JSON and the logs go under $OUT.
+#   DURATION (default 10s per configuration), SHAPES (default "64 512"), TRANSPORTS ("grpc data")
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/attnserve-small}"
+BUNDLE="${ATTN_BUNDLE:-.gpu-bundle}"
+DURATION="${DURATION:-10s}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$BUNDLE/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+bin=$BUNDLE/bin
+
+run() {  # name, seqlen, transport, server flags...
+  local name=$1 seqlen=$2 transport=$3
+  shift 3
+  "$bin/attnserve" --devices=auto --grpc_port=8101 --http_port=8100 --data_port=8102 "$@" \
+    >"$OUT/server_$name.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 1 150); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8100/readyz')" \
+      2>/dev/null && break
+    sleep 0.2
+  done
+  "$bin/attnload" --target=localhost:8101 --transport="$transport" --data_connections=8 \
+    --concurrency=64 --connections=8 --duration="$DURATION" --warmup=2s \
+    --shape="fixed:batch=1,seqlen=$seqlen" --heads=16 --head_dim=128 --dtype=bf16 \
+    --pool_size=64 --progress=false --output_json="$OUT/$name.json" >"$OUT/$name.txt" 2>&1
+  kill -INT "$server"
+  wait "$server"
+}
+
+for seqlen in ${SHAPES:-64 512}; do
+  for transport in ${TRANSPORTS:-grpc data}; do
+    run "${seqlen}_${transport}_ceiling" "$seqlen" "$transport" --transport_ceiling
+    run "${seqlen}_${transport}_batching_off" "$seqlen" "$transport" --batching=false
+    run "${seqlen}_${transport}_batching_on" "$seqlen" "$transport" --batching=true \
+      --max_queue_delay_us=500
+  done
+done
+
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def rps(name):
+    path = out / f"{name}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())["runs"][-1]["throughput_rps"]
+print("| tokens | transport | configuration | req/s | / ceiling |")
+print("|---|---|---|---|---|")
+for path in sorted(out.glob("*_ceiling.json")):
+    seqlen, transport, _ = path.stem.split("_", 2)
+    ceiling = rps(path.stem)
+    for config in ("ceiling", "batching_off", "batching_on"):
+        value = rps(f"{seqlen}_{transport}_{config}")
+        ratio = f"{value / ceiling:.2f}" if value and ceiling else "-"
+        print(f"| {seqlen} | {transport} | {config.replace('_', ' ')} | "
+              f"{value if value is None else round(value, 1)} | {ratio} |")
+PY
