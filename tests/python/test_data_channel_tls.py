@@ -77,7 +77,8 @@ def _channel(server, pki, *, cert=None, key=None, ca=None, token=TOKEN,
 def _forward_over(channel, rng):
     """A forward straight over `channel` (no gRPC); its output."""
     q, k, v, _, cu = _inputs(rng, tokens=(20,))
-    message = attnserve.attention_pb2.ForwardRequest(cu_seqlens_q=cu.tolist(), cu_seqlens_k=cu.tolist())
+    message = attnserve.attention_pb2.ForwardRequest(cu_seqlens_q=cu.tolist(),
+                                                     cu_seqlens_k=cu.tolist())
     for name, array in (("q", q), ("k", k), ("v", v)):
         tensor = getattr(message, name)
         tensor.dtype = attnserve.attention_pb2.DTYPE_FLOAT32

@@ -213,9 +213,10 @@ class Client:
     secure as the channel: TLS with the same CA, client certificate and server name when the
     client uses TLS (and the server's data channel does), plain TCP when neither does. It goes
     to the replica that answered GetServerInfo (its advertised address, else the target's
-    host), and needs a little-endian host. Result arrays from the data channel are writable arrays of their own;
-    over gRPC they are read-only views of the response (copy them to modify in place). Both
-    write into arrays the caller passes (out=, lse=, dq=, ...) when given.
+    host), and needs a little-endian host. Result arrays from the data channel are writable
+    arrays of their own; over gRPC they are read-only views of the response (copy them to
+    modify in place). Both write into arrays the caller passes (out=, lse=, dq=, ...) when
+    given.
 
     Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True
     alone uses the system's roots), tls_cert_file + tls_key_file (a client certificate, for

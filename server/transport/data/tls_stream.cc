@@ -156,9 +156,9 @@ absl::Status TlsStream::ReadExact(char* out, size_t size, absl::Duration first_b
       continue;
     }
     if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) {
-      if (absl::Status ready =
-              WaitFor(fd_, error == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT,
-                      got == 0 ? first_byte_timeout : stall_timeout, "the peer sent nothing in time");
+      const absl::Duration timeout = got == 0 ? first_byte_timeout : stall_timeout;
+      if (absl::Status ready = WaitFor(fd_, error == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT,
+                                       timeout, "the peer sent nothing in time");
           !ready.ok()) {
         return ready;
       }
