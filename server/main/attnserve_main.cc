@@ -125,8 +125,9 @@ ABSL_FLAG(bool, auth_open_health_and_metrics, true,
           "to callers without a token (false: they need one too).");
 ABSL_FLAG(int32_t, data_port, 8002,
           "Port of the bulk data path (raw TCP, tensors by offset over several connections; "
-          "proto/attnserve/v1/data_channel.proto) on --host; 0 = off. Off with TLS for now. A "
-          "port that cannot be bound leaves it off (logged; clients then use gRPC).");
+          "proto/attnserve/v1/data_channel.proto) on --host; 0 = off. TLS and mTLS as on the "
+          "gRPC port. A port that cannot be bound leaves it off (logged; clients then use "
+          "gRPC).");
 ABSL_FLAG(int32_t, data_max_connections, 256, "Data path connections open at once.");
 ABSL_FLAG(int32_t, data_max_connections_per_session, 16,
           "Data path connections one session (client) may open.");

@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   }
   app->slots_ = std::make_unique<transport::CallSlots>(config.call_limits.max_concurrent_requests);
   transport::CallLimits call_limits = config.call_limits;
-  app->StartDataChannel(tls.has_value(), compute_auth, &call_limits);
+  app->StartDataChannel(tls.has_value() ? &*tls : nullptr, compute_auth, &call_limits);
   app->service_ = std::make_unique<transport::AttentionServiceImpl>(
       app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, call_limits, app->slots_.get(),
       compute_auth, config.advertise_address);
@@ -146,22 +146,19 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   return app;
 }
 
-void ServerApp::StartDataChannel(bool tls, const transport::Authenticator* auth,
+void ServerApp::StartDataChannel(const transport::TlsMaterial* tls,
+                                 const transport::Authenticator* auth,
                                  transport::CallLimits* call_limits) {
   const transport::data::DataServerOptions& options = config_.data_channel;
   if (options.port == 0) {
     data_summary_ = "data channel off (--data_port=0)";
     return;
   }
-  if (tls) {
-    data_summary_ = "data channel off: it does not speak TLS yet, clients use gRPC";
-    return;
-  }
   transport::data::DataServerOptions with_limits = options;
   with_limits.max_deadline = config_.call_limits.max_deadline;
   absl::StatusOr<std::unique_ptr<transport::data::DataServer>> data =
       transport::data::DataServer::Start(with_limits, engine_.get(), metrics_.get(),
-                                         slots_.get(), auth);
+                                         slots_.get(), auth, tls);
   if (!data.ok()) {
     data_summary_ = absl::StrCat("data channel off: ", data.status().message(),
                                  " (clients use gRPC)");
@@ -171,7 +168,9 @@ void ServerApp::StartDataChannel(bool tls, const transport::Authenticator* auth,
   call_limits->data_channel.port = data_->port();
   call_limits->data_channel.max_chunk_bytes = options.max_chunk_bytes;
   call_limits->data_channel.max_connections_per_session = options.max_connections_per_session;
+  call_limits->data_channel.tls = tls != nullptr;
   data_summary_ = absl::StrCat("data channel on ", options.host, ":", data_->port());
+  if (tls != nullptr) absl::StrAppend(&data_summary_, tls->mutual() ? " (mTLS)" : " (TLS)");
 }
 
 ServerApp::~ServerApp() { Shutdown(); }

@@ -65,8 +65,8 @@ struct ServerConfig {
   // With tokens: whether grpc.health.v1, /healthz, /readyz and /metrics stay open to callers
   // without one (probes and scrapers usually have none).
   bool auth_open_health_and_metrics = true;
-  // The bulk data path (transport/data/data_server.h); data_channel.port 0: off. It is off
-  // with TLS too, until it speaks TLS. A port that cannot be bound leaves it off rather than
+  // The bulk data path (transport/data/data_server.h); data_channel.port 0: off. It serves
+  // TLS with `tls` as the gRPC port does. A port that cannot be bound leaves it off rather than
   // failing startup: clients fall back to gRPC, and servers started side by side with the
   // default port (tests, benchmarks) keep working.
   transport::data::DataServerOptions data_channel;
@@ -98,7 +98,8 @@ class ServerApp {
   explicit ServerApp(const ServerConfig& config);
   // Starts the data path unless it is off, and records where it listens in `call_limits`
   // (ServerInfo.data_channel).
-  void StartDataChannel(bool tls, const transport::Authenticator* auth,
+  // `tls` null: plain TCP, else TLS (mTLS with client CAs) as on the gRPC port.
+  void StartDataChannel(const transport::TlsMaterial* tls, const transport::Authenticator* auth,
                         transport::CallLimits* call_limits);
 
   const ServerConfig config_;

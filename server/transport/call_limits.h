@@ -22,6 +22,7 @@ struct CallLimits {
     int port = 0;
     int64_t max_chunk_bytes = 0;
     int32_t max_connections_per_session = 0;
+    bool tls = false;  // connections start with a TLS handshake
   };
   DataChannel data_channel;
 };

@@ -72,7 +72,7 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
     channel->set_protocol_version(1);
     channel->set_max_chunk_bytes(data.max_chunk_bytes);
     channel->set_max_connections_per_session(data.max_connections_per_session);
-    channel->set_tls(false);  // the data path is served only without TLS (data_server.h)
+    channel->set_tls(data.tls);
   }
   for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT32}) {
     info.add_dtypes(dtype);

@@ -140,6 +140,16 @@ TEST_F(DataChannelE2ETest, ServerInfoAdvertisesTheDataChannel) {
   EXPECT_FALSE(info->data_channel().tls());
 }
 
+// This client has no TLS on the data path yet: it must not say HELLO (the token) in the clear
+// to a TLS data port.
+TEST_F(DataChannelE2ETest, ATlsDataChannelIsRefusedByThisClient) {
+  DataChannelOptions options = Options(*server_, 1, 65536);
+  options.tls = true;
+  const absl::Status status = DataChannelClient::Open(options).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_NE(status.message().find("TLS"), std::string::npos) << status;
+}
+
 // Three connections and a chunk size that divides no tensor: chunks start at odd offsets and
 // straddle tensors; the answers are the gRPC answers byte for byte.
 TEST_F(DataChannelE2ETest, ForwardAndBackwardEqualGrpcBitwise) {

@@ -63,6 +63,11 @@ int64_t Elements(const v1::Tensor& t) {
 
 absl::StatusOr<std::unique_ptr<DataChannelClient>> DataChannelClient::Open(
     const DataChannelOptions& options) {
+  if (options.tls) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the data channel at ", options.host, ":", options.port,
+        " speaks TLS (DataChannelInfo.tls), which this C++ client does not yet; use gRPC"));
+  }
   std::unique_ptr<DataChannelClient> client(new DataChannelClient(options));
   const std::string session_id = data_channel::RandomSessionId();
   const v1::DataHello hello = data_channel::MakeHello(session_id, options.bearer_token);

@@ -19,7 +19,7 @@ import numpy as np
 from . import frames
 from ._proto.attnserve.v1 import attention_pb2 as pb2
 from ._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
-from .data_channel import DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DataChannel
+from .data_channel import DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DataChannel, Tls
 from .errors import AttentionError
 from .security import Security
 from .tensors import from_tensor, numpy_dtype, to_tensor, wire_array
@@ -209,12 +209,14 @@ class Client:
     transport: "auto" (default) asks the server once (GetServerInfo, on the first call) whether
     it has a data channel and, if it does, moves Forward and Backward tensors over it
     (`data_connections` TCP connections, `chunk_bytes` per chunk, both capped by the server);
-    else, and with "grpc", everything goes over gRPC. The data channel is used when it is no
-    less secure than the channel (not yet over TLS), goes to the replica that answered
-    GetServerInfo (its advertised address, else the target's host), and needs a
-    little-endian host. Result arrays from the data channel are writable arrays of their own;
-    over gRPC they are read-only views of the response (copy them to modify in place). Both
-    write into arrays the caller passes (out=, lse=, dq=, ...) when given.
+    else, and with "grpc", everything goes over gRPC. The data channel is used when it is as
+    secure as the channel: TLS with the same CA, client certificate and server name when the
+    client uses TLS (and the server's data channel does), plain TCP when neither does. It goes
+    to the replica that answered GetServerInfo (its advertised address, else the target's
+    host), and needs a little-endian host. Result arrays from the data channel are writable
+    arrays of their own; over gRPC they are read-only views of the response (copy them to
+    modify in place). Both write into arrays the caller passes (out=, lse=, dq=, ...) when
+    given.
 
     Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True
     alone uses the system's roots), tls_cert_file + tls_key_file (a client certificate, for
@@ -254,6 +256,8 @@ class Client:
         self.chunk_bytes = chunk_bytes
         self.async_workers = async_workers
         self._metadata = security.call_metadata()
+        # Credentials of the caller's own making: the data channel cannot copy them for TLS.
+        self._custom_credentials = credentials is not None
         # Kept to make clients of the same kind for other replicas (contexts held there).
         self._peer_settings = dict(retries=retries, security=security, credentials=credentials,
                                    max_message_bytes=max_message_bytes, options=tuple(options),
@@ -305,15 +309,13 @@ class Client:
             if self._transport_decided:
                 return self._data
             info = None
-            # TLS clients stay on gRPC (see _open_data_channel): no need to ask.
-            if not self.security.uses_tls:
-                try:
-                    info = self.server_info()
-                except AttentionError as error:
-                    if error.code in _REFUSED:
-                        raise  # the call itself would be refused the same way
-                    if error.code != grpc.StatusCode.UNIMPLEMENTED:
-                        return None  # this call goes over gRPC (and fails there); ask later
+            try:
+                info = self.server_info()
+            except AttentionError as error:
+                if error.code in _REFUSED:
+                    raise  # the call itself would be refused the same way
+                if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                    return None  # this call goes over gRPC (and fails there); ask later
             self._data = self._open_data_channel(info)
             self._transport_decided = True
             return self._data
@@ -322,9 +324,11 @@ class Client:
         if info is None or not info.HasField("data_channel"):
             return None
         advertised = info.data_channel
-        # TLS on the data channel is not implemented here yet, and a TLS client must not send
-        # its tensors in the clear beside its encrypted channel.
-        if advertised.tls or self.security.uses_tls:
+        # Exactly as protected as the channel: a TLS client never sends tokens or tensors in
+        # the clear (to a plaintext data port behind a TLS-terminating proxy, say), and TLS
+        # needs this client's own TLS settings.
+        if advertised.tls != self.security.uses_tls or (advertised.tls and
+                                                        self._custom_credentials):
             return None
         if advertised.protocol_version != frames.PROTOCOL_VERSION or sys.byteorder != "little":
             return None
@@ -341,9 +345,14 @@ class Client:
         chunk_bytes = self.chunk_bytes
         if advertised.max_chunk_bytes > 0:
             chunk_bytes = min(chunk_bytes, advertised.max_chunk_bytes)
+        tls = None
+        if advertised.tls:
+            # The name gRPC checks: the override, else the target's host.
+            name = self.security.server_name or target_host(self.target) or address[0]
+            tls = Tls(self.security.ssl_context(), name)
         self._replica_address = info.address
         return DataChannel(*address, token=self.security.token, connections=connections,
-                           chunk_bytes=chunk_bytes)
+                           chunk_bytes=chunk_bytes, tls=tls)
 
     def active_transport(self) -> str:
         """"data_channel" or "grpc": where this client's Forward and Backward go now."""

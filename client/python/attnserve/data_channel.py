@@ -1,6 +1,6 @@
 """The client side of the data channel (proto/attnserve/v1/data_channel.proto): tensor bytes
-over several plain TCP connections beside gRPC, sent from and received into the caller's own
-buffers.
+over several TCP connections beside gRPC (TLS on each when the server speaks it: tls_socket.py),
+sent from and received into the caller's own buffers.
 
 A DataChannel holds one session to one server: `connections` TCP connections that all said
 HELLO with the same random session id. Per connection, a sender thread drains a queue of frames
@@ -23,6 +23,7 @@ import itertools
 import os
 import queue
 import socket
+import ssl
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -35,6 +36,7 @@ from . import frames
 from ._proto.attnserve.v1 import data_channel_pb2 as dc_pb2
 from .errors import AttentionError
 from .tensors import byte_view
+from .tls_socket import connect_tls
 
 DEFAULT_CONNECTIONS = 4
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -123,15 +125,27 @@ class _ServerClosed(Exception):
         self.code = code
 
 
+class Tls:
+    """TLS for a data channel: the context (CA, client certificate) and the name the server's
+    certificate must carry."""
+
+    def __init__(self, context: ssl.SSLContext, server_name: str):
+        self.context = context
+        self.server_name = server_name
+
+
 def _connect(host: str, port: int, session_id: bytes, token: Optional[str],
-             timeout: float):
-    """A connection that said HELLO, and the server's DataHelloOk."""
+             timeout: float, tls: Optional[Tls]):
+    """A connection that said HELLO (after the TLS handshake, with `tls`), and the server's
+    DataHelloOk."""
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = connect_tls(sock, tls.context, tls.server_name, timeout)
         hello = dc_pb2.DataHello(protocol_version=frames.PROTOCOL_VERSION,
                                  session_id=session_id, token=token or "")
-        sock.sendall(frames.message_frame(frames.HELLO, hello))
+        frames.send_views(sock, [frames.message_frame(frames.HELLO, hello)])
         header = frames.recv_header(sock)
         if header.type == frames.ERROR:
             error = frames.recv_message(sock, header, dc_pb2.DataError)
@@ -150,7 +164,7 @@ class _Session:
     """The connections of one HELLO'd session, their threads, and the calls pending on it."""
 
     def __init__(self, host: str, port: int, token: Optional[str], connections: int,
-                 chunk_bytes: int, connect_timeout: float):
+                 chunk_bytes: int, connect_timeout: float, tls: Optional[Tls]):
         self.address = f"{host}:{port}"
         self.session_id = os.urandom(16)
         self._lock = threading.Lock()
@@ -160,13 +174,13 @@ class _Session:
         self._ids = itertools.count(1)
         self._next_connection = itertools.count()
         self.error: Optional[AttentionError] = None
-        first, ok = _connect(host, port, self.session_id, token, connect_timeout)
+        first, ok = _connect(host, port, self.session_id, token, connect_timeout, tls)
         self.sockets = [first]
         try:
             count = max(1, min(connections, ok.max_connections_per_session or connections))
             for _ in range(count - 1):
                 self.sockets.append(_connect(host, port, self.session_id, token,
-                                             connect_timeout)[0])
+                                             connect_timeout, tls)[0])
         except BaseException:
             for sock in self.sockets:
                 sock.close()
@@ -390,12 +404,15 @@ class _Session:
 
 class DataChannel:
     """A client's data channel to one server (host, port): one session, reopened on the next
-    call after it fails. `token` is the bearer token the gRPC calls carry."""
+    call after it fails. `token` is the bearer token the gRPC calls carry; `tls`, for a server
+    whose DataChannelInfo.tls is set, the gRPC channel's CA, client certificate and server
+    name."""
 
     def __init__(self, host: str, port: int, *, token: Optional[str] = None,
                  connections: int = DEFAULT_CONNECTIONS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 connect_timeout: float = CONNECT_TIMEOUT_S):
+                 connect_timeout: float = CONNECT_TIMEOUT_S,
+                 tls: Optional[Tls] = None):
         if connections < 1:
             raise ValueError(f"connections must be at least 1, got {connections}")
         self.host, self.port = host, port
@@ -404,6 +421,7 @@ class DataChannel:
         self.connections = connections
         self.chunk_bytes = chunk_bytes
         self.connect_timeout = connect_timeout
+        self.tls = tls
         self._lock = threading.Lock()
         self._session: Optional[_Session] = None
         self._closed = False
@@ -421,7 +439,7 @@ class DataChannel:
     def _open(self) -> _Session:
         try:
             return _Session(self.host, self.port, self.token, self.connections,
-                            self.chunk_bytes, self.connect_timeout)
+                            self.chunk_bytes, self.connect_timeout, self.tls)
         except _ServerClosed as error:
             raise AttentionError(status_code(error.code),
                                  f"data channel {self.address} refused the session: "

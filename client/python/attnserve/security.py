@@ -6,6 +6,7 @@ certificate; none: the system's roots); with --tls_client_ca_file also a client 
 """
 import os
 import pathlib
+import ssl
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 
@@ -65,6 +66,18 @@ class Security:
         chain = _read(self.tls_cert_file, "TLS certificate file") if self.tls_cert_file else None
         return grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
                                             certificate_chain=chain)
+
+    def ssl_context(self) -> Optional[ssl.SSLContext]:
+        """What the data channel's TLS connections check and present, as the gRPC channel's
+        credentials do: the CA (else the system's roots), the client certificate, TLS 1.2 or
+        newer; None without TLS."""
+        if not self.uses_tls:
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca_file)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.tls_cert_file:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
 
     def channel_options(self) -> Sequence[Tuple[str, object]]:
         # The name the server's certificate must carry, when it differs from the target's host

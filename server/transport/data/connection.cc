@@ -14,7 +14,6 @@
 #include "attnserve/v1/data_channel.pb.h"
 #include "server/transport/data/data_server.h"
 #include "server/transport/data/session.h"
-#include "server/transport/data/socket_io.h"
 
 namespace attnserve::transport::data {
 namespace {
@@ -53,8 +52,9 @@ void LingerAfterError(int fd) {
 
 }  // namespace
 
-Connection::Connection(int fd, DataServer* server, DataContext* context)
-    : fd_(fd), server_(server), context_(context) {}
+Connection::Connection(int fd, std::unique_ptr<ByteStream> stream, DataServer* server,
+                       DataContext* context)
+    : fd_(fd), stream_(std::move(stream)), server_(server), context_(context) {}
 
 Connection::~Connection() {
   close(fd_);
@@ -153,7 +153,7 @@ void Connection::WriteLoop() {
       queue_.pop_front();
     }
     const absl::Status sent =
-        SendAll(fd_, frame.header, kFrameHeaderBytes, frame.payload(), frame.payload_size());
+        stream_->SendAll(frame.header, kFrameHeaderBytes, frame.payload(), frame.payload_size());
     if (!sent.ok()) {
       // The frame goes back; once this connection has left its session (the reader notices
       // the shutdown below), the session sends what is queued here on its other connections.
@@ -198,7 +198,8 @@ absl::Status Connection::ReadEnding(const absl::Status& read) {
 absl::Status Connection::Hello() {
   const absl::Duration timeout = context_->options.hello_timeout;
   char bytes[kFrameHeaderBytes];
-  if (absl::Status read = ReadExact(fd_, bytes, kFrameHeaderBytes, timeout, timeout); !read.ok()) {
+  if (absl::Status read = stream_->ReadExact(bytes, kFrameHeaderBytes, timeout, timeout);
+      !read.ok()) {
     if (absl::IsDeadlineExceeded(read)) {
       return Violation(absl::StatusCode::kDeadlineExceeded, "hello_timeout",
                        absl::StrCat("no HELLO frame within ", absl::FormatDuration(timeout)));
@@ -214,7 +215,7 @@ absl::Status Connection::Hello() {
                                   v1::FrameType_Name(header->type)));
   }
   std::string payload(header->length, '\0');
-  if (absl::Status read = ReadExact(fd_, payload.data(), payload.size(), timeout, timeout);
+  if (absl::Status read = stream_->ReadExact(payload.data(), payload.size(), timeout, timeout);
       !read.ok()) {
     return absl::IsDeadlineExceeded(read) ? Violation(absl::StatusCode::kDeadlineExceeded,
                                                       "hello_timeout", "the HELLO frame stalled")
@@ -260,12 +261,21 @@ absl::Status Connection::Hello() {
 }
 
 absl::Status Connection::Serve() {
+  if (absl::Status opened = stream_->Open(context_->options.hello_timeout); !opened.ok()) {
+    // No frame can reach a peer that failed the handshake: count it and close, after the
+    // linger that keeps a reset (the peer's unread first frame) from discarding TLS's alert.
+    context_->data_metrics->RecordProtocolError("tls_handshake");
+    server_->HandshakeFailed(opened);
+    LingerAfterError(fd_);
+    peer_gone_ = true;
+    return absl::OkStatus();
+  }
   if (absl::Status hello = Hello(); !hello.ok() || peer_gone_) return hello;
   const absl::Duration stall = context_->options.transfer_timeout;
   char bytes[kFrameHeaderBytes];
   while (true) {
     const absl::Status read =
-        ReadExact(fd_, bytes, kFrameHeaderBytes, absl::InfiniteDuration(), stall);
+        stream_->ReadExact(bytes, kFrameHeaderBytes, absl::InfiniteDuration(), stall);
     if (!read.ok()) return ReadEnding(read);
     absl::StatusOr<FrameHeader> header =
         DecodeClientFrameHeader(bytes, static_cast<uint64_t>(context_->options.max_chunk_bytes));
@@ -293,7 +303,7 @@ absl::Status Connection::HandleRequest(const FrameHeader& header) {
   const absl::Time start = absl::Now();
   std::string payload(header.length, '\0');
   const absl::Duration stall = context_->options.transfer_timeout;
-  if (absl::Status read = ReadExact(fd_, payload.data(), payload.size(), stall, stall);
+  if (absl::Status read = stream_->ReadExact(payload.data(), payload.size(), stall, stall);
       !read.ok()) {
     return ReadEnding(read);
   }
@@ -360,12 +370,12 @@ absl::Status Connection::HandleChunk(const FrameHeader& header) {
       session_->ClaimChunk(header.request_id, header.offset, header.length);
   if (!claim.ok()) return claim.status();
   if (*claim == nullptr) {
-    const absl::Status dropped = Discard(fd_, header.length, stall);
+    const absl::Status dropped = Discard(*stream_, header.length, stall);
     return dropped.ok() ? absl::OkStatus() : ReadEnding(dropped);
   }
   const std::shared_ptr<DataCall>& call = *claim;
   const absl::Status read =
-      ReadExact(fd_, call->buffer->data() + header.offset, header.length, stall, stall);
+      stream_->ReadExact(call->buffer->data() + header.offset, header.length, stall, stall);
   if (!read.ok()) {
     session_->Fail(call, absl::UnavailableError(absl::StrCat(
                              "the connection carrying the CHUNK at offset ", header.offset,

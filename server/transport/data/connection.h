@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/transport/data/byte_stream.h"
 #include "server/transport/data/data_context.h"
 #include "server/transport/data/frame.h"
 #include "server/transport/data/out_frame.h"
@@ -22,8 +23,9 @@ class Session;
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  // Takes ownership of the connected socket `fd`.
-  Connection(int fd, DataServer* server, DataContext* context);
+  // Takes ownership of the connected socket `fd` and of `stream`, which reads and writes it.
+  Connection(int fd, std::unique_ptr<ByteStream> stream, DataServer* server,
+             DataContext* context);
   ~Connection();
 
   // Starts both threads; they keep the connection alive until they end. Throws
@@ -54,6 +56,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Session> session();
 
   const int fd_;
+  const std::unique_ptr<ByteStream> stream_;
   bool peer_gone_ = false;  // reader thread only
   DataServer* const server_;
   DataContext* const context_;

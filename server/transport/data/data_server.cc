@@ -28,6 +28,9 @@ constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
 // How often transfer deadlines are checked.
 constexpr absl::Duration kReapInterval = absl::Milliseconds(250);
 constexpr int kListenBacklog = 256;
+// Failed TLS handshakes (scanners, clients with the wrong certificate) are logged at most this
+// often.
+constexpr absl::Duration kHandshakeReportInterval = absl::Seconds(10);
 
 absl::StatusOr<int> Listen(const DataServerOptions& options) {
   addrinfo hints{};
@@ -98,11 +101,16 @@ DataServer::DataServer(const DataServerOptions& options, metrics::ServerMetrics*
 
 absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Start(
     const DataServerOptions& options, engine::Engine* engine, metrics::ServerMetrics* metrics,
-    CallSlots* slots, const Authenticator* auth) {
+    CallSlots* slots, const Authenticator* auth, const TlsMaterial* tls) {
   std::unique_ptr<DataServer> server(new DataServer(options, metrics));
   server->context_.engine = engine;
   server->context_.slots = slots;
   server->context_.auth = auth;
+  if (tls != nullptr) {
+    absl::StatusOr<std::unique_ptr<TlsServerContext>> context = TlsServerContext::Create(*tls);
+    if (!context.ok()) return context.status();
+    server->tls_ = *std::move(context);
+  }
   absl::StatusOr<int> fd = Listen(options);
   if (!fd.ok()) return fd.status();
   server->listen_fd_ = *fd;
@@ -149,9 +157,13 @@ void DataServer::Accept(int fd) {
     std::lock_guard<std::mutex> lock(mu_);
     if (open_connections_ >= context_.options.max_connections) {
       data_metrics_.RecordProtocolError("connection_limit");
-      Refuse(fd, absl::ResourceExhaustedError(absl::StrCat(
-                     "the server already has data_max_connections = ",
-                     context_.options.max_connections, " data channel connections")));
+      if (tls_ == nullptr) {
+        Refuse(fd, absl::ResourceExhaustedError(absl::StrCat(
+                       "the server already has data_max_connections = ",
+                       context_.options.max_connections, " data channel connections")));
+      } else {
+        close(fd);  // a TLS client could not read a plaintext ERROR; it sees the close
+      }
       return;
     }
     ++open_connections_;
@@ -159,7 +171,20 @@ void DataServer::Accept(int fd) {
   data_metrics_.AddConnections(1);
   ConfigureConnectedSocket(fd, context_.options.socket_buffer_bytes,
                            context_.options.transfer_timeout);
-  auto connection = std::make_shared<Connection>(fd, this, &context_);
+  std::unique_ptr<ByteStream> stream = std::make_unique<PlainStream>(fd);
+  if (tls_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<ByteStream>> tls =
+        tls_->NewStream(fd, context_.options.transfer_timeout);
+    if (!tls.ok()) {
+      std::fprintf(stderr, "attnserve: data channel connection dropped: %s\n",
+                   std::string(tls.status().message()).c_str());
+      close(fd);
+      ConnectionClosed();
+      return;
+    }
+    stream = *std::move(tls);
+  }
+  auto connection = std::make_shared<Connection>(fd, std::move(stream), this, &context_);
   try {
     connection->Start();
   } catch (const std::system_error& e) {
@@ -234,6 +259,24 @@ void DataServer::ThreadStarted() {
 void DataServer::ThreadExited() {
   std::lock_guard<std::mutex> lock(mu_);
   if (--live_threads_ == 0) cv_.notify_all();
+}
+
+void DataServer::HandshakeFailed(const absl::Status& why) {
+  int64_t unreported;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++unreported_handshake_failures_;
+    const absl::Time now = absl::Now();
+    if (now - last_handshake_report_ < kHandshakeReportInterval) return;
+    last_handshake_report_ = now;
+    unreported = unreported_handshake_failures_;
+    unreported_handshake_failures_ = 0;
+  }
+  std::string line = absl::StrCat("attnserve: data channel: ", why.message());
+  if (unreported > 1) {
+    absl::StrAppend(&line, " (", unreported, " failed handshakes since the last report)");
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void DataServer::StopAccepting() {

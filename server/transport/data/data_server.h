@@ -10,8 +10,9 @@
 // that blocks costs nothing while its peer is slow. Connections are capped
 // (--data_max_connections), so the thread count is too.
 //
-// TLS: not served yet. With TLS configured the server leaves this path off (ServerInfo has
-// no data_channel, so clients stay on gRPC); TLS on the data path is a follow-up.
+// TLS: with the server's TLS material every connection starts with a TLS handshake (mTLS
+// when it has client CAs), as on the gRPC port; see tls_stream.h for how TLS keeps the
+// reader and writer threads.
 #pragma once
 
 #include <condition_variable>
@@ -30,6 +31,8 @@
 #include "server/transport/auth/authenticator.h"
 #include "server/transport/call_slots.h"
 #include "server/transport/data/data_context.h"
+#include "server/transport/data/tls_stream.h"
+#include "server/transport/tls/tls_material.h"
 
 namespace attnserve::transport::data {
 
@@ -39,10 +42,10 @@ class Session;
 class DataServer {
  public:
   // Listens on options.host:options.port. Everything passed in must outlive the server;
-  // `auth` null: no tokens needed.
+  // `auth` null: no tokens needed; `tls` null: plain TCP.
   static absl::StatusOr<std::unique_ptr<DataServer>> Start(
       const DataServerOptions& options, engine::Engine* engine, metrics::ServerMetrics* metrics,
-      CallSlots* slots, const Authenticator* auth);
+      CallSlots* slots, const Authenticator* auth, const TlsMaterial* tls);
   ~DataServer();
 
   int port() const { return port_; }
@@ -63,6 +66,8 @@ class DataServer {
   void ConnectionClosed();
   void ThreadStarted();
   void ThreadExited();
+  // Logs why a connection's TLS handshake failed, at most every few seconds.
+  void HandshakeFailed(const absl::Status& why);
 
  private:
   DataServer(const DataServerOptions& options, metrics::ServerMetrics* metrics);
@@ -74,6 +79,7 @@ class DataServer {
   metrics::DataMetrics data_metrics_;
   BufferBudget budget_;
   DataContext context_;
+  std::unique_ptr<TlsServerContext> tls_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that wakes the accept loop to stop
   int port_ = 0;
@@ -88,6 +94,8 @@ class DataServer {
   int64_t live_threads_ = 0;
   bool accepting_ = true;
   bool stopped_ = false;
+  absl::Time last_handshake_report_ = absl::InfinitePast();
+  int64_t unreported_handshake_failures_ = 0;
 };
 
 }  // namespace attnserve::transport::data

@@ -72,18 +72,6 @@ absl::Status ReadExact(int fd, char* out, size_t size, absl::Duration first_byte
   return absl::OkStatus();
 }
 
-absl::Status Discard(int fd, size_t size, absl::Duration stall_timeout) {
-  char scratch[64 << 10];
-  while (size > 0) {
-    const size_t step = std::min(size, sizeof(scratch));
-    if (absl::Status s = ReadExact(fd, scratch, step, stall_timeout, stall_timeout); !s.ok()) {
-      return s;
-    }
-    size -= step;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status SendAll(int fd, const char* header, size_t header_size, const char* payload,
                      size_t payload_size) {
   iovec parts[2] = {{const_cast<char*>(header), header_size},

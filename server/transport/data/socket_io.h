@@ -19,8 +19,6 @@ void ConfigureConnectedSocket(int fd, int buffer_bytes, absl::Duration send_time
 // peer closed or the socket failed, DEADLINE_EXCEEDED on a timeout.
 absl::Status ReadExact(int fd, char* out, size_t size, absl::Duration first_byte_timeout,
                        absl::Duration stall_timeout);
-// Reads and drops `size` bytes, as ReadExact.
-absl::Status Discard(int fd, size_t size, absl::Duration stall_timeout);
 
 // Sends `header` then `payload` with one sendmsg per step (no copy of the payload).
 absl::Status SendAll(int fd, const char* header, size_t header_size, const char* payload,
