@@ -48,12 +48,14 @@ kernels::AttentionOptions ResolveOptions(const RequestOptions& o, int head_dim) 
 
 namespace {
 
-OwnedTensor AllocateLike(const TensorView& like) {
-  OwnedTensor t;
+// A result tensor shaped like `like`, and where its bytes go: `destination` when given (the
+// tensor then owns none), else its own bytes.
+char* Output(const TensorView& like, char* destination, OwnedTensor& t) {
   t.dtype = like.dtype;
   t.shape = like.shape;
+  if (destination != nullptr) return destination;
   t.data.resize(like.size_bytes);
-  return t;
+  return t.data.data();
 }
 
 absl::Status KernelError(const KernelFamily& family, const kernels::KernelStatus& status) {
@@ -68,15 +70,15 @@ absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const Forwa
   params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   params.options = ResolveOptions(in.options, params.shape.head_dim);
   ForwardResult result;
-  result.out = AllocateLike(in.q);
-  result.lse.dtype = DType::kFloat32;
-  result.lse.shape = {params.shape.num_heads, params.shape.total_q};
-  result.lse.data.resize(sizeof(float) * params.shape.num_heads * params.shape.total_q);
+  // out may overlay q: the host families (the reference) read each (row, head) of q before
+  // they write out's, and never read it again.
+  params.out = Output(in.q, in.output_space.at(0), result.out);
+  TensorView lse_like{DType::kFloat32, {params.shape.num_heads, params.shape.total_q}, nullptr,
+                      sizeof(float) * params.shape.num_heads * params.shape.total_q};
+  params.lse = reinterpret_cast<float*>(Output(lse_like, in.output_space.at(1), result.lse));
   params.q = in.q.data;
   params.k = in.k.data;
   params.v = in.v.data;
-  params.out = result.out.data.data();
-  params.lse = reinterpret_cast<float*>(result.lse.data.data());
   const absl::Time start = absl::Now();
   kernels::KernelStatus status = family.forward(params, ctx);
   if (!status.ok) return KernelError(family, status);
@@ -92,18 +94,23 @@ absl::StatusOr<BackwardResult> RunBackward(const KernelFamily& family, const Bac
   params.options = ResolveOptions(in.options, params.shape.head_dim);
   params.deterministic = in.deterministic;
   BackwardResult result;
-  result.dq = AllocateLike(in.q);
-  result.dk = AllocateLike(in.k);
-  result.dv = AllocateLike(in.v);
+  // Overlays are ignored here: the reference reads dout, k and v again after it wrote some dq,
+  // dk and dv.
+  const TensorView* overlaid[] = {&in.dout, &in.k, &in.v};
+  char* destinations[3];
+  for (size_t i = 0; i < 3; ++i) {
+    char* d = in.output_space.at(i);
+    destinations[i] = d == overlaid[i]->data ? nullptr : d;
+  }
+  params.dq = Output(in.q, destinations[0], result.dq);
+  params.dk = Output(in.k, destinations[1], result.dk);
+  params.dv = Output(in.v, destinations[2], result.dv);
   params.q = in.q.data;
   params.k = in.k.data;
   params.v = in.v.data;
   params.out = in.out.data;
   params.dout = in.dout.data;
   params.lse = reinterpret_cast<const float*>(in.lse.data);
-  params.dq = result.dq.data.data();
-  params.dk = result.dk.data.data();
-  params.dv = result.dv.data.data();
   const absl::Time start = absl::Now();
   kernels::KernelStatus status = family.backward(params, ctx);
   if (!status.ok) return KernelError(family, status);

@@ -342,8 +342,12 @@ std::vector<absl::StatusOr<BackwardResult>> QueueWorker::ExecuteBatch(
 
 absl::StatusOr<ForwardResult> QueueWorker::ExecuteKeeping(const ForwardInputs& inputs, int lane,
                                                           std::unique_ptr<ContextMemory>* kept) {
-  absl::StatusOr<ForwardResult> result = Execute(inputs, lane);
-  if (result.ok()) *kept = SaveOnHost(inputs, *result);
+  // The host context copies q after the kernel ran, and out and lse from the result's own
+  // bytes: this run leaves the output space (whose out may overlay q) alone.
+  ForwardInputs owning = inputs;
+  owning.output_space = {};
+  absl::StatusOr<ForwardResult> result = Execute(owning, lane);
+  if (result.ok()) *kept = SaveOnHost(owning, *result);
   return result;
 }
 

@@ -17,6 +17,7 @@ constexpr size_t kMaxTombstones = 4096;
 }  // namespace
 
 void DataCall::ReleaseBuffer() {
+  response_buffer.reset();
   if (buffer == nullptr) return;
   buffer.reset();
   context->budget->Release(plan.payload_bytes);

@@ -32,7 +32,8 @@ struct DataCall {
   DataCall(DataContext* context, uint64_t id, const char* rpc, absl::Time start)
       : context(context), id(id), rpc(rpc), start(start) {}
   ~DataCall() { ReleaseBuffer(); }
-  // The receive buffer goes back (and out of the budget) once the engine is done with it.
+  // The call's buffers go back (the receive buffer out of the budget) once neither the engine
+  // nor the response's frames use them.
   void ReleaseBuffer();
 
   DataContext* const context;
@@ -41,6 +42,10 @@ struct DataCall {
   const absl::Time start;  // when its REQUEST arrived
   PlannedCall plan;
   std::unique_ptr<engine::HostBuffer> buffer;  // plan.payload_bytes, reserved in the budget
+  // Where the engine writes the outputs: over the inputs they replace in `buffer` where shapes
+  // match, else in `response_buffer`. Both live until the response is sent.
+  engine::OutputSpace outputs;
+  std::unique_ptr<engine::HostBuffer> response_buffer;
   std::unique_ptr<SlotLease> lease;
   std::optional<ChunkTracker> tracker;
   absl::Time transfer_deadline;
@@ -51,7 +56,7 @@ struct DataCall {
 // The response message and the tensor bytes its CHUNKs carry.
 struct ResponseParts {
   v1::DataResponse message;
-  std::vector<std::string> tensors;
+  std::vector<ResponseTensor> tensors;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
