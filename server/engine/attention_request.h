@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 namespace attnserve::engine {
 
 using kernels::DType;
+
+class SequenceGroups;  // sequence_groups.h
 
 // An ABSENT tensor (a backward on a saved context may leave q, k, v, out and lse out) has an
 // empty `shape` and null `data`; a present one always has non-null `data`, even when empty.
@@ -73,6 +76,9 @@ struct ForwardInputs {
   // Keep q, k, v, out, lse, the offsets and options for a later Backward (saved_context.h).
   bool keep_context = false;
   OutputSpace output_space;  // out, lse
+  // Set when the inputs are still arriving, group by group: the worker waits for each group
+  // before it reads its rows (sequence_groups.h). Such a job runs alone.
+  std::shared_ptr<SequenceGroups> groups;
 };
 
 struct BackwardInputs {

@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "server/engine/cpu_worker.h"
+#include "server/engine/sequence_groups.h"
 
 namespace attnserve::engine {
 namespace {
@@ -60,6 +61,30 @@ TEST(KernelRunnerTest, ForwardWritesOutOverQAndLseIntoTheOutputSpace) {
   EXPECT_EQ(placed->out.size_bytes(), owned->out.data.size());
   EXPECT_EQ(received_q, owned->out.data);
   EXPECT_EQ(lse, owned->lse.data);
+}
+
+TEST(KernelRunnerTest, ForwardByArrivingGroupsEqualsTheWholeRunBitForBit) {
+  Request request;
+  absl::StatusOr<ForwardResult> whole = RunForward(kReferenceFamily, request.Forward(), {});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+
+  std::string received_q = request.q;
+  std::string lse(whole->lse.data.size(), '\0');
+  std::vector<int> finished;
+  ForwardInputs in = request.Forward();
+  in.q.data = received_q.data();
+  in.output_space.destinations = {received_q.data(), lse.data()};
+  // Groups of sequences {0}, {1, 2} (an empty sequence inside), {3}.
+  in.groups = std::make_shared<SequenceGroups>(std::vector<int32_t>{1, 3, 4},
+                                               absl::InfiniteFuture(), nullptr,
+                                               [&](int g) { finished.push_back(g); });
+  for (int g = 0; g < 3; ++g) in.groups->MarkArrived(g);
+  absl::StatusOr<ForwardResult> grouped = RunForward(kReferenceFamily, in, {});
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_EQ(finished, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(grouped->lse.shape, whole->lse.shape);
+  EXPECT_EQ(received_q, whole->out.data);
+  EXPECT_EQ(lse, whole->lse.data);
 }
 
 TEST(KernelRunnerTest, BackwardIgnoresOverlaysButFillsOtherDestinations) {
