@@ -20,8 +20,8 @@ namespace attnserve::engine {
 class SequenceGroups {
  public:
   // `ends`: each group's end sequence index, increasing, the last one the batch size.
-  // `finished(g)` runs on the worker's thread once group g's outputs are at their
-  // destinations; `cancelled` (may be empty) and `deadline` end a wait early.
+  // `finished(g)` (may be empty) runs on the worker's thread once group g's outputs are at
+  // their destinations; `cancelled` (may be empty) and `deadline` end a wait early.
   SequenceGroups(std::vector<int32_t> ends, absl::Time deadline,
                  std::function<bool()> cancelled, std::function<void(int)> finished);
 
@@ -35,7 +35,9 @@ class SequenceGroups {
   // ends first (a cancellation is noticed within a polling interval).
   absl::Status WaitFor(int group);
   absl::Status WaitForAll();
-  void Finished(int group) const { finished_(group); }
+  void Finished(int group) const {
+    if (finished_) finished_(group);
+  }
 
  private:
   const std::vector<int32_t> ends_;

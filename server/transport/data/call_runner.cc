@@ -90,13 +90,17 @@ engine::OutputSpace OutputSpaceFor(DataCall& call, engine::HostBuffers& buffers)
 
 }  // namespace
 
+absl::Time Session::Deadline(const DataCall& call) const {
+  // timeout_ms counts from the REQUEST, as a gRPC deadline counts from the call's start.
+  return call.start + std::min(context_->options.max_deadline, call.plan.timeout);
+}
+
 void Session::Run(const std::shared_ptr<DataCall>& call) {
   const absl::Time now = absl::Now();
   context_->metrics->AddReceivedBytes(static_cast<double>(call->plan.payload_bytes));
   context_->data_metrics->RecordTransfer("in", absl::ToDoubleSeconds(now - call->start));
   engine::JobControl control;
-  // timeout_ms counts from the REQUEST, as a gRPC deadline counts from the call's start.
-  control.deadline = call->start + std::min(context_->options.max_deadline, call->plan.timeout);
+  control.deadline = Deadline(*call);
   control.cancelled = [cancelled = call->cancelled] { return cancelled->load(); };
   control.priority = call->plan.priority;
   control.principal = principal_;
@@ -116,6 +120,7 @@ void Session::Run(const std::shared_ptr<DataCall>& call) {
     engine::ForwardJob job;
     job.inputs = std::get<engine::ForwardInputs>(call->plan.inputs);
     job.inputs.output_space = call->outputs;
+    job.inputs.groups = call->groups;
     job.control = std::move(control);
     job.done = [self, call](absl::StatusOr<engine::ForwardResult> result) {
       self->Answer(call, ForwardParts(std::move(result), call->outputs));
@@ -129,13 +134,13 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
   const absl::Status status = parts.ok() ? absl::OkStatus() : parts.status();
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),
                                    absl::ToDoubleSeconds(absl::Now() - call->start));
-  // Cancelled, or the session ended: nobody waits for the answer (its slot goes with `call`).
-  if (!Forget(call, /*tombstone=*/false) || call->cancelled->load()) {
-    call->ReleaseBuffer();
+  // Cancelled, or the session ended: nobody waits for the answer (its slot goes with `call`,
+  // and so do its buffers, once no connection writes a chunk of a grouped call into them).
+  // A grouped call may be answered (a failure) while chunks are still on their way.
+  if (!Forget(call, /*tombstone=*/call->group_tracker.has_value()) || call->cancelled->load()) {
     return;
   }
   if (!parts.ok()) {
-    call->ReleaseBuffer();
     Send({StatusResponseFrame(call->id, status)});
     return;
   }
