@@ -7,6 +7,8 @@
 namespace attnserve::kernels::reference {
 
 // out and lse for every query row. Rows that see no key get out = 0 and lse = +inf.
+// params.out may be params.q itself (the engine writes results over received inputs): each
+// (row, head) of q is read once, into scratch, before out's (row, head) is written.
 KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx);
 
 // dq, dk, dv from dout, the forward's out and lse. Deterministic by construction.

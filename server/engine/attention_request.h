@@ -1,10 +1,12 @@
-// The engine's request and result types, independent of how the bytes arrived (gRPC unary
-// today, chunked streams later). Inputs are views: the transport keeps the bytes alive until
-// the job's completion callback has run. Outputs own their bytes as std::string so a
-// transport can move them into its response without another copy.
+// The engine's request and result types, independent of how the bytes arrived (gRPC unary,
+// the data channel). Inputs are views: the transport keeps the bytes alive until the job's
+// completion callback has run. Outputs own their bytes as std::string so a transport can move
+// them into its response without another copy, unless the transport gave the job host memory
+// to write them to (OutputSpace): then they are there and the result carries no bytes.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +16,8 @@
 namespace attnserve::engine {
 
 using kernels::DType;
+
+class SequenceGroups;  // sequence_groups.h
 
 // An ABSENT tensor (a backward on a saved context may leave q, k, v, out and lse out) has an
 // empty `shape` and null `data`; a present one always has non-null `data`, even when empty.
@@ -26,10 +30,34 @@ struct TensorView {
   bool absent() const { return shape.empty() && data == nullptr; }
 };
 
+// `data` is empty when the tensor's bytes were written to the job's OutputSpace destination.
 struct OwnedTensor {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   std::string data;
+
+  // What dtype and shape take, wherever the bytes are.
+  size_t size_bytes() const {
+    size_t bytes = kernels::DTypeSize(dtype);
+    for (int64_t d : shape) bytes *= static_cast<size_t>(d);
+    return bytes;
+  }
+};
+
+// Host memory a transport gives a job for its outputs (forward: out, lse; backward: dq, dk,
+// dv), one destination per output (null: none for that one), each as large as that output, so
+// results land where the transport sends them from instead of in a second host copy. A
+// destination may be the very bytes of the input of the same shape (out: q; dq: dout; dk: k;
+// dv: v), which the transport no longer needs: a worker writes such an "overlay" only where it
+// has finished reading that input first, and otherwise ignores the destination and returns
+// owned bytes, as it does for every output of a batched launch. The memory must stay valid
+// until the job's completion callback has run.
+struct OutputSpace {
+  std::vector<char*> destinations;
+
+  char* at(size_t output) const {
+    return output < destinations.size() ? destinations[output] : nullptr;
+  }
 };
 
 // As on the wire: softmax_scale 0 means 1/sqrt(head_dim); absent windows are unbounded.
@@ -47,6 +75,10 @@ struct ForwardInputs {
   RequestOptions options;
   // Keep q, k, v, out, lse, the offsets and options for a later Backward (saved_context.h).
   bool keep_context = false;
+  OutputSpace output_space;  // out, lse
+  // Set when the inputs are still arriving, group by group: the worker waits for each group
+  // before it reads its rows (sequence_groups.h). Such a job runs alone.
+  std::shared_ptr<SequenceGroups> groups;
 };
 
 struct BackwardInputs {
@@ -59,6 +91,7 @@ struct BackwardInputs {
   // sent.
   std::string context_id;
   bool keep_context = false;  // keep the context after this backward (default: release it)
+  OutputSpace output_space;   // dq, dk, dv
 };
 
 // Where and how a request ran (the wire's Execution message).

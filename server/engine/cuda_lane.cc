@@ -93,10 +93,11 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     const std::vector<GatheredInput>& inputs, const std::vector<size_t>& output_sizes,
     size_t workspace_bytes,
     const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
-    std::unique_ptr<KeptDeviceMemory>* keep) {
+    std::unique_ptr<KeptDeviceMemory>* keep, const std::vector<char*>& destinations) {
   // Device memory: [inputs | outputs | workspace]. Pinned memory: [staged inputs | outputs]:
   // an input that arrived in page-locked memory (the data channel's receive buffers) crosses
-  // PCIe from where it is, so it takes no staging space and is not copied once more.
+  // PCIe from where it is, so it takes no staging space and is not copied once more; an
+  // output with a destination takes none either.
   std::vector<size_t> input_offsets, input_sizes, staged_offsets, output_offsets;
   std::vector<const char*> in_place(inputs.size());
   size_t end = 0, staged_end = 0;
@@ -110,17 +111,25 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     staged_offsets.push_back(staged_end);
     if (in_place[i] == nullptr) staged_end += AlignUp(size);
   }
-  const size_t outputs_begin = end;
-  for (size_t size : output_sizes) {
+  std::vector<size_t> pinned_output_offsets;
+  size_t pinned_end = staged_end;
+  for (size_t i = 0; i < output_sizes.size(); ++i) {
     output_offsets.push_back(end);
-    end += AlignUp(size);
+    end += AlignUp(output_sizes[i]);
+    pinned_output_offsets.push_back(pinned_end);
+    if (i >= destinations.size() || destinations[i] == nullptr) {
+      pinned_end += AlignUp(output_sizes[i]);
+    }
   }
   const size_t workspace_offset = end;
-  const size_t outputs_bytes = end - outputs_begin;
   end += AlignUp(workspace_bytes);
 
-  if (absl::Status s = ReservePinned(staged_end + outputs_bytes); !s.ok()) return s;
-  char* const pinned_outputs = pinned_ + staged_end;
+  if (absl::Status s = ReservePinned(pinned_end); !s.ok()) return s;
+  std::vector<char*> output_hosts;
+  for (size_t i = 0; i < output_sizes.size(); ++i) {
+    const bool given = i < destinations.size() && destinations[i] != nullptr;
+    output_hosts.push_back(given ? destinations[i] : pinned_ + pinned_output_offsets[i]);
+  }
   char* device = nullptr;
   ATTN_RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&device), end, stream_));
   DeviceBuffers buffers;
@@ -149,8 +158,12 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_start_, stream_));
     if (absl::Status s = launch(buffers, stream_); !s.ok()) return s;
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_end_, stream_));
-    ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(pinned_outputs, device + outputs_begin,
-                                              outputs_bytes, cudaMemcpyDeviceToHost, stream_));
+    for (size_t i = 0; i < output_sizes.size(); ++i) {
+      if (output_sizes[i] == 0) continue;
+      ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(output_hosts[i], device + output_offsets[i],
+                                                output_sizes[i], cudaMemcpyDeviceToHost,
+                                                stream_));
+    }
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   };
   absl::Status status = stage_launch_copy();
@@ -168,9 +181,7 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     return status;
   }
   run.device_seconds = absl::ToDoubleSeconds(absl::Now() - stage_end);
-  for (size_t offset : output_offsets) {
-    run.outputs.push_back(pinned_outputs + (offset - outputs_begin));
-  }
+  run.outputs.assign(output_hosts.begin(), output_hosts.end());
   cudaEventElapsedTime(&run.kernel_ms, kernel_start_, kernel_end_);
   return run;
 }

@@ -2,8 +2,9 @@
 // the threads that gather into it. Run() takes a request (or a batch of them) through the lane:
 // each input gathered from its pieces straight into pinned memory by several threads (or read
 // where it is when it arrived in page-locked memory), its copy to the device issued at once so
-// it overlaps the staging of the next, the kernel launch, every output back in one copy, left in
-// pinned memory for the caller to split. Device memory comes from the device's stream-ordered
+// it overlaps the staging of the next, the kernel launch, every output back to where the
+// caller wants it (host memory it gave, page-locked when it can be) or else to pinned memory
+// for the caller to split. Device memory comes from the device's stream-ordered
 // pool and goes back to it whatever happens.
 #pragma once
 
@@ -27,8 +28,8 @@ absl::Status CudaStatus(cudaError_t err, const char* what);
 // One device input: the concatenation of its pieces (one tensor, or a batch's parts' tensors).
 using GatheredInput = std::vector<HostBytes>;
 
-// What a Run leaves: its outputs in the lane's pinned memory (valid until the lane's next Run)
-// and where the time went.
+// What a Run leaves: where its outputs are (the caller's destinations, or the lane's pinned
+// memory, valid until the lane's next Run) and where the time went.
 struct LaneRun {
   std::vector<const char*> outputs;
   float kernel_ms = 0;           // between the timing events around `launch`
@@ -76,12 +77,16 @@ class CudaLane {
   // Copies `inputs` to the device, calls `launch` (which enqueues kernels on `stream` between
   // the timing events), copies back `output_sizes` bytes per output, and waits. Inputs already
   // on this device need no segment: `launch` reads them where they are. With `keep`, a
-  // successful run leaves its device memory allocated and hands it over there.
+  // successful run leaves its device memory allocated and hands it over there. Output i goes
+  // to `destinations[i]` where given and not null (host memory, which may be an input's own
+  // bytes: every input has crossed to the device before any output comes back), else to the
+  // lane's pinned memory.
   absl::StatusOr<LaneRun> Run(
       const std::vector<GatheredInput>& inputs, const std::vector<size_t>& output_sizes,
       size_t workspace_bytes,
       const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
-      std::unique_ptr<KeptDeviceMemory>* keep = nullptr);
+      std::unique_ptr<KeptDeviceMemory>* keep = nullptr,
+      const std::vector<char*>& destinations = {});
 
  private:
   CudaLane() = default;

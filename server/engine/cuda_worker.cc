@@ -47,6 +47,18 @@ absl::StatusOr<const kernels::KernelFamilyEntry*> FamilyEntry(const Route& route
   return entry;
 }
 
+// Where a launch's outputs go: a lone request's output space (its overlays included: every
+// input has crossed to the device before an output comes back), none for a batch, whose
+// outputs are split out of pinned memory.
+template <typename Inputs>
+std::vector<char*> DestinationsOf(const std::vector<const Inputs*>& parts) {
+  return parts.size() == 1 ? parts[0]->output_space.destinations : std::vector<char*>{};
+}
+
+bool Given(const std::vector<char*>& destinations, size_t output) {
+  return output < destinations.size() && destinations[output] != nullptr;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDescription device,
@@ -240,6 +252,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
   const int64_t q_row_bytes = RowBytes(first.q);
   const size_t lse_bytes = sizeof(float) * heads * total_q;
   const size_t workspace_bytes = family.forward_workspace_bytes(params);
+  const std::vector<char*> destinations = DestinationsOf(parts);
   absl::StatusOr<LaneRun> run = lane.Run(
       {Gathered(RowPieces(parts, &ForwardInputs::q)), Gathered(RowPieces(parts, &ForwardInputs::k)),
        Gathered(RowPieces(parts, &ForwardInputs::v)), {Bytes(layout.cu_seqlens_q)},
@@ -257,17 +270,21 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
                           family.forward(params, DeviceContext(stream, d.workspace,
                                                                workspace_bytes)));
       },
-      keep);
+      keep, destinations);
   if (!run.ok()) return std::vector<absl::StatusOr<ForwardResult>>(parts.size(), run.status());
   const absl::Time split_start = absl::Now();
   std::vector<absl::StatusOr<ForwardResult>> answers;
   for (size_t i = 0; i < parts.size(); ++i) {
     const int64_t first_row = layout.q_row[i], rows = layout.q_row[i + 1] - first_row;
     ForwardResult result;
-    result.out = {first.q.dtype, parts[i]->q.shape,
-                  RowsOf(run->outputs[0], q_row_bytes, first_row, rows)};
-    result.lse = {DType::kFloat32, {heads, rows},
-                  LseColumnsOf(run->outputs[1], heads, total_q, first_row, rows)};
+    result.out = {first.q.dtype, parts[i]->q.shape, ""};
+    result.lse = {DType::kFloat32, {heads, rows}, ""};
+    if (!Given(destinations, 0)) {
+      result.out.data = RowsOf(run->outputs[0], q_row_bytes, first_row, rows);
+    }
+    if (!Given(destinations, 1)) {
+      result.lse.data = LseColumnsOf(run->outputs[1], heads, total_q, first_row, rows);
+    }
     result.execution = Report(family, *run);
     answers.push_back(std::move(result));
   }
@@ -290,6 +307,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
   params.deterministic = first.deterministic;
   const int64_t q_row_bytes = RowBytes(first.q), k_row_bytes = RowBytes(first.k);
   const size_t workspace_bytes = family.backward_workspace_bytes(params);
+  const std::vector<char*> destinations = DestinationsOf(parts);
   absl::StatusOr<LaneRun> run = lane.Run(
       {Gathered(RowPieces(parts, &BackwardInputs::dout)),
        Gathered(RowPieces(parts, &BackwardInputs::q)),
@@ -315,7 +333,8 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
         return FromKernel(family, "backward",
                           family.backward(params, DeviceContext(stream, d.workspace,
                                                                 workspace_bytes)));
-      });
+      },
+      /*keep=*/nullptr, destinations);
   if (!run.ok()) return std::vector<absl::StatusOr<BackwardResult>>(parts.size(), run.status());
   const absl::Time split_start = absl::Now();
   std::vector<absl::StatusOr<BackwardResult>> answers;
@@ -323,12 +342,18 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
     const int64_t q_first = layout.q_row[i], q_rows = layout.q_row[i + 1] - q_first;
     const int64_t k_first = layout.k_row[i], k_rows = layout.k_row[i + 1] - k_first;
     BackwardResult result;
-    result.dq = {first.q.dtype, parts[i]->q.shape,
-                 RowsOf(run->outputs[0], q_row_bytes, q_first, q_rows)};
-    result.dk = {first.k.dtype, parts[i]->k.shape,
-                 RowsOf(run->outputs[1], k_row_bytes, k_first, k_rows)};
-    result.dv = {first.v.dtype, parts[i]->v.shape,
-                 RowsOf(run->outputs[2], k_row_bytes, k_first, k_rows)};
+    result.dq = {first.q.dtype, parts[i]->q.shape, ""};
+    result.dk = {first.k.dtype, parts[i]->k.shape, ""};
+    result.dv = {first.v.dtype, parts[i]->v.shape, ""};
+    if (!Given(destinations, 0)) {
+      result.dq.data = RowsOf(run->outputs[0], q_row_bytes, q_first, q_rows);
+    }
+    if (!Given(destinations, 1)) {
+      result.dk.data = RowsOf(run->outputs[1], k_row_bytes, k_first, k_rows);
+    }
+    if (!Given(destinations, 2)) {
+      result.dv.data = RowsOf(run->outputs[2], k_row_bytes, k_first, k_rows);
+    }
     result.execution = Report(family, *run);
     answers.push_back(std::move(result));
   }
@@ -347,6 +372,7 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
   params.deterministic = inputs.deterministic;
   const size_t q_bytes = inputs.q.size_bytes, k_bytes = inputs.k.size_bytes;
   const size_t workspace_bytes = family.backward_workspace_bytes(params);
+  const std::vector<char*>& destinations = inputs.output_space.destinations;
   absl::StatusOr<LaneRun> run = lane.Run(
       {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}}, {q_bytes, k_bytes, k_bytes},
       workspace_bytes, [&](const DeviceBuffers& d, cudaStream_t stream) {
@@ -366,13 +392,19 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
         return FromKernel(family, "backward",
                           family.backward(params, DeviceContext(stream, d.workspace,
                                                                 workspace_bytes)));
-      });
+      },
+      /*keep=*/nullptr, destinations);
   if (!run.ok()) return run.status();
   const absl::Time split_start = absl::Now();
   BackwardResult result;
-  result.dq = {inputs.q.dtype, inputs.q.shape, std::string(run->outputs[0], q_bytes)};
-  result.dk = {inputs.k.dtype, inputs.k.shape, std::string(run->outputs[1], k_bytes)};
-  result.dv = {inputs.v.dtype, inputs.v.shape, std::string(run->outputs[2], k_bytes)};
+  result.dq = {inputs.q.dtype, inputs.q.shape, ""};
+  result.dk = {inputs.k.dtype, inputs.k.shape, ""};
+  result.dv = {inputs.v.dtype, inputs.v.shape, ""};
+  const size_t sizes[] = {q_bytes, k_bytes, k_bytes};
+  OwnedTensor* tensors[] = {&result.dq, &result.dk, &result.dv};
+  for (size_t i = 0; i < 3; ++i) {
+    if (!Given(destinations, i)) tensors[i]->data.assign(run->outputs[i], sizes[i]);
+  }
   result.execution = Report(family, *run);
   RecordPhases(*run, absl::Now() - split_start);
   return result;

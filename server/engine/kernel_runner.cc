@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/engine/sequence_groups.h"
 
 namespace attnserve::engine {
 namespace {
@@ -48,12 +49,14 @@ kernels::AttentionOptions ResolveOptions(const RequestOptions& o, int head_dim) 
 
 namespace {
 
-OwnedTensor AllocateLike(const TensorView& like) {
-  OwnedTensor t;
+// A result tensor shaped like `like`, and where its bytes go: `destination` when given (the
+// tensor then owns none), else its own bytes.
+char* Output(const TensorView& like, char* destination, OwnedTensor& t) {
   t.dtype = like.dtype;
   t.shape = like.shape;
+  if (destination != nullptr) return destination;
   t.data.resize(like.size_bytes);
-  return t;
+  return t.data.data();
 }
 
 absl::Status KernelError(const KernelFamily& family, const kernels::KernelStatus& status) {
@@ -62,21 +65,98 @@ absl::Status KernelError(const KernelFamily& family, const kernels::KernelStatus
 
 }  // namespace
 
+namespace {
+
+TensorView RowsOfView(const TensorView& t, int64_t first, int64_t end) {
+  const size_t row_bytes =
+      static_cast<size_t>(t.shape[1] * t.shape[2] * kernels::DTypeSize(t.dtype));
+  TensorView rows = t;
+  rows.shape[0] = end - first;
+  rows.data = t.data + first * row_bytes;
+  rows.size_bytes = (end - first) * row_bytes;
+  return rows;
+}
+
+std::vector<int32_t> Rebased(const std::vector<int32_t>& cu, int32_t first, int32_t end) {
+  std::vector<int32_t> rebased(cu.begin() + first, cu.begin() + end + 1);
+  for (int32_t& offset : rebased) offset -= cu[first];
+  return rebased;
+}
+
+// A forward whose inputs arrive by groups of sequences: each group runs as soon as it is in,
+// as its own varlen launch (sequences are independent, so each row's result is the one the
+// whole launch gives), writing its out rows and lse columns at their destinations.
+absl::StatusOr<ForwardResult> RunForwardByGroups(const KernelFamily& family,
+                                                 const ForwardInputs& in,
+                                                 const kernels::ExecutionContext& ctx) {
+  SequenceGroups& groups = *in.groups;
+  const int64_t heads = in.q.shape[1], total_q = in.q.shape[0];
+  const size_t q_row_bytes = in.q.size_bytes / std::max<int64_t>(1, total_q);
+  ForwardResult result;
+  result.out = {in.q.dtype, in.q.shape, ""};
+  result.lse = {DType::kFloat32, {heads, total_q}, ""};
+  float* const lse = reinterpret_cast<float*>(in.output_space.at(1));
+  std::vector<float> group_lse;
+  absl::Duration compute;
+  for (int g = 0; g < groups.count(); ++g) {
+    if (absl::Status arrived = groups.WaitFor(g); !arrived.ok()) return arrived;
+    const int32_t b0 = groups.first_sequence(g), b1 = groups.end_sequence(g);
+    const int32_t q0 = in.cu_seqlens_q[b0], q1 = in.cu_seqlens_q[b1];
+    const int32_t k0 = in.cu_seqlens_k[b0], k1 = in.cu_seqlens_k[b1];
+    if (q1 > q0) {
+      const std::vector<int32_t> cu_q = Rebased(in.cu_seqlens_q, b0, b1);
+      const std::vector<int32_t> cu_k = Rebased(in.cu_seqlens_k, b0, b1);
+      const TensorView q = RowsOfView(in.q, q0, q1), k = RowsOfView(in.k, k0, k1),
+                       v = RowsOfView(in.v, k0, k1);
+      kernels::ForwardParams params;
+      params.shape = ShapeOf(q, k, cu_q, cu_k);
+      params.options = ResolveOptions(in.options, params.shape.head_dim);
+      params.q = q.data;
+      params.k = k.data;
+      params.v = v.data;
+      params.out = in.output_space.at(0) + q0 * q_row_bytes;
+      group_lse.resize(static_cast<size_t>(heads * (q1 - q0)));
+      params.lse = group_lse.data();
+      const absl::Time start = absl::Now();
+      kernels::KernelStatus status = family.forward(params, ctx);
+      compute += absl::Now() - start;
+      if (!status.ok) return KernelError(family, status);
+      // lse is [heads, total_q]: the group's rows are a column range of every head.
+      for (int64_t h = 0; h < heads; ++h) {
+        std::copy_n(group_lse.data() + h * (q1 - q0), q1 - q0, lse + h * total_q + q0);
+      }
+    }
+    groups.Finished(g);
+  }
+  result.execution.kernel = family.name;
+  result.execution.compute_us = absl::ToInt64Microseconds(compute);
+  return result;
+}
+
+}  // namespace
+
 absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const ForwardInputs& in,
                                          const kernels::ExecutionContext& ctx) {
+  if (in.groups != nullptr) {
+    if (in.output_space.at(0) != nullptr && in.output_space.at(1) != nullptr) {
+      return RunForwardByGroups(family, in, ctx);
+    }
+    // Without destinations for its outputs it runs whole, once everything is in.
+    if (absl::Status arrived = in.groups->WaitForAll(); !arrived.ok()) return arrived;
+  }
   kernels::ForwardParams params;
   params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   params.options = ResolveOptions(in.options, params.shape.head_dim);
   ForwardResult result;
-  result.out = AllocateLike(in.q);
-  result.lse.dtype = DType::kFloat32;
-  result.lse.shape = {params.shape.num_heads, params.shape.total_q};
-  result.lse.data.resize(sizeof(float) * params.shape.num_heads * params.shape.total_q);
+  // out may overlay q: the host families (the reference) read each (row, head) of q before
+  // they write out's, and never read it again.
+  params.out = Output(in.q, in.output_space.at(0), result.out);
+  TensorView lse_like{DType::kFloat32, {params.shape.num_heads, params.shape.total_q}, nullptr,
+                      sizeof(float) * params.shape.num_heads * params.shape.total_q};
+  params.lse = reinterpret_cast<float*>(Output(lse_like, in.output_space.at(1), result.lse));
   params.q = in.q.data;
   params.k = in.k.data;
   params.v = in.v.data;
-  params.out = result.out.data.data();
-  params.lse = reinterpret_cast<float*>(result.lse.data.data());
   const absl::Time start = absl::Now();
   kernels::KernelStatus status = family.forward(params, ctx);
   if (!status.ok) return KernelError(family, status);
@@ -92,18 +172,23 @@ absl::StatusOr<BackwardResult> RunBackward(const KernelFamily& family, const Bac
   params.options = ResolveOptions(in.options, params.shape.head_dim);
   params.deterministic = in.deterministic;
   BackwardResult result;
-  result.dq = AllocateLike(in.q);
-  result.dk = AllocateLike(in.k);
-  result.dv = AllocateLike(in.v);
+  // Overlays are ignored here: the reference reads dout, k and v again after it wrote some dq,
+  // dk and dv.
+  const TensorView* overlaid[] = {&in.dout, &in.k, &in.v};
+  char* destinations[3];
+  for (size_t i = 0; i < 3; ++i) {
+    char* d = in.output_space.at(i);
+    destinations[i] = d == overlaid[i]->data ? nullptr : d;
+  }
+  params.dq = Output(in.q, destinations[0], result.dq);
+  params.dk = Output(in.k, destinations[1], result.dk);
+  params.dv = Output(in.v, destinations[2], result.dv);
   params.q = in.q.data;
   params.k = in.k.data;
   params.v = in.v.data;
   params.out = in.out.data;
   params.dout = in.dout.data;
   params.lse = reinterpret_cast<const float*>(in.lse.data);
-  params.dq = result.dq.data.data();
-  params.dk = result.dk.data.data();
-  params.dv = result.dv.data.data();
   const absl::Time start = absl::Now();
   kernels::KernelStatus status = family.backward(params, ctx);
   if (!status.ok) return KernelError(family, status);

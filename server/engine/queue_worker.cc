@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/engine/batching.h"
 #include "server/engine/request_cost.h"
+#include "server/engine/sequence_groups.h"
 
 namespace attnserve::engine {
 namespace {
@@ -20,8 +21,11 @@ const auto& InputsOf(const std::variant<ForwardJob, BackwardJob>& job) {
 
 // Saved-context jobs run alone: a kept forward's launch buffer becomes its context, and a
 // backward on a context reads its tensors where they lie.
+// So do jobs whose inputs are still arriving: nothing may read them whole before they are in.
 bool UsesContext(const std::variant<ForwardJob, BackwardJob>& job) {
-  if (const auto* forward = std::get_if<ForwardJob>(&job)) return forward->inputs.keep_context;
+  if (const auto* forward = std::get_if<ForwardJob>(&job)) {
+    return forward->inputs.keep_context || forward->inputs.groups != nullptr;
+  }
   return std::get<BackwardJob>(job).context != nullptr;
 }
 
@@ -342,8 +346,12 @@ std::vector<absl::StatusOr<BackwardResult>> QueueWorker::ExecuteBatch(
 
 absl::StatusOr<ForwardResult> QueueWorker::ExecuteKeeping(const ForwardInputs& inputs, int lane,
                                                           std::unique_ptr<ContextMemory>* kept) {
-  absl::StatusOr<ForwardResult> result = Execute(inputs, lane);
-  if (result.ok()) *kept = SaveOnHost(inputs, *result);
+  // The host context copies q after the kernel ran, and out and lse from the result's own
+  // bytes: this run leaves the output space (whose out may overlay q) alone.
+  ForwardInputs owning = inputs;
+  owning.output_space = {};
+  absl::StatusOr<ForwardResult> result = Execute(owning, lane);
+  if (result.ok()) *kept = SaveOnHost(owning, *result);
   return result;
 }
 
@@ -359,6 +367,11 @@ absl::StatusOr<BackwardResult> QueueWorker::ExecuteOnContext(const BackwardInput
 std::vector<absl::StatusOr<ForwardResult>> QueueWorker::Launch(
     const std::vector<Queued>& batch, const std::vector<const ForwardInputs*>& parts, int lane) {
   const ForwardJob& job = std::get<ForwardJob>(batch[0].job);
+  if (job.inputs.groups != nullptr && !RunsArrivingGroups()) {
+    if (absl::Status arrived = job.inputs.groups->WaitForAll(); !arrived.ok()) {
+      return {arrived};
+    }
+  }
   if (!job.inputs.keep_context || contexts_ == nullptr) return ExecuteBatch(parts, lane);
   std::unique_ptr<ContextMemory> kept;
   std::vector<absl::StatusOr<ForwardResult>> answers;

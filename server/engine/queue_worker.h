@@ -48,6 +48,9 @@ class QueueWorker : public DeviceWorker {
   // Subclass constructors call this last, so no lane sees a half-built object.
   void StartLanes(int lanes);
 
+  // Whether this worker's Execute paths wait for a forward's arriving groups themselves
+  // (RunForward does); otherwise the lane waits for all of them before it launches.
+  virtual bool RunsArrivingGroups() const { return false; }
   // Called on each lane's thread once, before its first job (e.g. to bind a CUDA device).
   virtual void OnLaneStart(int /*lane*/) {}
   // One request on lane `lane` (lanes run concurrently). Results carry kernel, device and

@@ -134,3 +134,16 @@ def test_torch_drop_in_on_the_fast_path(clients):
         assert actual.dtype == torch.float32
         error = float((actual.double() - expected).norm() / expected.norm())
         assert error <= 1e-5
+
+
+def test_grouped_forward_equals_grpc_bitwise(clients, rng):
+    # Over 16 MiB of payload in several sequences of uneven lengths: the server runs it by
+    # groups of sequences as their chunks arrive, with group boundaries mid-chunk.
+    fast, slow = clients
+    seqlens = [700, 3, 900, 0, 500, 1001]
+    cu = np.concatenate([[0], np.cumsum(seqlens)]).astype(np.int32)
+    q, k, v = (rng.standard_normal((int(cu[-1]), 8, 128)).astype(np.float32) for _ in range(3))
+    assert 3 * q.nbytes > 16 << 20
+    forward, expected = (c.forward(q, k, v, cu, cu, causal=True) for c in (fast, slow))
+    _same(forward.out, expected.out)
+    _same(forward.lse, expected.lse)

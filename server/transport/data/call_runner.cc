@@ -1,6 +1,8 @@
 // Session::Run and Session::Answer: a complete call goes to the engine as the gRPC service
 // hands over its calls (deadline capped by max_deadline, cancellation, priority), and its
-// answer goes back as a RESPONSE and CHUNKs of the result's own bytes.
+// answer goes back as a RESPONSE and CHUNKs sent straight from where the engine wrote the
+// outputs: over the inputs they replace in the receive buffer (out over q; dq, dk, dv over
+// dout, k, v), or in a response buffer (lse; dk and dv of a backward on a context).
 #include <algorithm>
 #include <utility>
 
@@ -10,69 +12,118 @@
 namespace attnserve::transport::data {
 namespace {
 
-// Moves a result tensor's bytes out of its message (no copy): the message keeps dtype and
-// shape, the CHUNKs carry the bytes.
-std::string TakeData(v1::Tensor* tensor) {
-  std::string data = std::move(*tensor->mutable_data());
+// One output's bytes: moved out of its message (no copy) when the result owns them, else
+// those the engine wrote at `destination`. The message keeps dtype and shape.
+ResponseTensor Take(v1::Tensor* tensor, size_t bytes, const char* destination) {
+  ResponseTensor taken;
+  taken.owned = std::move(*tensor->mutable_data());
   tensor->clear_data();
-  return data;
+  if (taken.owned.size() != bytes) {
+    taken.at = destination;
+    taken.bytes = bytes;
+  }
+  return taken;
 }
 
-int64_t TotalBytes(const std::vector<std::string>& tensors) {
+int64_t TotalBytes(const std::vector<ResponseTensor>& tensors) {
   int64_t total = 0;
-  for (const std::string& t : tensors) total += static_cast<int64_t>(t.size());
+  for (const ResponseTensor& t : tensors) total += static_cast<int64_t>(t.size());
   return total;
 }
 
-absl::StatusOr<ResponseParts> ForwardParts(absl::StatusOr<engine::ForwardResult> result) {
+absl::StatusOr<ResponseParts> ForwardParts(absl::StatusOr<engine::ForwardResult> result,
+                                           const engine::OutputSpace& space) {
   if (!result.ok()) return result.status();
+  const size_t out_bytes = result->out.size_bytes(), lse_bytes = result->lse.size_bytes();
   ResponseParts parts;
   v1::ForwardResponse* response = parts.message.mutable_forward();
   EncodeForward(*std::move(result), response);
-  parts.tensors.push_back(TakeData(response->mutable_out()));
-  parts.tensors.push_back(TakeData(response->mutable_lse()));
+  parts.tensors.push_back(Take(response->mutable_out(), out_bytes, space.at(0)));
+  parts.tensors.push_back(Take(response->mutable_lse(), lse_bytes, space.at(1)));
   return parts;
 }
 
-absl::StatusOr<ResponseParts> BackwardParts(absl::StatusOr<engine::BackwardResult> result) {
+absl::StatusOr<ResponseParts> BackwardParts(absl::StatusOr<engine::BackwardResult> result,
+                                            const engine::OutputSpace& space) {
   if (!result.ok()) return result.status();
+  const size_t dq_bytes = result->dq.size_bytes(), dk_bytes = result->dk.size_bytes(),
+               dv_bytes = result->dv.size_bytes();
   ResponseParts parts;
   v1::BackwardResponse* response = parts.message.mutable_backward();
   EncodeBackward(*std::move(result), response);
-  parts.tensors.push_back(TakeData(response->mutable_dq()));
-  parts.tensors.push_back(TakeData(response->mutable_dk()));
-  parts.tensors.push_back(TakeData(response->mutable_dv()));
+  parts.tensors.push_back(Take(response->mutable_dq(), dq_bytes, space.at(0)));
+  parts.tensors.push_back(Take(response->mutable_dk(), dk_bytes, space.at(1)));
+  parts.tensors.push_back(Take(response->mutable_dv(), dv_bytes, space.at(2)));
   return parts;
 }
 
+// The call's output space: each output over the received input of its shape, which the engine
+// no longer needs once it has read it; lse (which no input matches) in a response buffer.
+// A backward on a context receives only dout: its dk and dv, of the context's shapes, are
+// left to the engine (received() finds no k, v). Without a response buffer, lse is too.
+engine::OutputSpace OutputSpaceFor(DataCall& call, engine::HostBuffers& buffers) {
+  // The received bytes of tensor `index` (PlannedCall::Slice::tensor), null when not sent.
+  auto received = [&call](int index) -> char* {
+    for (const PlannedCall::Slice& slice : call.plan.slices) {
+      if (slice.tensor == index) return call.buffer->data() + slice.offset;
+    }
+    return nullptr;
+  };
+  engine::OutputSpace space;
+  if (call.plan.backward()) {
+    // Backward fields in order: dout, q, k, v, out, lse.
+    space.destinations = {received(0), received(2), received(3)};
+    return space;
+  }
+  const engine::ForwardInputs& forward = std::get<engine::ForwardInputs>(call.plan.inputs);
+  const size_t lse_bytes = sizeof(float) * static_cast<size_t>(forward.q.shape[0]) *
+                           static_cast<size_t>(forward.q.shape[1]);
+  absl::StatusOr<std::unique_ptr<engine::HostBuffer>> lse = buffers.Allocate(lse_bytes);
+  char* lse_at = nullptr;
+  if (lse.ok()) {
+    call.response_buffer = *std::move(lse);
+    lse_at = call.response_buffer->data();
+  }
+  space.destinations = {received(0), lse_at};
+  return space;
+}
+
 }  // namespace
+
+absl::Time Session::Deadline(const DataCall& call) const {
+  // timeout_ms counts from the REQUEST, as a gRPC deadline counts from the call's start.
+  return call.start + std::min(context_->options.max_deadline, call.plan.timeout);
+}
 
 void Session::Run(const std::shared_ptr<DataCall>& call) {
   const absl::Time now = absl::Now();
   context_->metrics->AddReceivedBytes(static_cast<double>(call->plan.payload_bytes));
   context_->data_metrics->RecordTransfer("in", absl::ToDoubleSeconds(now - call->start));
   engine::JobControl control;
-  // timeout_ms counts from the REQUEST, as a gRPC deadline counts from the call's start.
-  control.deadline = call->start + std::min(context_->options.max_deadline, call->plan.timeout);
+  control.deadline = Deadline(*call);
   control.cancelled = [cancelled = call->cancelled] { return cancelled->load(); };
   control.priority = call->plan.priority;
   control.principal = principal_;
   std::shared_ptr<Session> self = shared_from_this();
+  call->outputs = OutputSpaceFor(*call, context_->engine->host_buffers());
   absl::Status enqueued;
   if (call->plan.backward()) {
     engine::BackwardJob job;
     job.inputs = std::get<engine::BackwardInputs>(call->plan.inputs);
+    job.inputs.output_space = call->outputs;
     job.control = std::move(control);
     job.done = [self, call](absl::StatusOr<engine::BackwardResult> result) {
-      self->Answer(call, BackwardParts(std::move(result)));
+      self->Answer(call, BackwardParts(std::move(result), call->outputs));
     };
     enqueued = context_->engine->Enqueue(std::move(job));
   } else {
     engine::ForwardJob job;
     job.inputs = std::get<engine::ForwardInputs>(call->plan.inputs);
+    job.inputs.output_space = call->outputs;
+    job.inputs.groups = call->groups;
     job.control = std::move(control);
     job.done = [self, call](absl::StatusOr<engine::ForwardResult> result) {
-      self->Answer(call, ForwardParts(std::move(result)));
+      self->Answer(call, ForwardParts(std::move(result), call->outputs));
     };
     enqueued = context_->engine->Enqueue(std::move(job));
   }
@@ -83,9 +134,12 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
   const absl::Status status = parts.ok() ? absl::OkStatus() : parts.status();
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),
                                    absl::ToDoubleSeconds(absl::Now() - call->start));
-  call->ReleaseBuffer();
-  // Cancelled, or the session ended: nobody waits for the answer (its slot goes with `call`).
-  if (!Forget(call, /*tombstone=*/false) || call->cancelled->load()) return;
+  // Cancelled, or the session ended: nobody waits for the answer (its slot goes with `call`,
+  // and so do its buffers, once no connection writes a chunk of a grouped call into them).
+  // A grouped call may be answered (a failure) while chunks are still on their way.
+  if (!Forget(call, /*tombstone=*/call->group_tracker.has_value()) || call->cancelled->load()) {
+    return;
+  }
   if (!parts.ok()) {
     Send({StatusResponseFrame(call->id, status)});
     return;
@@ -93,6 +147,9 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
   auto response = std::make_shared<OutboundResponse>();
   response->lease = std::move(call->lease);
   response->tensors = std::move(parts->tensors);
+  // The outputs the engine wrote into the call's buffers are sent from there: the buffers (and
+  // their share of the budget) go when the last frame has been sent or dropped.
+  response->memory = call;
   response->queued = absl::Now();
   response->metrics = context_->data_metrics;
   const int64_t payload = TotalBytes(response->tensors);

@@ -357,7 +357,7 @@ absl::Status Connection::Admit(uint64_t request_id, const v1::DataRequest& reque
   call->transfer_deadline = start + options.transfer_timeout;
   if (absl::Status registered = session_->Register(call); !registered.ok()) return registered;
   if (call->plan.payload_bytes == 0) {
-    session_->ChunkArrived(call, 0);
+    session_->ChunkArrived(call, 0, 0);
   } else if (call->plan.payload_bytes > call->plan.chunk_bytes) {
     Push(MessageFrame(v1::FRAME_ACCEPTED, request_id, v1::DataAccepted()));
   }
@@ -383,7 +383,7 @@ absl::Status Connection::HandleChunk(const FrameHeader& header) {
     return ReadEnding(read);
   }
   context_->data_metrics->AddReceivedChunk(static_cast<double>(header.length));
-  session_->ChunkArrived(call, header.length);
+  session_->ChunkArrived(call, header.offset, header.length);
   return absl::OkStatus();
 }
 

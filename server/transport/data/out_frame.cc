@@ -48,7 +48,7 @@ std::vector<OutFrame> ResponseFrames(uint64_t request_id,
   frames.push_back(MessageFrame(v1::FRAME_RESPONSE, request_id, message));
   frames.back().response = response;
   uint64_t offset = 0;
-  for (const std::string& tensor : response->tensors) {
+  for (const ResponseTensor& tensor : response->tensors) {
     for (size_t start = 0; start < tensor.size(); start += static_cast<size_t>(chunk_bytes)) {
       OutFrame frame;
       frame.response = response;

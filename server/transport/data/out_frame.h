@@ -17,13 +17,25 @@
 
 namespace attnserve::transport::data {
 
+// One response tensor's bytes: the result's own, or where the engine wrote them (the call's
+// buffers, kept alive by OutboundResponse::memory).
+struct ResponseTensor {
+  std::string owned;
+  const char* at = nullptr;  // set: the bytes are here, not in `owned`
+  size_t bytes = 0;
+
+  const char* data() const { return at != nullptr ? at : owned.data(); }
+  size_t size() const { return at != nullptr ? bytes : owned.size(); }
+};
+
 // A call's answer being sent: its tensor bytes, and its slot until the last frame is sent or
 // every frame is dropped (its connections closed).
 struct OutboundResponse {
   ~OutboundResponse();
 
   std::unique_ptr<SlotLease> lease;
-  std::vector<std::string> tensors;
+  std::vector<ResponseTensor> tensors;
+  std::shared_ptr<const void> memory;  // what tensors' `at` point into
   absl::Time queued;
   metrics::DataMetrics* metrics = nullptr;
   std::atomic<int64_t> unsent_frames{0};

@@ -17,6 +17,7 @@ constexpr size_t kMaxTombstones = 4096;
 }  // namespace
 
 void DataCall::ReleaseBuffer() {
+  response_buffer.reset();
   if (buffer == nullptr) return;
   buffer.reset();
   context->budget->Release(plan.payload_bytes);
@@ -95,6 +96,13 @@ absl::Status Session::Register(std::shared_ptr<DataCall> call) {
   if (tombstones_.erase(call->id) != 0) {
     tombstone_order_.erase(std::find(tombstone_order_.begin(), tombstone_order_.end(), call->id));
   }
+  if (std::vector<int32_t> ends = GroupEnds(call->plan); !ends.empty()) {
+    call->group_tracker.emplace(call->plan, ends);
+    call->groups = std::make_shared<engine::SequenceGroups>(
+        std::move(ends), Deadline(*call),
+        [cancelled = call->cancelled] { return cancelled->load(); }, nullptr);
+    for (int g : call->group_tracker->Empty()) call->groups->MarkArrived(g);
+  }
   calls_.emplace(call->id, std::move(call));
   return absl::OkStatus();
 }
@@ -125,15 +133,21 @@ absl::StatusOr<std::shared_ptr<DataCall>> Session::ClaimChunk(uint64_t id, uint6
   return it->second;
 }
 
-void Session::ChunkArrived(const std::shared_ptr<DataCall>& call, uint64_t length) {
+void Session::ChunkArrived(const std::shared_ptr<DataCall>& call, uint64_t offset,
+                           uint64_t length) {
+  std::vector<int> completed;
+  bool start = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = calls_.find(call->id);
     if (it == calls_.end() || it->second != call) return;  // cancelled or failed meanwhile
-    if (!call->tracker->Arrived(length)) return;
-    call->running = true;
+    const bool complete = call->tracker->Arrived(length);
+    if (call->group_tracker) completed = call->group_tracker->Arrived(offset);
+    start = !call->running && (complete || !completed.empty());
+    if (start) call->running = true;
   }
-  Run(call);
+  for (int g : completed) call->groups->MarkArrived(g);
+  if (start) Run(call);
 }
 
 bool Session::Forget(const std::shared_ptr<DataCall>& call, bool tombstone) {
@@ -149,6 +163,7 @@ bool Session::Forget(const std::shared_ptr<DataCall>& call, bool tombstone) {
 
 void Session::Fail(const std::shared_ptr<DataCall>& call, const absl::Status& status) {
   if (!Forget(call, /*tombstone=*/true)) return;
+  call->cancelled->store(true);  // a grouped call the engine has stops waiting for its bytes
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),
                                    absl::ToDoubleSeconds(absl::Now() - call->start));
   Send({StatusResponseFrame(call->id, status)});
@@ -162,7 +177,7 @@ void Session::Cancel(uint64_t id) {
     auto it = calls_.find(id);
     if (it == calls_.end()) return;  // unknown, or its answer is already on its way
     call = it->second;
-    receiving = !call->running;
+    receiving = !call->tracker->complete();
   }
   call->cancelled->store(true);
   // A receiving call's chunks may still be in flight on other connections.
@@ -174,7 +189,7 @@ void Session::ExpireTransfers(absl::Time now) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, call] : calls_) {
-      if (!call->running && now > call->transfer_deadline) late.push_back(call);
+      if (!call->tracker->complete() && now > call->transfer_deadline) late.push_back(call);
     }
   }
   for (const std::shared_ptr<DataCall>& call : late) {

@@ -18,8 +18,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "attnserve/v1/data_channel.pb.h"
+#include "server/engine/sequence_groups.h"
 #include "server/transport/data/chunk_tracker.h"
 #include "server/transport/data/data_context.h"
+#include "server/transport/data/group_tracker.h"
 #include "server/transport/data/out_frame.h"
 #include "server/transport/data/request_plan.h"
 
@@ -32,7 +34,8 @@ struct DataCall {
   DataCall(DataContext* context, uint64_t id, const char* rpc, absl::Time start)
       : context(context), id(id), rpc(rpc), start(start) {}
   ~DataCall() { ReleaseBuffer(); }
-  // The receive buffer goes back (and out of the budget) once the engine is done with it.
+  // The call's buffers go back (the receive buffer out of the budget) once neither the engine
+  // nor the response's frames use them.
   void ReleaseBuffer();
 
   DataContext* const context;
@@ -41,17 +44,25 @@ struct DataCall {
   const absl::Time start;  // when its REQUEST arrived
   PlannedCall plan;
   std::unique_ptr<engine::HostBuffer> buffer;  // plan.payload_bytes, reserved in the budget
+  // Where the engine writes the outputs: over the inputs they replace in `buffer` where shapes
+  // match, else in `response_buffer`. Both live until the response is sent.
+  engine::OutputSpace outputs;
+  std::unique_ptr<engine::HostBuffer> response_buffer;
   std::unique_ptr<SlotLease> lease;
   std::optional<ChunkTracker> tracker;
+  // A forward large enough to run by groups of sequences: which groups are in, and the
+  // engine's view of it. The call goes to the engine when its first group is complete.
+  std::optional<GroupTracker> group_tracker;
+  std::shared_ptr<engine::SequenceGroups> groups;
   absl::Time transfer_deadline;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
-  bool running = false;  // the payload is complete and the engine has it (session lock)
+  bool running = false;  // the engine has it (session lock); its payload may still arrive
 };
 
 // The response message and the tensor bytes its CHUNKs carry.
 struct ResponseParts {
   v1::DataResponse message;
-  std::vector<std::string> tensors;
+  std::vector<ResponseTensor> tensors;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -81,8 +92,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // violation (unknown request, wrong range or length, repeat).
   absl::StatusOr<std::shared_ptr<DataCall>> ClaimChunk(uint64_t id, uint64_t offset,
                                                        uint64_t length);
-  // A claimed chunk's bytes are in; the last one hands the call to the engine.
-  void ChunkArrived(const std::shared_ptr<DataCall>& call, uint64_t length);
+  // A claimed chunk's bytes are in; the last one, or for a grouped call the first that
+  // completes a group, hands the call to the engine.
+  void ChunkArrived(const std::shared_ptr<DataCall>& call, uint64_t offset, uint64_t length);
   // Answers a receiving call with `status` and forgets it.
   void Fail(const std::shared_ptr<DataCall>& call, const absl::Status& status);
   void Cancel(uint64_t id);
@@ -90,7 +102,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void ExpireTransfers(absl::Time now);
 
  private:
-  // call_runner.cc: hands a complete call to the engine, and sends its answer.
+  // call_runner.cc: hands a call to the engine, and sends its answer.
+  absl::Time Deadline(const DataCall& call) const;
   void Run(const std::shared_ptr<DataCall>& call);
   void Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<ResponseParts> parts);
   // Forgets `call` if it is still in progress; whether it was.

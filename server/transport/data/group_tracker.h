@@ -1,0 +1,41 @@
+// Which groups of a forward's sequences have all their bytes in, so the engine can start a
+// group while later ones still arrive (spec: "Details the server implements", grouping). A
+// group is consecutive whole sequences; its bytes are its rows of q, k and v, three ranges of
+// the payload, complete when every chunk that overlaps them has arrived (a chunk may straddle
+// two groups). Not thread-safe: the session's lock guards it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "server/transport/data/request_plan.h"
+
+namespace attnserve::transport::data {
+
+// Payloads below this run whole: splitting them saves less than it costs.
+inline constexpr int64_t kMinGroupedPayloadBytes = int64_t{16} << 20;
+inline constexpr int kMaxGroups = 4;
+
+// Each group's end sequence index: up to kMaxGroups groups of about equal q + k tokens, cut
+// at sequence boundaries; empty when the call is not grouped (a backward, a forward of one
+// sequence or of a small payload). Clients send their chunks in this group order.
+std::vector<int32_t> GroupEnds(const PlannedCall& call);
+
+class GroupTracker {
+ public:
+  GroupTracker(const PlannedCall& call, std::vector<int32_t> ends);
+
+  const std::vector<int32_t>& ends() const { return ends_; }
+  // Groups with no bytes at all (only empty sequences): complete from the start.
+  std::vector<int> Empty() const;
+  // The chunk at `offset` has arrived; returns the groups it completed.
+  std::vector<int> Arrived(uint64_t offset);
+
+ private:
+  const std::vector<int32_t> ends_;
+  const int64_t chunk_bytes_;
+  std::vector<int64_t> missing_;               // per group: chunks not yet arrived
+  std::vector<std::vector<int>> chunk_groups_;  // per chunk: the groups it overlaps
+};
+
+}  // namespace attnserve::transport::data

@@ -1,0 +1,60 @@
+#include "server/transport/data/group_tracker.h"
+
+#include <algorithm>
+
+#include "gtest/gtest.h"
+
+namespace attnserve::transport::data {
+namespace {
+
+// A forward of `seqlens` (q and k alike), 1 head of dim 8 in fp32: 32-byte rows.
+PlannedCall Forward(const std::vector<int32_t>& seqlens, int64_t chunk_bytes) {
+  engine::ForwardInputs in;
+  in.cu_seqlens_q = {0};
+  for (int32_t n : seqlens) in.cu_seqlens_q.push_back(in.cu_seqlens_q.back() + n);
+  in.cu_seqlens_k = in.cu_seqlens_q;
+  const int64_t rows = in.cu_seqlens_q.back();
+  in.q = in.k = in.v = {kernels::DType::kFloat32, {rows, 1, 8}, nullptr,
+                        static_cast<size_t>(rows * 32)};
+  PlannedCall call;
+  call.inputs = in;
+  for (int t = 0; t < 3; ++t) call.slices.push_back({t, t * rows * 32, rows * 32});
+  call.payload_bytes = 3 * rows * 32;
+  call.chunk_bytes = chunk_bytes;
+  return call;
+}
+
+TEST(GroupTrackerTest, GroupsSplitTokensEvenlyAtSequenceBoundaries) {
+  EXPECT_EQ(GroupEnds(Forward({1 << 19, 1 << 19, 1 << 19, 1 << 19, 1 << 19}, 1 << 20)),
+            (std::vector<int32_t>{2, 3, 4, 5}));
+  EXPECT_TRUE(GroupEnds(Forward({1 << 21}, 1 << 20)).empty());   // one sequence
+  EXPECT_TRUE(GroupEnds(Forward({100, 100}, 1 << 16)).empty());  // a small payload
+}
+
+TEST(GroupTrackerTest, AGroupCompletesWhenEveryChunkOverlappingItArrivedInAnyOrder) {
+  // Sequences of 1000 rows (32000 bytes), chunks of 65536 bytes: boundaries fall mid-chunk.
+  PlannedCall call = Forward(std::vector<int32_t>(600, 1000), 65536);
+  const std::vector<int32_t> ends = GroupEnds(call);
+  ASSERT_EQ(ends.size(), 4u);
+  GroupTracker tracker(call, ends);
+  EXPECT_TRUE(tracker.Empty().empty());
+  const int64_t chunks = (call.payload_bytes + 65535) / 65536;
+  std::vector<int> completed;
+  // Last chunk first, then from the front: group 3 completes last although its tail came first.
+  std::vector<int64_t> order = {chunks - 1};
+  for (int64_t c = 0; c < chunks - 1; ++c) order.push_back(c);
+  std::vector<int> when(4, -1);
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (int g : tracker.Arrived(order[i] * 65536)) {
+      EXPECT_EQ(when[g], -1);
+      when[g] = static_cast<int>(i);
+    }
+  }
+  for (int g = 0; g < 4; ++g) EXPECT_GE(when[g], 0) << g;
+  // Every group has v rows in the last third: all complete only in the last third of chunks.
+  EXPECT_EQ(when[3], static_cast<int>(order.size()) - 1);
+  EXPECT_TRUE(std::is_sorted(when.begin(), when.end()));
+}
+
+}  // namespace
+}  // namespace attnserve::transport::data
