@@ -130,7 +130,42 @@ void Session::Run(const std::shared_ptr<DataCall>& call) {
   if (!enqueued.ok()) Answer(call, enqueued);
 }
 
+void Session::SendGroup(const std::shared_ptr<DataCall>& call, int group) {
+  const char* out = call->outputs.at(0);
+  if (out == nullptr) return;  // out is not at its destination: it goes with the RESPONSE
+  const engine::ForwardInputs& forward = std::get<engine::ForwardInputs>(call->plan.inputs);
+  const uint64_t row = forward.q.size_bytes / std::max<int64_t>(1, forward.q.shape[0]);
+  const uint64_t begin = row * forward.cu_seqlens_q[call->groups->first_sequence(group)];
+  const uint64_t end = row * forward.cu_seqlens_q[call->groups->end_sequence(group)];
+  if (end <= begin) return;
+  std::vector<OutFrame> frames;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(call->id);
+    if (it == calls_.end() || it->second != call || call->cancelled->load()) return;
+    if (call->streamed == nullptr) {
+      call->streamed = std::make_shared<OutboundResponse>();
+      call->streamed->memory = call;
+      call->streamed->queued = absl::Now();
+      call->streamed->metrics = context_->data_metrics;
+    }
+    // Groups finish in order, so the ranges stay sorted.
+    call->streamed_ranges.emplace_back(begin, end);
+    AppendChunkFrames(call->id, call->streamed, out + begin, begin, end - begin,
+                      context_->options.response_chunk_bytes, &frames);
+  }
+  context_->metrics->AddSentBytes(static_cast<double>(end - begin));
+  Send(std::move(frames));
+}
+
 void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<ResponseParts> parts) {
+  std::shared_ptr<OutboundResponse> streamed;
+  std::vector<std::pair<uint64_t, uint64_t>> sent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streamed = std::move(call->streamed);
+    sent = std::move(call->streamed_ranges);
+  }
   const absl::Status status = parts.ok() ? absl::OkStatus() : parts.status();
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),
                                    absl::ToDoubleSeconds(absl::Now() - call->start));
@@ -144,19 +179,23 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
     Send({StatusResponseFrame(call->id, status)});
     return;
   }
-  auto response = std::make_shared<OutboundResponse>();
+  // A grouped forward whose first groups went out already: its response carries on.
+  std::shared_ptr<OutboundResponse> response =
+      streamed != nullptr ? std::move(streamed) : std::make_shared<OutboundResponse>();
   response->lease = std::move(call->lease);
   response->tensors = std::move(parts->tensors);
   // The outputs the engine wrote into the call's buffers are sent from there: the buffers (and
   // their share of the budget) go when the last frame has been sent or dropped.
   response->memory = call;
-  response->queued = absl::Now();
+  if (sent.empty()) response->queued = absl::Now();
   response->metrics = context_->data_metrics;
   const int64_t payload = TotalBytes(response->tensors);
+  int64_t streamed_bytes = 0;
+  for (const auto& [begin, end] : sent) streamed_bytes += static_cast<int64_t>(end - begin);
   parts->message.set_payload_bytes(payload);
-  context_->metrics->AddSentBytes(static_cast<double>(payload));
+  context_->metrics->AddSentBytes(static_cast<double>(payload - streamed_bytes));
   Send(ResponseFrames(call->id, parts->message, std::move(response),
-                      context_->options.response_chunk_bytes));
+                      context_->options.response_chunk_bytes, sent));
 }
 
 }  // namespace attnserve::transport::data
