@@ -89,6 +89,7 @@ class _RawCall:
 
 
 def test_group_0_comes_back_before_the_rest_is_sent(server, grpc_client, rng):
+    overlap_before = server.metric("attnserve_data_overlap_seconds_sum")
     q, k, v, cu = _problem(rng)
     call = _RawCall(server, grpc_client, q, k, v, cu)
     try:
@@ -104,6 +105,8 @@ def test_group_0_comes_back_before_the_rest_is_sent(server, grpc_client, rng):
     lse = np.frombuffer(call.received, np.float32, offset=q.nbytes).reshape(expected.lse.shape)
     np.testing.assert_array_equal(out.view(np.uint32), expected.out.view(np.uint32))
     np.testing.assert_array_equal(lse.view(np.uint32), expected.lse.view(np.uint32))
+    # The engine had the call while groups 1..3 were still to be sent.
+    assert server.metric("attnserve_data_overlap_seconds_sum") > overlap_before
 
 
 def _wait_for_zero(server, name, timeout=30.0):

@@ -88,6 +88,17 @@ engine::OutputSpace OutputSpaceFor(DataCall& call, engine::HostBuffers& buffers)
   return space;
 }
 
+// Of the engine's time [ran, answered], the seconds while the payload still arrived (until
+// `arrived`) or answer bytes were going back (from `first_streamed`): the union's length.
+double OverlapSeconds(absl::Time ran, absl::Time arrived, absl::Time first_streamed,
+                      absl::Time answered) {
+  const absl::Time receiving_end = std::min(arrived, answered);
+  const absl::Duration receiving = std::max(absl::ZeroDuration(), receiving_end - ran);
+  const absl::Time sending_start = std::max(first_streamed, receiving_end);
+  const absl::Duration sending = std::max(absl::ZeroDuration(), answered - sending_start);
+  return absl::ToDoubleSeconds(receiving + sending);
+}
+
 }  // namespace
 
 absl::Time Session::Deadline(const DataCall& call) const {
@@ -97,6 +108,7 @@ absl::Time Session::Deadline(const DataCall& call) const {
 
 void Session::Run(const std::shared_ptr<DataCall>& call) {
   const absl::Time now = absl::Now();
+  call->ran = now;  // read by Answer, which the engine runs after this
   context_->metrics->AddReceivedBytes(static_cast<double>(call->plan.payload_bytes));
   context_->data_metrics->RecordTransfer("in", absl::ToDoubleSeconds(now - call->start));
   engine::JobControl control;
@@ -148,6 +160,7 @@ void Session::SendGroup(const std::shared_ptr<DataCall>& call, int group) {
       call->streamed->memory = call;
       call->streamed->queued = absl::Now();
       call->streamed->metrics = context_->data_metrics;
+      call->first_streamed = call->streamed->queued;
     }
     // Groups finish in order, so the ranges stay sorted.
     call->streamed_ranges.emplace_back(begin, end);
@@ -161,10 +174,19 @@ void Session::SendGroup(const std::shared_ptr<DataCall>& call, int group) {
 void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<ResponseParts> parts) {
   std::shared_ptr<OutboundResponse> streamed;
   std::vector<std::pair<uint64_t, uint64_t>> sent;
+  absl::Time ran, arrived, first_streamed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     streamed = std::move(call->streamed);
     sent = std::move(call->streamed_ranges);
+    ran = call->ran;
+    arrived = call->arrived;
+    first_streamed = call->first_streamed;
+  }
+  const absl::Time answered = absl::Now();
+  if (parts.ok() && ran < answered) {
+    context_->data_metrics->RecordOverlap(OverlapSeconds(ran, arrived, first_streamed, answered),
+                                          absl::ToDoubleSeconds(answered - ran));
   }
   const absl::Status status = parts.ok() ? absl::OkStatus() : parts.status();
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),

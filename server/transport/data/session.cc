@@ -148,6 +148,7 @@ void Session::ChunkArrived(const std::shared_ptr<DataCall>& call, uint64_t offse
     auto it = calls_.find(call->id);
     if (it == calls_.end() || it->second != call) return;  // cancelled or failed meanwhile
     const bool complete = call->tracker->Arrived(length);
+    if (complete) call->arrived = absl::Now();
     if (call->group_tracker) completed = call->group_tracker->Arrived(offset);
     start = !call->running && (complete || !completed.empty());
     if (start) call->running = true;

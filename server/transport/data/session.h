@@ -58,6 +58,11 @@ struct DataCall {
   // (session lock): the response their CHUNKs belong to, and the byte ranges sent. The RESPONSE
   // takes it over (it holds `this` alive: Answer breaks the cycle).
   std::shared_ptr<OutboundResponse> streamed;
+  // For attnserve_data_overlap_seconds: the hand-over to the engine (Run), the last payload
+  // byte and the first group's out rows queued (session lock).
+  absl::Time ran = absl::InfiniteFuture();
+  absl::Time arrived = absl::InfinitePast();
+  absl::Time first_streamed = absl::InfiniteFuture();
   std::vector<std::pair<uint64_t, uint64_t>> streamed_ranges;
   absl::Time transfer_deadline;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
