@@ -190,6 +190,16 @@ PANELS = [
                + [mean("attnserve_compute_duration_seconds", ["rpc"], "compute {{rpc}}")]
                + quantiles("attnserve_compute_duration_seconds", ["rpc"], "compute {{rpc}}",
                            (0.9,)), "s"),
+    timeseries("Data channel overlap",
+               "Share of the time data channel calls spent with the engine that overlapped "
+               "their transfers: computing (or queued) while the payload still arrived, or "
+               "while a grouped forward's first groups were already going back "
+               "(attnserve_data_overlap_seconds over attnserve_data_engine_seconds_total). "
+               "Near 0: transfers and compute take turns (small or single-sequence calls, "
+               "clients with group_chunks off).",
+               [target(f"sum(rate(attnserve_data_overlap_seconds_sum{{{SEL}}}[{RATE}])) / "
+                       f"sum(rate(attnserve_data_engine_seconds_total{{{SEL}}}[{RATE}]))",
+                       "overlap ratio")], "percentunit"),
     timeseries("Saved contexts by device",
                "Contexts (keep_context forwards awaiting their backward) each device holds.",
                [target(f"max by (pod, device) (attnserve_contexts{{{SEL}}})",

@@ -56,7 +56,19 @@ DataMetrics::DataMetrics(prometheus::Registry& registry)
       transfer_seconds_(prometheus::BuildHistogram()
                             .Name("attnserve_data_transfer_seconds")
                             .Help("Time to move one request's payload in or its response out.")
-                            .Register(registry)) {}
+                            .Register(registry)),
+      overlap_seconds_(prometheus::BuildHistogram()
+                           .Name("attnserve_data_overlap_seconds")
+                           .Help("Per data channel call, seconds the engine had it while its "
+                                 "payload still arrived or its answer was already being sent.")
+                           .Register(registry)
+                           .Add({}, TransferBuckets())),
+      engine_seconds_(prometheus::BuildCounter()
+                          .Name("attnserve_data_engine_seconds_total")
+                          .Help("Seconds data channel calls spent with the engine (hand-over "
+                                "to answer): the denominator of the overlap ratio.")
+                          .Register(registry)
+                          .Add({})) {}
 
 void DataMetrics::AddReceivedChunk(double bytes) {
   received_bytes_.Increment(bytes);
@@ -75,6 +87,11 @@ void DataMetrics::SetBufferedBytesLimit(double bytes) { buffered_bytes_limit_.Se
 
 void DataMetrics::RecordProtocolError(const std::string& reason) {
   protocol_errors_.Add({{"reason", reason}}).Increment();
+}
+
+void DataMetrics::RecordOverlap(double overlap, double engine) {
+  overlap_seconds_.Observe(overlap);
+  engine_seconds_.Increment(engine);
 }
 
 void DataMetrics::RecordTransfer(const std::string& direction, double seconds) {

@@ -30,6 +30,10 @@ class DataMetrics {
   // From a request's REQUEST frame to its last payload byte ("in"), from its RESPONSE being
   // queued to its last byte sent ("out").
   void RecordTransfer(const std::string& direction, double seconds);
+  // One answered data channel call: `engine` seconds from its hand-over to the engine to its
+  // answer, of which `overlap` ran while its payload still arrived or its first groups' out
+  // rows were already going back (a grouped forward); the rest waited for bytes or none.
+  void RecordOverlap(double overlap, double engine);
 
  private:
   prometheus::Counter& received_bytes_;
@@ -43,6 +47,8 @@ class DataMetrics {
   prometheus::Gauge& buffered_bytes_limit_;
   prometheus::Family<prometheus::Counter>& protocol_errors_;
   prometheus::Family<prometheus::Histogram>& transfer_seconds_;
+  prometheus::Histogram& overlap_seconds_;
+  prometheus::Counter& engine_seconds_;
 };
 
 }  // namespace attnserve::metrics

@@ -60,6 +60,8 @@ class FakeDataServer(pb2_grpc.AttentionServiceServicer):
         # connection counts, for tests to check what the client sent.
         self.requests: List[tuple] = []
         self.grpc_calls: List[str] = []
+        # Per data channel request with chunks: their offsets in the order they arrived.
+        self.chunk_orders: List[List[int]] = []
         self.connections_per_session: Dict[bytes, int] = {}
         self.contexts: Dict[str, dict] = {}
         self._lock = threading.Lock()
@@ -229,6 +231,7 @@ class FakeDataServer(pb2_grpc.AttentionServiceServicer):
                                        f"{header.offset} ({header.length} bytes)")
                 return
             state["chunks"].add(header.offset)
+            state.setdefault("order", []).append(header.offset)
             state["payload"][header.offset:header.offset + header.length] = data
             done = len(state["chunks"]) * request.chunk_bytes >= request.payload_bytes
         if done:
@@ -237,6 +240,8 @@ class FakeDataServer(pb2_grpc.AttentionServiceServicer):
     def _run(self, session_id: bytes, request_id: int) -> None:
         with self._lock:
             state = self._pending.pop((session_id, request_id))
+            if "order" in state:
+                self.chunk_orders.append(state["order"])
         tensors, start = {}, 0
         for name, size in zip(state["names"], state["sizes"]):
             tensor = pb2.Tensor()

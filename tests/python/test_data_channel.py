@@ -11,7 +11,7 @@ from ml_dtypes import bfloat16
 
 import attnserve
 import fake_data_server as fake
-from attnserve import frames
+from attnserve import frames, groups
 from attnserve.client import target_host
 from fake_data_server import FakeDataServer
 
@@ -262,3 +262,46 @@ def test_malformed_shapes_go_to_grpc_which_names_them(rng):
         with pytest.raises(Exception):
             client.forward(q, q, q, [0, 8], [0, 8])
         assert server.grpc_calls[-1] == "Forward" and not server.requests
+
+
+def test_group_split_is_the_server_s():
+    # The rule of GroupEnds (server/transport/data/group_tracker.cc): up to 4 runs of
+    # consecutive sequences of about equal q + k tokens, for payloads of 16 MiB and more.
+    cu = [0, 100, 200, 300, 400, 500, 600, 700, 800]
+    assert groups.group_ends(cu, cu, 32 << 20) == [2, 4, 6, 8]
+    assert groups.group_ends(cu, cu, (16 << 20) - 1) == []
+    assert groups.group_ends([0, 800], [0, 800], 32 << 20) == []
+    # A long first sequence takes the first groups' share: fewer, uneven groups.
+    assert groups.group_ends([0, 700, 710, 800], [0, 700, 710, 800], 32 << 20) == [1, 3]
+
+
+def test_chunk_order_sends_group_by_group():
+    mib = 1 << 20
+    cu = [0, 10, 20, 30, 40]
+    row = mib // 4  # each tensor 10 MiB, each sequence 2.5 MiB of it; 1 MiB chunks
+    offsets = [o // mib for o in groups.chunk_offsets(cu, cu, [row] * 3, 30 * mib, mib)]
+    assert sorted(offsets) == list(range(30))
+    # Group g is sequence g: its q, k and v chunks, less those an earlier group sent.
+    assert offsets[:9] == [0, 1, 2, 10, 11, 12, 20, 21, 22]
+    assert offsets[9:15] == [3, 4, 13, 14, 23, 24]
+    # One sequence: payload order.
+    assert groups.chunk_offsets([0, 40], [0, 40], [row] * 3, 30 * mib, mib) == \
+        [c * mib for c in range(30)]
+
+
+@pytest.mark.parametrize("group_chunks", [True, False])
+def test_large_forward_chunks_go_in_group_order(rng, group_chunks):
+    tokens = (1024, 1024, 1024, 1024)
+    q, k, v, _, cu = _inputs(rng, tokens=tokens, heads=8, heads_k=8, dim=64)  # 24 MiB
+    with FakeDataServer(max_connections=1) as server, \
+            attnserve.Client(server.target, timeout=30, chunk_bytes=1 << 20, data_connections=1,
+                             group_chunks=group_chunks) as client:
+        client.forward(q, k, v, cu, cu)
+        order = server.chunk_orders[0]
+    assert sorted(order) == [c << 20 for c in range(24)]
+    if group_chunks:
+        # 2 MiB of q, k and v per group of 1024 tokens: group 0 is chunks 0-1, 8-9, 16-17.
+        assert [o >> 20 for o in order[:6]] == [0, 1, 8, 9, 16, 17]
+    else:
+        assert order == sorted(order)
+    assert not server.violations

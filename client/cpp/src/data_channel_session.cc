@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/data_channel_client.h"
+#include "client/cpp/src/chunk_order.h"
 
 namespace attnserve {
 
@@ -213,14 +214,16 @@ absl::StatusOr<v1::DataResponse> DataChannelClient::Call(
     });
     if (call->accepted) {
       lock.unlock();
-      // Chunk i goes on connection i mod N, each connection's share from its own thread.
+      // The i-th chunk in sending order goes on connection i mod N, each connection's share
+      // from its own thread.
+      const std::vector<uint64_t> order =
+          data_channel::ChunkOrder(request, options_.group_chunks);
       std::vector<absl::Status> results(connections_.size());
       std::vector<std::thread> senders;
-      const uint64_t chunks = (total + chunk_bytes_ - 1) / chunk_bytes_;
       for (size_t c = 0; c < connections_.size(); ++c) {
         senders.emplace_back([&, c] {
-          for (uint64_t i = c; i < chunks && results[c].ok(); i += connections_.size()) {
-            results[c] = send_chunk(connections_[c].get(), i * chunk_bytes_);
+          for (size_t i = c; i < order.size() && results[c].ok(); i += connections_.size()) {
+            results[c] = send_chunk(connections_[c].get(), order[i]);
           }
         });
       }

@@ -209,7 +209,10 @@ class Client:
     transport: "auto" (default) asks the server once (GetServerInfo, on the first call) whether
     it has a data channel and, if it does, moves Forward and Backward tensors over it
     (`data_connections` TCP connections, `chunk_bytes` per chunk, both capped by the server);
-    else, and with "grpc", everything goes over gRPC. The data channel is used when it is as
+    else, and with "grpc", everything goes over gRPC. group_chunks (default True) sends a large
+    multi-sequence forward's chunks group by group in the order the server computes its groups
+    of sequences, so it starts computing after about a quarter of the payload (False: payload
+    order). The data channel is used when it is as
     secure as the channel: TLS with the same CA, client certificate and server name when the
     client uses TLS (and the server's data channel does), plain TCP when neither does. It goes
     to the replica that answered GetServerInfo (its advertised address, else the target's
@@ -237,7 +240,7 @@ class Client:
                  options: Sequence[Tuple[str, object]] = (),
                  transport: str = "auto", data_connections: int = DEFAULT_CONNECTIONS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 async_workers: int = DEFAULT_ASYNC_WORKERS):
+                 async_workers: int = DEFAULT_ASYNC_WORKERS, group_chunks: bool = True):
         if not 0 <= retries <= MAX_RETRIES:
             raise ValueError(f"retries must be in [0, {MAX_RETRIES}], got {retries}")
         if transport not in TRANSPORTS:
@@ -255,6 +258,7 @@ class Client:
         self.data_connections = data_connections
         self.chunk_bytes = chunk_bytes
         self.async_workers = async_workers
+        self.group_chunks = group_chunks
         self._metadata = security.call_metadata()
         # Credentials of the caller's own making: the data channel cannot copy them for TLS.
         self._custom_credentials = credentials is not None
@@ -262,7 +266,8 @@ class Client:
         self._peer_settings = dict(retries=retries, security=security, credentials=credentials,
                                    max_message_bytes=max_message_bytes, options=tuple(options),
                                    transport=transport, data_connections=data_connections,
-                                   chunk_bytes=chunk_bytes, async_workers=async_workers)
+                                   chunk_bytes=chunk_bytes, async_workers=async_workers,
+                                   group_chunks=group_chunks)
         if credentials is None:
             credentials = security.channel_credentials()
         # gRPC's 4 MiB default receive limit is far below one realistic attention request, and
@@ -352,7 +357,7 @@ class Client:
             tls = Tls(self.security.ssl_context(), name)
         self._replica_address = info.address
         return DataChannel(*address, token=self.security.token, connections=connections,
-                           chunk_bytes=chunk_bytes, tls=tls)
+                           chunk_bytes=chunk_bytes, tls=tls, group_chunks=self.group_chunks)
 
     def active_transport(self) -> str:
         """"data_channel" or "grpc": where this client's Forward and Backward go now."""

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence
 import grpc
 import numpy as np
 
-from . import frames
+from . import frames, groups
 from ._proto.attnserve.v1 import data_channel_pb2 as dc_pb2
 from .errors import AttentionError
 from .tensors import byte_view
@@ -80,12 +80,13 @@ class _Call:
     """One request in flight. Mutable state is guarded by its session's lock."""
 
     def __init__(self, request_id: int, connection: int, payload: _Layout, outputs: _Layout,
-                 chunk_bytes: int):
+                 chunk_bytes: int, chunk_offsets: List[int]):
         self.request_id = request_id
         self.connection = connection  # where its REQUEST (and a CANCEL) goes
         self.payload = payload
         self.outputs = outputs
         self.chunk_bytes = chunk_bytes
+        self.chunk_offsets = chunk_offsets  # the order its chunks go in
         self.future: Future = Future()
         self.response: Optional[dc_pb2.DataResponse] = None
         self.accepted = False
@@ -202,14 +203,22 @@ class _Session:
     # --- calls --------------------------------------------------------------------------------
 
     def submit(self, kind: str, message, payload: _Layout, outputs: _Layout,
-               timeout_ms: int, timeout: Optional[float]) -> _Call:
+               timeout_ms: int, timeout: Optional[float],
+               row_bytes: Optional[Sequence[int]] = None) -> _Call:
+        """Sends the REQUEST. `row_bytes` (the bytes of one row of q, k, v) puts a forward's
+        chunks in the server's group order (groups.py); None sends them in payload order."""
         if self._slots is not None and not self._slots.acquire(timeout=timeout):
             raise AttentionError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                  f"data channel {self.address}: no request slot of the "
                                  "session freed up before the deadline")
         request_id = next(self._ids)
+        if row_bytes is not None:
+            offsets = groups.chunk_offsets(message.cu_seqlens_q, message.cu_seqlens_k,
+                                           row_bytes, payload.total, self.chunk_bytes)
+        else:
+            offsets = list(range(0, payload.total, self.chunk_bytes))
         call = _Call(request_id, next(self._next_connection) % len(self.sockets), payload,
-                     outputs, self.chunk_bytes)
+                     outputs, self.chunk_bytes, offsets)
         request = dc_pb2.DataRequest(payload_bytes=payload.total, chunk_bytes=self.chunk_bytes,
                                      timeout_ms=timeout_ms)
         getattr(request, kind).CopyFrom(message)
@@ -393,7 +402,7 @@ class _Session:
         if call.payload.total <= call.chunk_bytes:
             return  # its payload went with the REQUEST already
         count = len(self.sockets)
-        for number, offset in enumerate(range(0, call.payload.total, call.chunk_bytes)):
+        for number, offset in enumerate(call.chunk_offsets):
             length = min(call.chunk_bytes, call.payload.total - offset)
             views = [frames.pack_header(frames.CHUNK, call.request_id, offset, length),
                      *call.payload.pieces(offset, length)]
@@ -406,13 +415,15 @@ class DataChannel:
     """A client's data channel to one server (host, port): one session, reopened on the next
     call after it fails. `token` is the bearer token the gRPC calls carry; `tls`, for a server
     whose DataChannelInfo.tls is set, the gRPC channel's CA, client certificate and server
-    name."""
+    name. `group_chunks` (default on) sends a large multi-sequence forward's chunks group by
+    group, in the order the server computes them (groups.py), so it starts early; off, in
+    payload order."""
 
     def __init__(self, host: str, port: int, *, token: Optional[str] = None,
                  connections: int = DEFAULT_CONNECTIONS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  connect_timeout: float = CONNECT_TIMEOUT_S,
-                 tls: Optional[Tls] = None):
+                 tls: Optional[Tls] = None, group_chunks: bool = True):
         if connections < 1:
             raise ValueError(f"connections must be at least 1, got {connections}")
         self.host, self.port = host, port
@@ -422,6 +433,7 @@ class DataChannel:
         self.chunk_bytes = chunk_bytes
         self.connect_timeout = connect_timeout
         self.tls = tls
+        self.group_chunks = group_chunks
         self._lock = threading.Lock()
         self._session: Optional[_Session] = None
         self._closed = False
@@ -463,9 +475,13 @@ class DataChannel:
             if not (array.flags.writeable and array.flags.c_contiguous):
                 raise ValueError("data channel outputs must be writable C-contiguous arrays")
         payload_layout, output_layout = _Layout(payload), _Layout(outputs)
+        row_bytes = None
+        if kind == "forward" and self.group_chunks:
+            row_bytes = [a.nbytes // a.shape[0] if a.ndim and a.shape[0] else 0 for a in payload]
         session = self.session()
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        call = session.submit(kind, message, payload_layout, output_layout, timeout_ms, timeout)
+        call = session.submit(kind, message, payload_layout, output_layout, timeout_ms, timeout,
+                              row_bytes)
         try:
             response = call.future.result(timeout)
         except FutureTimeout:

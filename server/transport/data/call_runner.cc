@@ -88,6 +88,17 @@ engine::OutputSpace OutputSpaceFor(DataCall& call, engine::HostBuffers& buffers)
   return space;
 }
 
+// Of the engine's time [ran, answered], the seconds while the payload still arrived (until
+// `arrived`) or answer bytes were going back (from `first_streamed`): the union's length.
+double OverlapSeconds(absl::Time ran, absl::Time arrived, absl::Time first_streamed,
+                      absl::Time answered) {
+  const absl::Time receiving_end = std::min(arrived, answered);
+  const absl::Duration receiving = std::max(absl::ZeroDuration(), receiving_end - ran);
+  const absl::Time sending_start = std::max(first_streamed, receiving_end);
+  const absl::Duration sending = std::max(absl::ZeroDuration(), answered - sending_start);
+  return absl::ToDoubleSeconds(receiving + sending);
+}
+
 }  // namespace
 
 absl::Time Session::Deadline(const DataCall& call) const {
@@ -97,6 +108,7 @@ absl::Time Session::Deadline(const DataCall& call) const {
 
 void Session::Run(const std::shared_ptr<DataCall>& call) {
   const absl::Time now = absl::Now();
+  call->ran = now;  // read by Answer, which the engine runs after this
   context_->metrics->AddReceivedBytes(static_cast<double>(call->plan.payload_bytes));
   context_->data_metrics->RecordTransfer("in", absl::ToDoubleSeconds(now - call->start));
   engine::JobControl control;
@@ -130,7 +142,52 @@ void Session::Run(const std::shared_ptr<DataCall>& call) {
   if (!enqueued.ok()) Answer(call, enqueued);
 }
 
+void Session::SendGroup(const std::shared_ptr<DataCall>& call, int group) {
+  const char* out = call->outputs.at(0);
+  if (out == nullptr) return;  // out is not at its destination: it goes with the RESPONSE
+  const engine::ForwardInputs& forward = std::get<engine::ForwardInputs>(call->plan.inputs);
+  const uint64_t row = forward.q.size_bytes / std::max<int64_t>(1, forward.q.shape[0]);
+  const uint64_t begin = row * forward.cu_seqlens_q[call->groups->first_sequence(group)];
+  const uint64_t end = row * forward.cu_seqlens_q[call->groups->end_sequence(group)];
+  if (end <= begin) return;
+  std::vector<OutFrame> frames;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(call->id);
+    if (it == calls_.end() || it->second != call || call->cancelled->load()) return;
+    if (call->streamed == nullptr) {
+      call->streamed = std::make_shared<OutboundResponse>();
+      call->streamed->memory = call;
+      call->streamed->queued = absl::Now();
+      call->streamed->metrics = context_->data_metrics;
+      call->first_streamed = call->streamed->queued;
+    }
+    // Groups finish in order, so the ranges stay sorted.
+    call->streamed_ranges.emplace_back(begin, end);
+    AppendChunkFrames(call->id, call->streamed, out + begin, begin, end - begin,
+                      context_->options.response_chunk_bytes, &frames);
+  }
+  context_->metrics->AddSentBytes(static_cast<double>(end - begin));
+  Send(std::move(frames));
+}
+
 void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<ResponseParts> parts) {
+  std::shared_ptr<OutboundResponse> streamed;
+  std::vector<std::pair<uint64_t, uint64_t>> sent;
+  absl::Time ran, arrived, first_streamed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streamed = std::move(call->streamed);
+    sent = std::move(call->streamed_ranges);
+    ran = call->ran;
+    arrived = call->arrived;
+    first_streamed = call->first_streamed;
+  }
+  const absl::Time answered = absl::Now();
+  if (parts.ok() && ran < answered) {
+    context_->data_metrics->RecordOverlap(OverlapSeconds(ran, arrived, first_streamed, answered),
+                                          absl::ToDoubleSeconds(answered - ran));
+  }
   const absl::Status status = parts.ok() ? absl::OkStatus() : parts.status();
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),
                                    absl::ToDoubleSeconds(absl::Now() - call->start));
@@ -144,19 +201,23 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
     Send({StatusResponseFrame(call->id, status)});
     return;
   }
-  auto response = std::make_shared<OutboundResponse>();
+  // A grouped forward whose first groups went out already: its response carries on.
+  std::shared_ptr<OutboundResponse> response =
+      streamed != nullptr ? std::move(streamed) : std::make_shared<OutboundResponse>();
   response->lease = std::move(call->lease);
   response->tensors = std::move(parts->tensors);
   // The outputs the engine wrote into the call's buffers are sent from there: the buffers (and
   // their share of the budget) go when the last frame has been sent or dropped.
   response->memory = call;
-  response->queued = absl::Now();
+  if (sent.empty()) response->queued = absl::Now();
   response->metrics = context_->data_metrics;
   const int64_t payload = TotalBytes(response->tensors);
+  int64_t streamed_bytes = 0;
+  for (const auto& [begin, end] : sent) streamed_bytes += static_cast<int64_t>(end - begin);
   parts->message.set_payload_bytes(payload);
-  context_->metrics->AddSentBytes(static_cast<double>(payload));
+  context_->metrics->AddSentBytes(static_cast<double>(payload - streamed_bytes));
   Send(ResponseFrames(call->id, parts->message, std::move(response),
-                      context_->options.response_chunk_bytes));
+                      context_->options.response_chunk_bytes, sent));
 }
 
 }  // namespace attnserve::transport::data

@@ -40,31 +40,53 @@ OutFrame StatusResponseFrame(uint64_t request_id, const absl::Status& status) {
   return MessageFrame(v1::FRAME_RESPONSE, request_id, response);
 }
 
+void AppendChunkFrames(uint64_t request_id, const std::shared_ptr<OutboundResponse>& response,
+                       const char* data, uint64_t offset, size_t size, int64_t chunk_bytes,
+                       std::vector<OutFrame>* frames) {
+  for (size_t start = 0; start < size; start += static_cast<size_t>(chunk_bytes)) {
+    OutFrame frame;
+    frame.response = response;
+    frame.data = data + start;
+    frame.size = std::min(size - start, static_cast<size_t>(chunk_bytes));
+    FrameHeader header;
+    header.type = v1::FRAME_CHUNK;
+    header.request_id = request_id;
+    header.offset = offset + start;
+    header.length = frame.size;
+    EncodeFrameHeader(header, frame.header);
+    frames->push_back(std::move(frame));
+    response->unsent_frames.fetch_add(1);
+  }
+}
+
 std::vector<OutFrame> ResponseFrames(uint64_t request_id,
                                      const google::protobuf::MessageLite& message,
                                      std::shared_ptr<OutboundResponse> response,
-                                     int64_t chunk_bytes) {
+                                     int64_t chunk_bytes,
+                                     const std::vector<std::pair<uint64_t, uint64_t>>& sent) {
   std::vector<OutFrame> frames;
   frames.push_back(MessageFrame(v1::FRAME_RESPONSE, request_id, message));
   frames.back().response = response;
+  response->unsent_frames.fetch_add(1);
   uint64_t offset = 0;
+  auto next_sent = sent.begin();
   for (const ResponseTensor& tensor : response->tensors) {
-    for (size_t start = 0; start < tensor.size(); start += static_cast<size_t>(chunk_bytes)) {
-      OutFrame frame;
-      frame.response = response;
-      frame.data = tensor.data() + start;
-      frame.size = std::min(tensor.size() - start, static_cast<size_t>(chunk_bytes));
-      FrameHeader header;
-      header.type = v1::FRAME_CHUNK;
-      header.request_id = request_id;
-      header.offset = offset + start;
-      header.length = frame.size;
-      EncodeFrameHeader(header, frame.header);
-      frames.push_back(std::move(frame));
+    const uint64_t end = offset + tensor.size();
+    // The tensor's bytes not sent yet, run by run.
+    for (uint64_t at = offset; at < end;) {
+      while (next_sent != sent.end() && next_sent->second <= at) ++next_sent;
+      uint64_t stop = end;
+      if (next_sent != sent.end() && next_sent->first <= at) {
+        at = std::min(end, next_sent->second);
+        continue;
+      }
+      if (next_sent != sent.end()) stop = std::min(stop, next_sent->first);
+      AppendChunkFrames(request_id, response, tensor.data() + (at - offset), at, stop - at,
+                        chunk_bytes, &frames);
+      at = stop;
     }
-    offset += tensor.size();
+    offset = end;
   }
-  response->unsent_frames = static_cast<int64_t>(frames.size());
   return frames;
 }
 

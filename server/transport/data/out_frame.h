@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,10 +61,17 @@ OutFrame MessageFrame(v1::FrameType type, uint64_t request_id,
 OutFrame ErrorFrame(const absl::Status& status);
 // A RESPONSE that only carries `status` (a refusal, a failure).
 OutFrame StatusResponseFrame(uint64_t request_id, const absl::Status& status);
+// Response bytes [offset, offset + size) of `response`, which lie at `data`, as CHUNK frames
+// at most `chunk_bytes` long, appended to `frames` (counted in response->unsent_frames).
+void AppendChunkFrames(uint64_t request_id, const std::shared_ptr<OutboundResponse>& response,
+                       const char* data, uint64_t offset, size_t size, int64_t chunk_bytes,
+                       std::vector<OutFrame>* frames);
 // The RESPONSE frame `message` and the CHUNK frames of `response`'s tensors (laid end to end,
-// cut at most `chunk_bytes` long, never across two tensors).
+// cut at most `chunk_bytes` long, never across two tensors), less the byte ranges `sent`
+// already (sorted, disjoint [begin, end) offsets: a grouped forward's early out rows).
 std::vector<OutFrame> ResponseFrames(uint64_t request_id, const google::protobuf::MessageLite& message,
                                      std::shared_ptr<OutboundResponse> response,
-                                     int64_t chunk_bytes);
+                                     int64_t chunk_bytes,
+                                     const std::vector<std::pair<uint64_t, uint64_t>>& sent = {});
 
 }  // namespace attnserve::transport::data

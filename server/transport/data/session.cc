@@ -98,9 +98,15 @@ absl::Status Session::Register(std::shared_ptr<DataCall> call) {
   }
   if (std::vector<int32_t> ends = GroupEnds(call->plan); !ends.empty()) {
     call->group_tracker.emplace(call->plan, ends);
+    // Weak: the call owns its groups, and the session its calls.
+    auto finished = [session = weak_from_this(), weak = std::weak_ptr<DataCall>(call)](int g) {
+      std::shared_ptr<Session> self = session.lock();
+      std::shared_ptr<DataCall> strong = weak.lock();
+      if (self != nullptr && strong != nullptr) self->SendGroup(strong, g);
+    };
     call->groups = std::make_shared<engine::SequenceGroups>(
         std::move(ends), Deadline(*call),
-        [cancelled = call->cancelled] { return cancelled->load(); }, nullptr);
+        [cancelled = call->cancelled] { return cancelled->load(); }, std::move(finished));
     for (int g : call->group_tracker->Empty()) call->groups->MarkArrived(g);
   }
   calls_.emplace(call->id, std::move(call));
@@ -142,6 +148,7 @@ void Session::ChunkArrived(const std::shared_ptr<DataCall>& call, uint64_t offse
     auto it = calls_.find(call->id);
     if (it == calls_.end() || it->second != call) return;  // cancelled or failed meanwhile
     const bool complete = call->tracker->Arrived(length);
+    if (complete) call->arrived = absl::Now();
     if (call->group_tracker) completed = call->group_tracker->Arrived(offset);
     start = !call->running && (complete || !completed.empty());
     if (start) call->running = true;

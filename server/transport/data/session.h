@@ -54,6 +54,16 @@ struct DataCall {
   // engine's view of it. The call goes to the engine when its first group is complete.
   std::optional<GroupTracker> group_tracker;
   std::shared_ptr<engine::SequenceGroups> groups;
+  // A grouped forward's answer once its first group's out rows went out ahead of the RESPONSE
+  // (session lock): the response their CHUNKs belong to, and the byte ranges sent. The RESPONSE
+  // takes it over (it holds `this` alive: Answer breaks the cycle).
+  std::shared_ptr<OutboundResponse> streamed;
+  // For attnserve_data_overlap_seconds: the hand-over to the engine (Run), the last payload
+  // byte and the first group's out rows queued (session lock).
+  absl::Time ran = absl::InfiniteFuture();
+  absl::Time arrived = absl::InfinitePast();
+  absl::Time first_streamed = absl::InfiniteFuture();
+  std::vector<std::pair<uint64_t, uint64_t>> streamed_ranges;
   absl::Time transfer_deadline;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
   bool running = false;  // the engine has it (session lock); its payload may still arrive
@@ -106,6 +116,8 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Time Deadline(const DataCall& call) const;
   void Run(const std::shared_ptr<DataCall>& call);
   void Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<ResponseParts> parts);
+  // The engine finished `group` of a grouped forward: its out rows go out as CHUNKs now.
+  void SendGroup(const std::shared_ptr<DataCall>& call, int group);
   // Forgets `call` if it is still in progress; whether it was.
   bool Forget(const std::shared_ptr<DataCall>& call, bool tombstone);
 

@@ -99,6 +99,10 @@ struct DataChannelOptions {
   int64_t chunk_bytes = int64_t{4} << 20;  // clamped to the server's max_chunk_bytes
   absl::Duration timeout = absl::Seconds(60);  // per call
   std::string priority;  // "high", "normal", "low"; empty: normal
+  // Send a large multi-sequence forward's chunks group by group, in the order the server
+  // computes its groups of sequences (data_channel.proto, "Groups"), so it starts early;
+  // false: payload order.
+  bool group_chunks = true;
   // The server's DataChannelInfo.tls. This client does not speak TLS yet: Open refuses such a
   // channel (FAILED_PRECONDITION) rather than send the token in the clear; use gRPC there.
   bool tls = false;

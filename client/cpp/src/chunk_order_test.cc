@@ -1,0 +1,59 @@
+#include "client/cpp/src/chunk_order.h"
+
+#include "gtest/gtest.h"
+
+namespace attnserve::data_channel {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Four sequences of 10 rows of 256 KiB per tensor: each tensor 10 MiB, 1 MiB chunks.
+v1::DataRequest Forward(std::vector<int32_t> cu) {
+  v1::DataRequest request;
+  v1::ForwardRequest* f = request.mutable_forward();
+  for (v1::Tensor* t : {f->mutable_q(), f->mutable_k(), f->mutable_v()}) {
+    t->set_dtype(v1::DTYPE_FLOAT32);
+    for (int64_t d : {int64_t{cu.back()}, int64_t{64}, int64_t{1024}}) t->add_shape(d);
+  }
+  for (int32_t c : cu) {
+    f->add_cu_seqlens_q(c);
+    f->add_cu_seqlens_k(c);
+  }
+  request.set_payload_bytes(3 * 256 * 1024 * int64_t{cu.back()});
+  request.set_chunk_bytes(kMiB);
+  return request;
+}
+
+std::vector<uint64_t> InMiB(const std::vector<uint64_t>& offsets) {
+  std::vector<uint64_t> mib;
+  for (uint64_t o : offsets) mib.push_back(o / kMiB);
+  return mib;
+}
+
+TEST(ChunkOrder, GroupByGroupAsTheServerSplits) {
+  const std::vector<uint64_t> order = InMiB(ChunkOrder(Forward({0, 10, 20, 30, 40}), true));
+  ASSERT_EQ(order.size(), 30u);
+  EXPECT_EQ(std::vector<uint64_t>(order.begin(), order.begin() + 15),
+            (std::vector<uint64_t>{0, 1, 2, 10, 11, 12, 20, 21, 22, 3, 4, 13, 14, 23, 24}));
+  std::vector<uint64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (uint64_t c = 0; c < 30; ++c) EXPECT_EQ(sorted[c], c);
+}
+
+TEST(ChunkOrder, PayloadOrderWhenOffOrNotGrouped) {
+  std::vector<uint64_t> payload_order;
+  for (uint64_t c = 0; c < 30; ++c) payload_order.push_back(c);
+  EXPECT_EQ(InMiB(ChunkOrder(Forward({0, 10, 20, 30, 40}), false)), payload_order);
+  EXPECT_EQ(InMiB(ChunkOrder(Forward({0, 40}), true)), payload_order);
+}
+
+TEST(GroupEnds, SplitsByQPlusKTokens) {
+  const std::vector<int32_t> cu = {0, 100, 200, 300, 400, 500, 600, 700, 800};
+  EXPECT_EQ(GroupEnds(cu, cu, 32 * kMiB), (std::vector<int32_t>{2, 4, 6, 8}));
+  EXPECT_TRUE(GroupEnds(cu, cu, 16 * kMiB - 1).empty());
+  const std::vector<int32_t> uneven = {0, 700, 710, 800};
+  EXPECT_EQ(GroupEnds(uneven, uneven, 32 * kMiB), (std::vector<int32_t>{1, 3}));
+}
+
+}  // namespace
+}  // namespace attnserve::data_channel
