@@ -268,7 +268,7 @@ class Worker:
         t0 = time.monotonic()
         self.counts[key("issued", "data_close")] += 1
         try:
-            sock, _ = data_channel._connect(*self.data_address, os.urandom(16), None, 5.0)
+            sock, _ = data_channel._connect(*self.data_address, os.urandom(16), None, 5.0, None)
             with sock:
                 sock.sendall(frames.message_frame(frames.REQUEST, message, 1)
                              + frames.pack_header(frames.CHUNK, 1, 0, len(payload))
