@@ -223,6 +223,51 @@ TEST_F(DataChannelE2ETest, SmallRequestTravelsInlineWithoutAccepted) {
   EXPECT_EQ(bytes, want->out().data() + want->lse().data());
 }
 
+TEST_F(DataChannelE2ETest, InlinePayloadOfSeveralChunksNeedsNoAccepted) {
+  tools::ProblemSpec spec;
+  spec.batch = 1;
+  spec.dtype = v1::DTYPE_FLOAT32;
+  spec.max_seqlen_q = spec.max_seqlen_k = 256;
+  spec.num_heads = spec.num_heads_k = 4;
+  spec.head_dim = 64;
+  const v1::ForwardRequest forward = tools::MakeRandomProblem(spec).MakeForwardRequest();
+  std::unique_ptr<DataConnection> connection = Hello(*server_);
+  ASSERT_NE(connection, nullptr);
+  const data_channel::SplitCall split = data_channel::SplitForward(forward);
+  v1::DataRequest request = Request(split, 65536);
+  ASSERT_GT(request.payload_bytes(), 65536);  // more than one chunk
+  request.set_inline_payload(true);
+  ASSERT_TRUE(connection->SendMessage(v1::FRAME_REQUEST, 9, request).ok());
+  std::string payload;
+  for (absl::string_view p : split.payload) payload.append(p.data(), p.size());
+  for (size_t offset = 0; offset < payload.size(); offset += 65536) {
+    FrameHeader chunk;
+    chunk.type = v1::FRAME_CHUNK;
+    chunk.request_id = 9;
+    chunk.offset = offset;
+    chunk.length = std::min<size_t>(65536, payload.size() - offset);
+    const iovec part = {payload.data() + offset, chunk.length};
+    ASSERT_TRUE(connection->SendFrame(chunk, absl::MakeConstSpan(&part, 1)).ok());
+  }
+  // No ACCEPTED: the RESPONSE, then the answer's CHUNKs, all on this connection.
+  absl::StatusOr<data_channel::Frame> frame = connection->ReadFrame(kWait);
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  ASSERT_EQ(frame->header.type, v1::FRAME_RESPONSE);
+  v1::DataResponse response;
+  ASSERT_TRUE(response.ParseFromString(frame->payload));
+  ASSERT_EQ(response.code(), 0) << response.message();
+  std::string bytes;
+  while (static_cast<int64_t>(bytes.size()) < response.payload_bytes()) {
+    absl::StatusOr<data_channel::Frame> data = connection->ReadFrame(kWait);
+    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_EQ(data->header.type, v1::FRAME_CHUNK);
+    bytes += data->payload;
+  }
+  absl::StatusOr<v1::ForwardResponse> want = server_->NewClient()->Forward(forward);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(bytes, want->out().data() + want->lse().data());
+}
+
 struct BrokenFrame {
   const char* name;
   absl::StatusCode code;

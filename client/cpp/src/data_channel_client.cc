@@ -101,6 +101,10 @@ absl::Status DataConnection::SendFrame(const FrameHeader& header,
   const std::string head = EncodeHeader(header);
   std::vector<iovec> parts = {{const_cast<char*>(head.data()), head.size()}};
   parts.insert(parts.end(), payload.begin(), payload.end());
+  return SendParts(std::move(parts));
+}
+
+absl::Status DataConnection::SendParts(std::vector<iovec> parts) {
   std::lock_guard<std::mutex> lock(send_mu_);
   size_t next = 0;
   while (next < parts.size()) {
@@ -144,20 +148,23 @@ absl::Status DataConnection::SendRaw(absl::string_view bytes) {
 absl::Status DataConnection::ReadInto(char* out, size_t size, absl::Duration timeout) {
   size_t got = 0;
   while (got < size) {
+    // recv first, poll only when nothing is there: under load the bytes usually are.
+    const ssize_t n = recv(fd_, out + got, size - got, MSG_DONTWAIT);
+    if (n == 0) return absl::UnavailableError("the server closed the data channel connection");
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return absl::UnavailableError(absl::StrCat("data channel recv: ", std::strerror(errno)));
+    }
     pollfd p{fd_, POLLIN, 0};
     const int ready = poll(&p, 1, Millis(timeout));
     if (ready == 0) return absl::DeadlineExceededError("nothing from the data channel in time");
-    if (ready < 0) {
-      if (errno == EINTR) continue;
+    if (ready < 0 && errno != EINTR) {
       return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
     }
-    const ssize_t n = recv(fd_, out + got, size - got, 0);
-    if (n == 0) return absl::UnavailableError("the server closed the data channel connection");
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return absl::UnavailableError(absl::StrCat("data channel recv: ", std::strerror(errno)));
-    }
-    got += static_cast<size_t>(n);
   }
   return absl::OkStatus();
 }

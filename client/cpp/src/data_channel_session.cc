@@ -23,6 +23,12 @@ struct DataChannelClient::PendingCall {
   std::vector<absl::Span<char>> answer;
   int64_t answer_bytes = 0;
   int64_t received = 0;
+
+  // The answer is complete, or the call failed (mu held).
+  bool Finished() const {
+    return !failure.ok() ||
+           (responded && (response.code() != 0 || received >= response.payload_bytes()));
+  }
 };
 
 namespace {
@@ -89,6 +95,7 @@ absl::StatusOr<std::unique_ptr<DataChannelClient>> DataChannelClient::Open(
       return absl::InternalError("the data channel did not answer HELLO with HELLO_OK");
     }
     client->chunk_bytes_ = std::min(options.chunk_bytes, ok.max_chunk_bytes());
+    client->inline_bytes_ = ok.max_inline_bytes();
     client->connections_.push_back(*std::move(connection));
   }
   for (const auto& connection : client->connections_) {
@@ -142,7 +149,7 @@ void DataChannelClient::ReadLoop(DataConnection* connection) {
       if (call != nullptr) {
         std::lock_guard<std::mutex> lock(call->mu);
         call->received += static_cast<int64_t>(header->length);
-        call->cv.notify_all();
+        if (call->Finished()) call->cv.notify_all();
       }
       continue;
     }
@@ -164,7 +171,8 @@ void DataChannelClient::ReadLoop(DataConnection* connection) {
       call->responded = call->response.ParseFromString(payload);
       if (!call->responded) call->failure = absl::InternalError("unreadable RESPONSE message");
     }
-    call->cv.notify_all();
+    // The caller wakes once, when it can go on: not for a RESPONSE whose CHUNKs still come.
+    if (call->accepted || call->Finished()) call->cv.notify_all();
   }
 }
 
@@ -187,17 +195,18 @@ absl::StatusOr<v1::DataResponse> DataChannelClient::Call(
   request.set_timeout_ms(absl::ToInt64Milliseconds(options_.timeout));
   request.set_priority(options_.priority);
   const absl::Time deadline = absl::Now() + options_.timeout;
-  auto send_chunk = [&](DataConnection* connection, uint64_t offset) {
+  // The chunk at `offset` as parts of one frame: its header (kept in `head`) and its bytes.
+  auto chunk_parts = [&](uint64_t offset, std::string& head, std::vector<iovec>& parts) {
     FrameHeader header;
     header.type = v1::FRAME_CHUNK;
     header.request_id = id;
     header.offset = offset;
     header.length = std::min<uint64_t>(chunk_bytes_, total - offset);
-    std::vector<iovec> parts;
+    head = data_channel::EncodeHeader(header);
+    parts.push_back({head.data(), head.size()});
     ForRange(payload, offset, header.length, [&](const char* data, size_t size) {
       parts.push_back({const_cast<char*>(data), size});
     });
-    return connection->SendFrame(header, parts);
   };
   auto finish = [&](absl::StatusOr<v1::DataResponse> result) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -205,28 +214,51 @@ absl::StatusOr<v1::DataResponse> DataChannelClient::Call(
     return result;
   };
 
-  absl::Status sent = connections_[0]->SendMessage(v1::FRAME_REQUEST, id, request);
-  if (sent.ok() && total > 0 && total <= chunk_bytes_) sent = send_chunk(connections_[0].get(), 0);
-  if (sent.ok() && total > chunk_bytes_) {
+  // Calls take turns over the connections: with every REQUEST and its inline payload on the
+  // first one, that connection's server reader carried all small calls alone.
+  const size_t home = id % connections_.size();
+  const uint64_t chunks = (total + chunk_bytes_ - 1) / chunk_bytes_;
+  // A payload the server takes without ACCEPTED goes with its REQUEST, in one sendmsg.
+  const bool at_once = total <= chunk_bytes_ || total <= inline_bytes_;
+  if (total > chunk_bytes_ && at_once) request.set_inline_payload(true);
+  const std::string message = request.SerializeAsString();
+  FrameHeader request_header;
+  request_header.type = v1::FRAME_REQUEST;
+  request_header.request_id = id;
+  request_header.length = message.size();
+  std::vector<std::string> heads(1 + (at_once ? chunks : 0));
+  heads[0] = data_channel::EncodeHeader(request_header);
+  std::vector<iovec> parts = {{heads[0].data(), heads[0].size()},
+                              {const_cast<char*>(message.data()), message.size()}};
+  if (at_once) {
+    for (uint64_t i = 0; i < chunks; ++i) chunk_parts(i * chunk_bytes_, heads[1 + i], parts);
+  }
+  absl::Status sent = connections_[home]->SendParts(std::move(parts));
+  if (sent.ok() && !at_once) {
     std::unique_lock<std::mutex> lock(call->mu);
     call->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] {
       return call->accepted || call->responded || !call->failure.ok();
     });
     if (call->accepted) {
       lock.unlock();
-      // The i-th chunk in sending order goes on connection i mod N, each connection's share
-      // from its own thread.
+      // The i-th chunk in sending order (ChunkOrder: a large forward's group by group) goes on
+      // connection (home + i) mod N, each connection's share from its own thread; the caller's
+      // thread sends the home connection's.
       const std::vector<uint64_t> order =
           data_channel::ChunkOrder(request, options_.group_chunks);
-      std::vector<absl::Status> results(connections_.size());
+      const size_t n = connections_.size();
+      std::vector<absl::Status> results(n);
+      auto send_share = [&](size_t c) {
+        for (size_t i = c; i < order.size() && results[c].ok(); i += n) {
+          std::string head;
+          std::vector<iovec> chunk;
+          chunk_parts(order[i], head, chunk);
+          results[c] = connections_[(home + c) % n]->SendParts(std::move(chunk));
+        }
+      };
       std::vector<std::thread> senders;
-      for (size_t c = 0; c < connections_.size(); ++c) {
-        senders.emplace_back([&, c] {
-          for (size_t i = c; i < order.size() && results[c].ok(); i += connections_.size()) {
-            results[c] = send_chunk(connections_[c].get(), order[i]);
-          }
-        });
-      }
+      for (size_t c = 1; c < std::min(n, order.size()); ++c) senders.emplace_back(send_share, c);
+      send_share(0);
       for (std::thread& t : senders) t.join();
       for (const absl::Status& r : results) sent.Update(r);
     }
@@ -234,18 +266,15 @@ absl::StatusOr<v1::DataResponse> DataChannelClient::Call(
   if (!sent.ok()) return finish(sent);
 
   std::unique_lock<std::mutex> lock(call->mu);
-  const bool done = call->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] {
-    return !call->failure.ok() ||
-           (call->responded && (call->response.code() != 0 ||
-                                call->received >= call->response.payload_bytes()));
-  });
+  const bool done =
+      call->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return call->Finished(); });
   if (!call->failure.ok()) return finish(call->failure);
   if (!done) {
     lock.unlock();
     FrameHeader cancel;
     cancel.type = v1::FRAME_CANCEL;
     cancel.request_id = id;
-    (void)connections_[0]->SendFrame(cancel);
+    (void)connections_[home]->SendFrame(cancel);
     return finish(absl::DeadlineExceededError("the data channel call timed out"));
   }
   if (call->response.code() != 0) {

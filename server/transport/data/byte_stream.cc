@@ -23,9 +23,8 @@ absl::Status PlainStream::ReadExact(char* out, size_t size, absl::Duration first
   return data::ReadExact(fd_, out, size, first_byte_timeout, stall_timeout);
 }
 
-absl::Status PlainStream::SendAll(const char* header, size_t header_size, const char* payload,
-                                  size_t payload_size) {
-  return data::SendAll(fd_, header, header_size, payload, payload_size);
+absl::Status PlainStream::SendAll(absl::Span<const iovec> parts) {
+  return data::SendAll(fd_, parts);
 }
 
 }  // namespace attnserve::transport::data

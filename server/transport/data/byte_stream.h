@@ -3,10 +3,13 @@
 // allow that.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstddef>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace attnserve::transport::data {
 
@@ -20,8 +23,8 @@ class ByteStream {
   // As socket_io.h's ReadExact and SendAll.
   virtual absl::Status ReadExact(char* out, size_t size, absl::Duration first_byte_timeout,
                                  absl::Duration stall_timeout) = 0;
-  virtual absl::Status SendAll(const char* header, size_t header_size, const char* payload,
-                               size_t payload_size) = 0;
+  // `parts` laid end to end: one or more frames, each its header then its payload.
+  virtual absl::Status SendAll(absl::Span<const iovec> parts) = 0;
 };
 
 // Reads and drops `size` bytes, as ReadExact.
@@ -34,8 +37,7 @@ class PlainStream final : public ByteStream {
   absl::Status Open(absl::Duration) override { return absl::OkStatus(); }
   absl::Status ReadExact(char* out, size_t size, absl::Duration first_byte_timeout,
                          absl::Duration stall_timeout) override;
-  absl::Status SendAll(const char* header, size_t header_size, const char* payload,
-                       size_t payload_size) override;
+  absl::Status SendAll(absl::Span<const iovec> parts) override;
 
  private:
   const int fd_;

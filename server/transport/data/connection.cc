@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <string>
@@ -23,6 +24,8 @@ constexpr size_t kSessionIdBytes = 16;
 // still sends, so closing does not reset the connection before the peer has read the ERROR.
 constexpr absl::Duration kErrorLinger = absl::Seconds(1);
 constexpr size_t kErrorLingerBytes = size_t{64} << 20;
+// Frames the writer sends with one sendmsg at most (two iovecs each, under IOV_MAX).
+constexpr size_t kMaxFramesPerSend = 64;
 
 // The token as the Authenticator reads an authorization value: "Bearer <token>"; a token
 // sent with its scheme is taken as it is.
@@ -97,6 +100,14 @@ void Connection::Push(OutFrame frame) {
   cv_.notify_one();
 }
 
+void Connection::Push(std::vector<OutFrame> frames) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (OutFrame& frame : frames) queue_.push_back(std::move(frame));
+  }
+  cv_.notify_one();
+}
+
 std::vector<OutFrame> Connection::Retire() {
   std::vector<OutFrame> frames;
   std::lock_guard<std::mutex> lock(mu_);
@@ -143,25 +154,40 @@ void Connection::ReadLoop() {
 }
 
 void Connection::WriteLoop() {
+  std::vector<OutFrame> batch;
+  std::vector<iovec> parts;
   while (true) {
-    OutFrame frame;
+    batch.clear();
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
       if (queue_.empty()) break;
-      frame = std::move(queue_.front());
-      queue_.pop_front();
+      // Everything queued goes in one sendmsg: a small answer's RESPONSE and CHUNKs, and the
+      // answers that queued up meanwhile, cost one system call and one wakeup, not one each.
+      while (!queue_.empty() && batch.size() < kMaxFramesPerSend) {
+        const bool last = queue_.front().last;
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        if (last) break;
+      }
     }
-    const absl::Status sent =
-        stream_->SendAll(frame.header, kFrameHeaderBytes, frame.payload(), frame.payload_size());
-    if (!sent.ok()) {
-      // The frame goes back; once this connection has left its session (the reader notices
+    parts.clear();
+    for (const OutFrame& frame : batch) {
+      parts.push_back({const_cast<char*>(frame.header), kFrameHeaderBytes});
+      if (frame.payload_size() > 0) {
+        parts.push_back({const_cast<char*>(frame.payload()), frame.payload_size()});
+      }
+    }
+    if (const absl::Status sent = stream_->SendAll(parts); !sent.ok()) {
+      // The frames go back; once this connection has left its session (the reader notices
       // the shutdown below), the session sends what is queued here on its other connections.
       std::vector<OutFrame> orphans;
       std::shared_ptr<Session> session;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!frame.last) queue_.push_front(std::move(frame));
+        for (auto frame = batch.rbegin(); frame != batch.rend(); ++frame) {
+          if (!frame->last) queue_.push_front(std::move(*frame));
+        }
         if (retired_) {
           for (OutFrame& f : queue_) {
             if (!f.last) orphans.push_back(std::move(f));
@@ -174,11 +200,12 @@ void Connection::WriteLoop() {
       if (session != nullptr && !orphans.empty()) session->Send(std::move(orphans));
       break;
     }
-    if (frame.response != nullptr) {
+    for (const OutFrame& frame : batch) {
+      if (frame.response == nullptr) continue;
       if (frame.data != nullptr) context_->data_metrics->AddSentChunk(static_cast<double>(frame.size));
       frame.response->unsent_frames.fetch_sub(1);
     }
-    if (frame.last) {
+    if (!batch.empty() && batch.back().last) {
       LingerAfterError(fd_);
       shutdown(fd_, SHUT_RDWR);
       break;
@@ -256,6 +283,7 @@ absl::Status Connection::Hello() {
   ok.set_max_chunk_bytes(context_->options.max_chunk_bytes);
   ok.set_max_connections_per_session(context_->options.max_connections_per_session);
   ok.set_max_requests_per_session(context_->options.max_requests_per_session);
+  ok.set_max_inline_bytes(kMaxInlineBytes);
   Push(MessageFrame(v1::FRAME_HELLO_OK, 0, ok));
   return absl::OkStatus();
 }
@@ -335,6 +363,11 @@ absl::Status Connection::Admit(uint64_t request_id, const v1::DataRequest& reque
   absl::StatusOr<PlannedCall> plan =
       PlanCall(request, context_->engine->limits(), options.max_chunk_bytes);
   if (!plan.ok()) return plan.status();
+  if (request.inline_payload() && plan->payload_bytes > kMaxInlineBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("payload_bytes: ", plan->payload_bytes,
+                                                   " is more than max_inline_bytes = ",
+                                                   kMaxInlineBytes, " for an inline_payload"));
+  }
   absl::StatusOr<std::unique_ptr<SlotLease>> lease = SlotLease::Acquire(context_);
   if (!lease.ok()) return lease.status();
   if (!context_->budget->TryReserve(plan->payload_bytes)) {
@@ -358,7 +391,7 @@ absl::Status Connection::Admit(uint64_t request_id, const v1::DataRequest& reque
   if (absl::Status registered = session_->Register(call); !registered.ok()) return registered;
   if (call->plan.payload_bytes == 0) {
     session_->ChunkArrived(call, 0, 0);
-  } else if (call->plan.payload_bytes > call->plan.chunk_bytes) {
+  } else if (call->plan.payload_bytes > call->plan.chunk_bytes && !request.inline_payload()) {
     Push(MessageFrame(v1::FRAME_ACCEPTED, request_id, v1::DataAccepted()));
   }
   return absl::OkStatus();

@@ -32,6 +32,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // std::system_error when no thread can be started.
   void Start();
   void Push(OutFrame frame);
+  // Queues `frames` together, with one wakeup of the writer.
+  void Push(std::vector<OutFrame> frames);
   // The connection leaves its session: no more frames will be pushed by it; returns the
   // queued ones (not its final ERROR) so the session can send them elsewhere.
   std::vector<OutFrame> Retire();

@@ -18,6 +18,10 @@ inline constexpr size_t kFrameHeaderBytes = 32;
 inline constexpr uint32_t kProtocolVersion = 1;
 // HELLO, REQUEST, ACCEPTED, RESPONSE and ERROR payloads (protobuf messages) are at most this.
 inline constexpr uint64_t kMaxMessagePayloadBytes = uint64_t{1} << 20;
+// The largest payload a REQUEST may send without waiting for ACCEPTED (inline_payload): a
+// 512-token forward of 16 heads of 128 in bf16 is 6.3 MB, which otherwise waits a round trip
+// for ACCEPTED and then starts a sender thread per connection in the C++ client.
+inline constexpr int64_t kMaxInlineBytes = int64_t{8} << 20;
 // The smallest chunk_bytes a request may choose.
 inline constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
 

@@ -65,8 +65,18 @@ bool Session::Leave(Connection* connection) {
 }
 
 void Session::Send(std::vector<OutFrame> frames) {
+  size_t bytes = 0;
+  for (const OutFrame& frame : frames) bytes += frame.payload_size();
   std::lock_guard<std::mutex> lock(mu_);
   if (connections_.empty()) return;
+  // A small answer travels whole on one connection: its RESPONSE and CHUNKs leave in one
+  // sendmsg and the client waits on one reader. Spread over the connections, 64 clients of
+  // 64-token forwards woke three writers and three client readers per call. Large answers
+  // are still striped, for bandwidth.
+  if (bytes <= static_cast<size_t>(context_->options.response_chunk_bytes)) {
+    connections_[next_connection_++ % connections_.size()]->Push(std::move(frames));
+    return;
+  }
   for (OutFrame& frame : frames) {
     connections_[next_connection_++ % connections_.size()]->Push(std::move(frame));
   }

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,33 +57,33 @@ absl::Status ReadExact(int fd, char* out, size_t size, absl::Duration first_byte
                        absl::Duration stall_timeout) {
   size_t got = 0;
   while (got < size) {
-    if (absl::Status ready = WaitReadable(fd, got == 0 ? first_byte_timeout : stall_timeout);
-        !ready.ok()) {
-      return ready;
-    }
-    const ssize_t n = recv(fd, out + got, size - got, 0);
+    // recv first: under load the bytes are usually there already, and a poll() per read was
+    // a third of the reader's system calls for small requests.
+    const ssize_t n = recv(fd, out + got, size - got, MSG_DONTWAIT);
     if (n > 0) {
       got += static_cast<size_t>(n);
     } else if (n == 0) {
       return absl::UnavailableError(got == 0 ? "the peer closed the connection"
                                              : "the peer closed the connection mid-frame");
-    } else if (errno != EINTR && errno != EAGAIN) {
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status ready = WaitReadable(fd, got == 0 ? first_byte_timeout : stall_timeout);
+          !ready.ok()) {
+        return ready;
+      }
+    } else if (errno != EINTR) {
       return ErrnoStatus("recv");
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status SendAll(int fd, const char* header, size_t header_size, const char* payload,
-                     size_t payload_size) {
-  iovec parts[2] = {{const_cast<char*>(header), header_size},
-                    {const_cast<char*>(payload), payload_size}};
-  iovec* next = parts;
-  int count = payload_size > 0 ? 2 : 1;
-  while (count > 0) {
+absl::Status SendAll(int fd, absl::Span<const iovec> frames) {
+  std::vector<iovec> parts(frames.begin(), frames.end());
+  size_t next = 0;
+  while (next < parts.size()) {
     msghdr message{};
-    message.msg_iov = next;
-    message.msg_iovlen = static_cast<size_t>(count);
+    message.msg_iov = parts.data() + next;
+    message.msg_iovlen = std::min<size_t>(parts.size() - next, IOV_MAX);
     const ssize_t n = sendmsg(fd, &message, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -91,14 +93,10 @@ absl::Status SendAll(int fd, const char* header, size_t header_size, const char*
       return ErrnoStatus("sendmsg");
     }
     size_t sent = static_cast<size_t>(n);
-    while (count > 0 && sent >= next->iov_len) {
-      sent -= next->iov_len;
-      ++next;
-      --count;
-    }
-    if (count > 0) {
-      next->iov_base = static_cast<char*>(next->iov_base) + sent;
-      next->iov_len -= sent;
+    while (next < parts.size() && sent >= parts[next].iov_len) sent -= parts[next++].iov_len;
+    if (next < parts.size()) {
+      parts[next].iov_base = static_cast<char*>(parts[next].iov_base) + sent;
+      parts[next].iov_len -= sent;
     }
   }
   return absl::OkStatus();

@@ -170,17 +170,21 @@ absl::Status TlsStream::ReadExact(char* out, size_t size, absl::Duration first_b
   return absl::OkStatus();
 }
 
-absl::Status TlsStream::SendAll(const char* header, size_t header_size, const char* payload,
-                                size_t payload_size) {
-  char first[kCoalesceBytes];
-  if (header_size > sizeof(first)) {
-    return absl::InternalError("a frame header larger than a TLS record");
+absl::Status TlsStream::SendAll(absl::Span<const iovec> parts) {
+  // Headers and small payloads are gathered into one record; a large payload goes as it is.
+  char gathered[kCoalesceBytes];
+  size_t used = 0;
+  for (const iovec& part : parts) {
+    const char* data = static_cast<const char*>(part.iov_base);
+    const size_t take = std::min(part.iov_len, sizeof(gathered) - used);
+    std::memcpy(gathered + used, data, take);
+    used += take;
+    if (take == part.iov_len && used < sizeof(gathered)) continue;
+    if (absl::Status s = Write(gathered, used); !s.ok()) return s;
+    used = 0;
+    if (absl::Status s = Write(data + take, part.iov_len - take); !s.ok()) return s;
   }
-  const size_t inline_bytes = std::min(payload_size, sizeof(first) - header_size);
-  std::memcpy(first, header, header_size);
-  if (inline_bytes > 0) std::memcpy(first + header_size, payload, inline_bytes);
-  if (absl::Status s = Write(first, header_size + inline_bytes); !s.ok()) return s;
-  return Write(payload + inline_bytes, payload_size - inline_bytes);
+  return Write(gathered, used);
 }
 
 absl::Status TlsStream::Write(const char* data, size_t size) {

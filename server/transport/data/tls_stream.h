@@ -47,8 +47,7 @@ class TlsStream final : public ByteStream {
   absl::Status Open(absl::Duration timeout) override;
   absl::Status ReadExact(char* out, size_t size, absl::Duration first_byte_timeout,
                          absl::Duration stall_timeout) override;
-  absl::Status SendAll(const char* header, size_t header_size, const char* payload,
-                       size_t payload_size) override;
+  absl::Status SendAll(absl::Span<const iovec> parts) override;
 
  private:
   // Writes all `size` bytes, a bounded piece per SSL call so the reader is not kept waiting.

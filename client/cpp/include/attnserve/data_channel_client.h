@@ -56,6 +56,8 @@ class DataConnection {
   // Sends a header and payload pieces with sendmsg (no copy). Thread-safe: frames never
   // interleave.
   absl::Status SendFrame(const FrameHeader& header, absl::Span<const iovec> payload = {});
+  // Sends `parts` laid end to end (encoded frames) with sendmsg, as one unit.
+  absl::Status SendParts(std::vector<iovec> parts);
   absl::Status SendMessage(uint16_t type, uint64_t request_id,
                            const google::protobuf::MessageLite& message);
   absl::Status SendRaw(absl::string_view bytes);
@@ -139,6 +141,7 @@ class DataChannelClient {
 
   const DataChannelOptions options_;
   int64_t chunk_bytes_ = 0;
+  int64_t inline_bytes_ = 0;  // DataHelloOk.max_inline_bytes
   std::vector<std::unique_ptr<data_channel::DataConnection>> connections_;
   std::vector<std::thread> readers_;
   std::atomic<uint64_t> next_id_{1};

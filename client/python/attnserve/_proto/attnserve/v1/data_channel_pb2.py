@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from . import attention_pb2 as attnserve_dot_v1_dot_attention__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61ttnserve/v1/data_channel.proto\x12\x0c\x61ttnserve.v1\x1a\x1c\x61ttnserve/v1/attention.proto\"H\n\tDataHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x0c\x12\r\n\x05token\x18\x03 \x01(\t\"m\n\x0b\x44\x61taHelloOk\x12\x17\n\x0fmax_chunk_bytes\x18\x01 \x01(\x03\x12#\n\x1bmax_connections_per_session\x18\x02 \x01(\x05\x12 \n\x18max_requests_per_session\x18\x03 \x01(\x05\"\xcb\x01\n\x0b\x44\x61taRequest\x12/\n\x07\x66orward\x18\x01 \x01(\x0b\x32\x1c.attnserve.v1.ForwardRequestH\x00\x12\x31\n\x08\x62\x61\x63kward\x18\x02 \x01(\x0b\x32\x1d.attnserve.v1.BackwardRequestH\x00\x12\x15\n\rpayload_bytes\x18\x03 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x03\x12\x10\n\x08priority\x18\x06 \x01(\tB\x06\n\x04\x63\x61ll\"\x0e\n\x0c\x44\x61taAccepted\"\xb2\x01\n\x0c\x44\x61taResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x30\n\x07\x66orward\x18\x03 \x01(\x0b\x32\x1d.attnserve.v1.ForwardResponseH\x00\x12\x32\n\x08\x62\x61\x63kward\x18\x04 \x01(\x0b\x32\x1e.attnserve.v1.BackwardResponseH\x00\x12\x15\n\rpayload_bytes\x18\x05 \x01(\x03\x42\x06\n\x04\x63\x61ll\"*\n\tDataError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t*\xb6\x01\n\tFrameType\x12\x15\n\x11\x46RAME_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x46RAME_HELLO\x10\x01\x12\x12\n\x0e\x46RAME_HELLO_OK\x10\x02\x12\x11\n\rFRAME_REQUEST\x10\x03\x12\x12\n\x0e\x46RAME_ACCEPTED\x10\x04\x12\x0f\n\x0b\x46RAME_CHUNK\x10\x05\x12\x12\n\x0e\x46RAME_RESPONSE\x10\x06\x12\x0f\n\x0b\x46RAME_ERROR\x10\x07\x12\x10\n\x0c\x46RAME_CANCEL\x10\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61ttnserve/v1/data_channel.proto\x12\x0c\x61ttnserve.v1\x1a\x1c\x61ttnserve/v1/attention.proto\"H\n\tDataHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x0c\x12\r\n\x05token\x18\x03 \x01(\t\"\x87\x01\n\x0b\x44\x61taHelloOk\x12\x17\n\x0fmax_chunk_bytes\x18\x01 \x01(\x03\x12#\n\x1bmax_connections_per_session\x18\x02 \x01(\x05\x12 \n\x18max_requests_per_session\x18\x03 \x01(\x05\x12\x18\n\x10max_inline_bytes\x18\x04 \x01(\x03\"\xe3\x01\n\x0b\x44\x61taRequest\x12/\n\x07\x66orward\x18\x01 \x01(\x0b\x32\x1c.attnserve.v1.ForwardRequestH\x00\x12\x31\n\x08\x62\x61\x63kward\x18\x02 \x01(\x0b\x32\x1d.attnserve.v1.BackwardRequestH\x00\x12\x15\n\rpayload_bytes\x18\x03 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x03\x12\x10\n\x08priority\x18\x06 \x01(\t\x12\x16\n\x0einline_payload\x18\x07 \x01(\x08\x42\x06\n\x04\x63\x61ll\"\x0e\n\x0c\x44\x61taAccepted\"\xb2\x01\n\x0c\x44\x61taResponse\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x30\n\x07\x66orward\x18\x03 \x01(\x0b\x32\x1d.attnserve.v1.ForwardResponseH\x00\x12\x32\n\x08\x62\x61\x63kward\x18\x04 \x01(\x0b\x32\x1e.attnserve.v1.BackwardResponseH\x00\x12\x15\n\rpayload_bytes\x18\x05 \x01(\x03\x42\x06\n\x04\x63\x61ll\"*\n\tDataError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t*\xb6\x01\n\tFrameType\x12\x15\n\x11\x46RAME_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x46RAME_HELLO\x10\x01\x12\x12\n\x0e\x46RAME_HELLO_OK\x10\x02\x12\x11\n\rFRAME_REQUEST\x10\x03\x12\x12\n\x0e\x46RAME_ACCEPTED\x10\x04\x12\x0f\n\x0b\x46RAME_CHUNK\x10\x05\x12\x12\n\x0e\x46RAME_RESPONSE\x10\x06\x12\x0f\n\x0b\x46RAME_ERROR\x10\x07\x12\x10\n\x0c\x46RAME_CANCEL\x10\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnserve._proto.attnserve.v1.data_channel_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FRAMETYPE']._serialized_start=712
-  _globals['_FRAMETYPE']._serialized_end=894
+  _globals['_FRAMETYPE']._serialized_start=763
+  _globals['_FRAMETYPE']._serialized_end=945
   _globals['_DATAHELLO']._serialized_start=79
   _globals['_DATAHELLO']._serialized_end=151
-  _globals['_DATAHELLOOK']._serialized_start=153
-  _globals['_DATAHELLOOK']._serialized_end=262
-  _globals['_DATAREQUEST']._serialized_start=265
-  _globals['_DATAREQUEST']._serialized_end=468
-  _globals['_DATAACCEPTED']._serialized_start=470
-  _globals['_DATAACCEPTED']._serialized_end=484
-  _globals['_DATARESPONSE']._serialized_start=487
-  _globals['_DATARESPONSE']._serialized_end=665
-  _globals['_DATAERROR']._serialized_start=667
-  _globals['_DATAERROR']._serialized_end=709
+  _globals['_DATAHELLOOK']._serialized_start=154
+  _globals['_DATAHELLOOK']._serialized_end=289
+  _globals['_DATAREQUEST']._serialized_start=292
+  _globals['_DATAREQUEST']._serialized_end=519
+  _globals['_DATAACCEPTED']._serialized_start=521
+  _globals['_DATAACCEPTED']._serialized_end=535
+  _globals['_DATARESPONSE']._serialized_start=538
+  _globals['_DATARESPONSE']._serialized_end=716
+  _globals['_DATAERROR']._serialized_start=718
+  _globals['_DATAERROR']._serialized_end=760
 # @@protoc_insertion_point(module_scope)

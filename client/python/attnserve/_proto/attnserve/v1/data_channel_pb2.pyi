@@ -39,30 +39,34 @@ class DataHello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., session_id: _Optional[bytes] = ..., token: _Optional[str] = ...) -> None: ...
 
 class DataHelloOk(_message.Message):
-    __slots__ = ("max_chunk_bytes", "max_connections_per_session", "max_requests_per_session")
+    __slots__ = ("max_chunk_bytes", "max_connections_per_session", "max_requests_per_session", "max_inline_bytes")
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_CONNECTIONS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUESTS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_chunk_bytes: int
     max_connections_per_session: int
     max_requests_per_session: int
-    def __init__(self, max_chunk_bytes: _Optional[int] = ..., max_connections_per_session: _Optional[int] = ..., max_requests_per_session: _Optional[int] = ...) -> None: ...
+    max_inline_bytes: int
+    def __init__(self, max_chunk_bytes: _Optional[int] = ..., max_connections_per_session: _Optional[int] = ..., max_requests_per_session: _Optional[int] = ..., max_inline_bytes: _Optional[int] = ...) -> None: ...
 
 class DataRequest(_message.Message):
-    __slots__ = ("forward", "backward", "payload_bytes", "chunk_bytes", "timeout_ms", "priority")
+    __slots__ = ("forward", "backward", "payload_bytes", "chunk_bytes", "timeout_ms", "priority", "inline_payload")
     FORWARD_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    INLINE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     forward: _attention_pb2.ForwardRequest
     backward: _attention_pb2.BackwardRequest
     payload_bytes: int
     chunk_bytes: int
     timeout_ms: int
     priority: str
-    def __init__(self, forward: _Optional[_Union[_attention_pb2.ForwardRequest, _Mapping]] = ..., backward: _Optional[_Union[_attention_pb2.BackwardRequest, _Mapping]] = ..., payload_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., priority: _Optional[str] = ...) -> None: ...
+    inline_payload: bool
+    def __init__(self, forward: _Optional[_Union[_attention_pb2.ForwardRequest, _Mapping]] = ..., backward: _Optional[_Union[_attention_pb2.BackwardRequest, _Mapping]] = ..., payload_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., priority: _Optional[str] = ..., inline_payload: bool = ...) -> None: ...
 
 class DataAccepted(_message.Message):
     __slots__ = ()
