@@ -6,7 +6,9 @@
 # with batching off, batching on, and --transport_ceiling (valid requests answered with zeros at
 # once: what the transport alone sustains). Prints a table of req/s and each configuration's
 # ratio to the ceiling of its transport and shape; attnload's JSON and the logs go under $OUT.
-#   DURATION (default 10s per configuration), SHAPES (default "64 512"), TRANSPORTS ("grpc data")
+#   DURATION (default 10s per configuration), SHAPES (default "64 512"), TRANSPORTS ("grpc data"),
+#   CONFIGS: name:flags pairs, flags comma-separated (default below; the first must be the
+#   ceiling), e.g. CONFIGS="ceiling:--transport_ceiling lanes4:--batching=false,--cuda_lanes=4"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attnserve-small}"
@@ -35,18 +37,20 @@ run() {  # name, seqlen, transport, server flags...
   wait "$server"
 }
 
+CONFIGS="${CONFIGS:-ceiling:--transport_ceiling batching_off:--batching=false batching_on:--batching=true,--max_queue_delay_us=500}"
 for seqlen in ${SHAPES:-64 512}; do
   for transport in ${TRANSPORTS:-grpc data}; do
-    run "${seqlen}_${transport}_ceiling" "$seqlen" "$transport" --transport_ceiling
-    run "${seqlen}_${transport}_batching_off" "$seqlen" "$transport" --batching=false
-    run "${seqlen}_${transport}_batching_on" "$seqlen" "$transport" --batching=true \
-      --max_queue_delay_us=500
+    for config in $CONFIGS; do
+      # shellcheck disable=SC2046
+      run "${seqlen}_${transport}_${config%%:*}" "$seqlen" "$transport" $(tr , ' ' <<<"${config#*:}")
+    done
   done
 done
 
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" $CONFIGS <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
+configs = [c.split(":", 1)[0] for c in sys.argv[2:]]
 def rps(name):
     path = out / f"{name}.json"
     if not path.exists():
@@ -54,10 +58,10 @@ def rps(name):
     return json.loads(path.read_text())["runs"][-1]["throughput_rps"]
 print("| tokens | transport | configuration | req/s | / ceiling |")
 print("|---|---|---|---|---|")
-for path in sorted(out.glob("*_ceiling.json")):
+for path in sorted(out.glob(f"*_{configs[0]}.json")):
     seqlen, transport, _ = path.stem.split("_", 2)
     ceiling = rps(path.stem)
-    for config in ("ceiling", "batching_off", "batching_on"):
+    for config in configs:
         value = rps(f"{seqlen}_{transport}_{config}")
         ratio = f"{value / ceiling:.2f}" if value and ceiling else "-"
         print(f"| {seqlen} | {transport} | {config.replace('_', ' ')} | "
