@@ -15,26 +15,6 @@ int64_t RowBytes(const v1::Tensor& t) {
 
 }  // namespace
 
-std::vector<int32_t> GroupEnds(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
-                               int64_t payload_bytes) {
-  const int32_t batch = static_cast<int32_t>(cu_q.size()) - 1;
-  if (payload_bytes < kMinGroupedPayloadBytes || batch < 2 || cu_k.size() != cu_q.size()) {
-    return {};
-  }
-  const int groups = std::min<int>(kMaxGroups, batch);
-  const int64_t tokens = int64_t{cu_q[batch]} + cu_k[batch];
-  std::vector<int32_t> ends;
-  int32_t b = 1;
-  for (int g = 1; g < groups; ++g) {
-    const int64_t target = tokens * g / groups;
-    while (b < batch && int64_t{cu_q[b]} + cu_k[b] < target) ++b;
-    if (b < batch && (ends.empty() || b > ends.back())) ends.push_back(b);
-  }
-  ends.push_back(batch);
-  if (ends.size() < 2) return {};
-  return ends;
-}
-
 std::vector<uint64_t> ChunkOrder(const v1::DataRequest& request, bool grouped) {
   const uint64_t total = static_cast<uint64_t>(request.payload_bytes());
   const uint64_t chunk = static_cast<uint64_t>(request.chunk_bytes());
@@ -42,8 +22,9 @@ std::vector<uint64_t> ChunkOrder(const v1::DataRequest& request, bool grouped) {
   std::vector<int32_t> ends;
   if (grouped && request.has_forward()) {
     const v1::ForwardRequest& f = request.forward();
-    ends = GroupEnds({f.cu_seqlens_q().begin(), f.cu_seqlens_q().end()},
-                     {f.cu_seqlens_k().begin(), f.cu_seqlens_k().end()}, request.payload_bytes());
+    ends = data_channel_wire::GroupEnds({f.cu_seqlens_q().begin(), f.cu_seqlens_q().end()},
+                                        {f.cu_seqlens_k().begin(), f.cu_seqlens_k().end()},
+                                        request.payload_bytes());
   }
   std::vector<uint64_t> order;
   order.reserve(count);

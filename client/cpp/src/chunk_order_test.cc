@@ -49,10 +49,10 @@ TEST(ChunkOrder, PayloadOrderWhenOffOrNotGrouped) {
 
 TEST(GroupEnds, SplitsByQPlusKTokens) {
   const std::vector<int32_t> cu = {0, 100, 200, 300, 400, 500, 600, 700, 800};
-  EXPECT_EQ(GroupEnds(cu, cu, 32 * kMiB), (std::vector<int32_t>{2, 4, 6, 8}));
-  EXPECT_TRUE(GroupEnds(cu, cu, 16 * kMiB - 1).empty());
+  EXPECT_EQ(data_channel_wire::GroupEnds(cu, cu, 32 * kMiB), (std::vector<int32_t>{2, 4, 6, 8}));
+  EXPECT_TRUE(data_channel_wire::GroupEnds(cu, cu, 16 * kMiB - 1).empty());
   const std::vector<int32_t> uneven = {0, 700, 710, 800};
-  EXPECT_EQ(GroupEnds(uneven, uneven, 32 * kMiB), (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(data_channel_wire::GroupEnds(uneven, uneven, 32 * kMiB), (std::vector<int32_t>{1, 3}));
 }
 
 }  // namespace

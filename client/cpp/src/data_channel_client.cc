@@ -13,26 +13,17 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/data_channel_wire.h"
 
 namespace attnserve {
 namespace data_channel {
+
+static_assert(kMagic == data_channel_wire::kMagic && kHeaderBytes == data_channel_wire::kHeaderBytes,
+              "the public header's frame constants must be the wire's");
+
 namespace {
 
 constexpr int kSocketBufferBytes = 4 << 20;
-
-template <typename T>
-void Store(T value, char* out) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
-}
-
-template <typename T>
-T Load(const char* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    value |= static_cast<T>(static_cast<unsigned char>(in[i])) << (8 * i);
-  }
-  return value;
-}
 
 int Millis(absl::Duration d) {
   if (d == absl::InfiniteDuration()) return -1;
@@ -42,26 +33,29 @@ int Millis(absl::Duration d) {
 }  // namespace
 
 std::string EncodeHeader(const FrameHeader& header, uint32_t magic) {
+  data_channel_wire::RawHeader raw;
+  raw.magic = magic;
+  raw.type = header.type;
+  raw.flags = header.flags;
+  raw.request_id = header.request_id;
+  raw.offset = header.offset;
+  raw.length = header.length;
   std::string bytes(kHeaderBytes, '\0');
-  Store<uint32_t>(magic, bytes.data());
-  Store<uint16_t>(header.type, bytes.data() + 4);
-  Store<uint16_t>(header.flags, bytes.data() + 6);
-  Store<uint64_t>(header.request_id, bytes.data() + 8);
-  Store<uint64_t>(header.offset, bytes.data() + 16);
-  Store<uint64_t>(header.length, bytes.data() + 24);
+  data_channel_wire::EncodeHeader(raw, bytes.data());
   return bytes;
 }
 
 absl::StatusOr<FrameHeader> DecodeHeader(const char* bytes) {
-  if (Load<uint32_t>(bytes) != kMagic) {
+  const data_channel_wire::RawHeader raw = data_channel_wire::DecodeHeader(bytes);
+  if (raw.magic != kMagic) {
     return absl::InternalError("the server sent a frame without the ADP1 magic");
   }
   FrameHeader header;
-  header.type = Load<uint16_t>(bytes + 4);
-  header.flags = Load<uint16_t>(bytes + 6);
-  header.request_id = Load<uint64_t>(bytes + 8);
-  header.offset = Load<uint64_t>(bytes + 16);
-  header.length = Load<uint64_t>(bytes + 24);
+  header.type = raw.type;
+  header.flags = raw.flags;
+  header.request_id = raw.request_id;
+  header.offset = raw.offset;
+  header.length = raw.length;
   return header;
 }
 

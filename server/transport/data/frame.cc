@@ -8,20 +8,6 @@ namespace {
 
 constexpr char kReasonPayload[] = "attnserve.dev/data-protocol-violation";
 
-template <typename T>
-void Store(T value, char* out) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
-}
-
-template <typename T>
-T Load(const char* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    value |= static_cast<T>(static_cast<unsigned char>(in[i])) << (8 * i);
-  }
-  return value;
-}
-
 std::string TypeName(uint16_t type) {
   return v1::FrameType_IsValid(type) ? v1::FrameType_Name(static_cast<v1::FrameType>(type))
                                      : absl::StrCat(type);
@@ -30,28 +16,30 @@ std::string TypeName(uint16_t type) {
 }  // namespace
 
 void EncodeFrameHeader(const FrameHeader& header, char out[kFrameHeaderBytes]) {
-  Store<uint32_t>(kFrameMagic, out);
-  Store<uint16_t>(static_cast<uint16_t>(header.type), out + 4);
-  Store<uint16_t>(header.flags, out + 6);
-  Store<uint64_t>(header.request_id, out + 8);
-  Store<uint64_t>(header.offset, out + 16);
-  Store<uint64_t>(header.length, out + 24);
+  data_channel_wire::RawHeader raw;
+  raw.type = static_cast<uint16_t>(header.type);
+  raw.flags = header.flags;
+  raw.request_id = header.request_id;
+  raw.offset = header.offset;
+  raw.length = header.length;
+  data_channel_wire::EncodeHeader(raw, out);
 }
 
 absl::StatusOr<FrameHeader> DecodeClientFrameHeader(const char bytes[kFrameHeaderBytes],
                                                      uint64_t max_chunk_bytes) {
-  const uint32_t magic = Load<uint32_t>(bytes);
+  const data_channel_wire::RawHeader raw = data_channel_wire::DecodeHeader(bytes);
+  const uint32_t magic = raw.magic;
   if (magic != kFrameMagic) {
     return Violation(absl::StatusCode::kInvalidArgument, "bad_magic",
                      absl::StrCat("frame magic 0x", absl::Hex(magic), " is not 0x",
                                   absl::Hex(kFrameMagic), " (\"ADP1\")"));
   }
-  const uint16_t type = Load<uint16_t>(bytes + 4);
+  const uint16_t type = raw.type;
   FrameHeader header;
-  header.flags = Load<uint16_t>(bytes + 6);
-  header.request_id = Load<uint64_t>(bytes + 8);
-  header.offset = Load<uint64_t>(bytes + 16);
-  header.length = Load<uint64_t>(bytes + 24);
+  header.flags = raw.flags;
+  header.request_id = raw.request_id;
+  header.offset = raw.offset;
+  header.length = raw.length;
   if (type != v1::FRAME_HELLO && type != v1::FRAME_REQUEST && type != v1::FRAME_CHUNK &&
       type != v1::FRAME_CANCEL) {
     return Violation(absl::StatusCode::kInvalidArgument, "bad_type",

@@ -10,11 +10,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attnserve/v1/data_channel.pb.h"
+#include "common/data_channel_wire.h"
 
 namespace attnserve::transport::data {
 
-inline constexpr uint32_t kFrameMagic = 0x31504441;  // "ADP1" in byte order
-inline constexpr size_t kFrameHeaderBytes = 32;
+inline constexpr uint32_t kFrameMagic = data_channel_wire::kMagic;
+inline constexpr size_t kFrameHeaderBytes = data_channel_wire::kHeaderBytes;
 inline constexpr uint32_t kProtocolVersion = 1;
 // HELLO, REQUEST, ACCEPTED, RESPONSE and ERROR payloads (protobuf messages) are at most this.
 inline constexpr uint64_t kMaxMessagePayloadBytes = uint64_t{1} << 20;

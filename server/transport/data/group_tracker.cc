@@ -13,23 +13,9 @@ int64_t RowBytes(const engine::TensorView& t) {
 
 std::vector<int32_t> GroupEnds(const PlannedCall& call) {
   const auto* forward = std::get_if<engine::ForwardInputs>(&call.inputs);
-  if (forward == nullptr || call.payload_bytes < kMinGroupedPayloadBytes) return {};
-  const std::vector<int32_t>& cu_q = forward->cu_seqlens_q;
-  const std::vector<int32_t>& cu_k = forward->cu_seqlens_k;
-  const int32_t batch = static_cast<int32_t>(cu_q.size()) - 1;
-  if (batch < 2) return {};
-  const int groups = std::min<int>(kMaxGroups, batch);
-  const int64_t tokens = int64_t{cu_q[batch]} + cu_k[batch];
-  std::vector<int32_t> ends;
-  int32_t b = 1;
-  for (int g = 1; g < groups; ++g) {
-    const int64_t target = tokens * g / groups;
-    while (b < batch && int64_t{cu_q[b]} + cu_k[b] < target) ++b;
-    if (b < batch && (ends.empty() || b > ends.back())) ends.push_back(b);
-  }
-  ends.push_back(batch);
-  if (ends.size() < 2) return {};
-  return ends;
+  if (forward == nullptr) return {};
+  return data_channel_wire::GroupEnds(forward->cu_seqlens_q, forward->cu_seqlens_k,
+                                      call.payload_bytes);
 }
 
 GroupTracker::GroupTracker(const PlannedCall& call, std::vector<int32_t> ends)

@@ -8,17 +8,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/data_channel_wire.h"
 #include "server/transport/data/request_plan.h"
 
 namespace attnserve::transport::data {
 
-// Payloads below this run whole: splitting them saves less than it costs.
-inline constexpr int64_t kMinGroupedPayloadBytes = int64_t{16} << 20;
-inline constexpr int kMaxGroups = 4;
-
-// Each group's end sequence index: up to kMaxGroups groups of about equal q + k tokens, cut
-// at sequence boundaries; empty when the call is not grouped (a backward, a forward of one
-// sequence or of a small payload). Clients send their chunks in this group order.
+// Each group's end sequence index (common/data_channel_wire.h's split, which clients share);
+// empty when the call is not grouped (a backward, a forward of one sequence or of a small
+// payload). Clients send their chunks in this group order.
 std::vector<int32_t> GroupEnds(const PlannedCall& call);
 
 class GroupTracker {

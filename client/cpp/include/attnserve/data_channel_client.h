@@ -27,6 +27,7 @@ namespace attnserve {
 
 namespace data_channel {
 
+// As in common/data_channel_wire.h (not installed; data_channel_client.cc checks they agree).
 inline constexpr uint32_t kMagic = 0x31504441;  // "ADP1"
 inline constexpr size_t kHeaderBytes = 32;
 
