@@ -47,10 +47,14 @@ class FakeDataServer(pb2_grpc.AttentionServiceServicer):
     def __init__(self, *, token: Optional[str] = None, max_connections: int = 4,
                  max_chunk_bytes: int = 4 << 20, response_chunk_bytes: int = 4099,
                  shuffle: bool = True, response_first: bool = False,
-                 misbehave: Optional[str] = None, forget_contexts: bool = False):
+                 misbehave: Optional[str] = None, forget_contexts: bool = False,
+                 max_inline_bytes: int = 0):
         self.token = token
         self.max_connections = max_connections
         self.max_chunk_bytes = max_chunk_bytes
+        self.max_inline_bytes = max_inline_bytes
+        # ACCEPTED frames sent, for tests of inline payloads.
+        self.accepted_sent = 0
         self.response_chunk_bytes = response_chunk_bytes
         self.shuffle, self.response_first = shuffle, response_first
         self.misbehave = misbehave
@@ -189,7 +193,8 @@ class FakeDataServer(pb2_grpc.AttentionServiceServicer):
                 self.violations.append(f"{len(group)} connections in one session")
         connection.send(frames.message_frame(frames.HELLO_OK, dc_pb2.DataHelloOk(
             max_chunk_bytes=self.max_chunk_bytes,
-            max_connections_per_session=self.max_connections, max_requests_per_session=64)))
+            max_connections_per_session=self.max_connections, max_requests_per_session=64,
+            max_inline_bytes=self.max_inline_bytes)))
         return True
 
     def _on_request(self, connection, header, request: dc_pb2.DataRequest) -> None:
@@ -211,7 +216,12 @@ class FakeDataServer(pb2_grpc.AttentionServiceServicer):
             self._pending[(connection.session_id, header.request_id)] = dict(
                 kind=kind, message=message, names=names, sizes=sizes, request=request,
                 payload=bytearray(request.payload_bytes), chunks=set())
-        if request.payload_bytes > request.chunk_bytes:
+        if request.inline_payload and request.payload_bytes > self.max_inline_bytes:
+            self._violation(f"request {header.request_id}: inline payload of "
+                            f"{request.payload_bytes} bytes over max_inline_bytes")
+        if request.payload_bytes > request.chunk_bytes and not request.inline_payload:
+            with self._lock:
+                self.accepted_sent += 1
             connection.send(frames.pack_header(frames.ACCEPTED, header.request_id))
         elif request.payload_bytes == 0:
             self._run(connection.session_id, header.request_id)

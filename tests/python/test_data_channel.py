@@ -101,6 +101,20 @@ def test_small_payloads_go_inline_and_connections_are_capped(rng):
     assert not server.violations
 
 
+@pytest.mark.parametrize("max_inline_bytes", [0, 8 << 20], ids=["old_server", "inline"])
+def test_payloads_up_to_max_inline_bytes_skip_accepted(rng, max_inline_bytes):
+    # 64 KiB chunks: the request needs several; a server advertising max_inline_bytes takes them
+    # right behind the REQUEST, one that does not answers ACCEPTED first.
+    with FakeDataServer(max_inline_bytes=max_inline_bytes) as server:
+        fast, slow = _clients(server)
+        with fast, slow:
+            q, k, v, _, cu = _inputs(rng)
+            assert 3 * q.nbytes > 64 << 10
+            _same(fast.forward(q, k, v, cu, cu).out, slow.forward(q, k, v, cu, cu).out)
+        assert server.accepted_sent == (0 if max_inline_bytes else 1)
+    assert not server.violations
+
+
 def test_results_land_in_the_caller_s_arrays(rng):
     with FakeDataServer() as server, attnserve.Client(server.target, timeout=30) as client:
         q, k, v, _, cu = _inputs(rng)

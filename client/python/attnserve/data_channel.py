@@ -9,7 +9,8 @@ thread dispatches incoming frames to the pending calls by request_id, receiving 
 recv_into straight into the call's response arrays at their offsets.
 
 A call: REQUEST (tensors with shapes, no data) on one connection, its payload right behind it
-when it fits one chunk, else after the server's ACCEPTED as chunks spread over every connection;
+when it fits one chunk or the server's max_inline_bytes (DataRequest.inline_payload), else after
+the server's ACCEPTED as chunks spread over every connection;
 then RESPONSE and the response's CHUNKs, in any order. The call completes when the RESPONSE has
 come and every response byte is in. Response arrays are sized by the caller from the shapes it
 expects, before the REQUEST leaves, so nothing is buffered twice; each chunk is checked against
@@ -90,6 +91,7 @@ class _Call:
         self.future: Future = Future()
         self.response: Optional[dc_pb2.DataResponse] = None
         self.accepted = False
+        self.inline = False  # its chunks went right behind the REQUEST: no ACCEPTED comes
         self.request_sent = False
         self.finished = False
         # Response byte ranges claimed by chunks, as sorted disjoint [start, end) pairs, and
@@ -188,6 +190,9 @@ class _Session:
             raise
         limit = ok.max_chunk_bytes or chunk_bytes
         self.chunk_bytes = max(MIN_CHUNK_BYTES, min(chunk_bytes, limit))
+        # Payloads up to this go right behind their REQUEST (inline_payload); 0 from servers
+        # that take only one chunk that way.
+        self.max_inline_bytes = ok.max_inline_bytes
         self._slots = (threading.BoundedSemaphore(ok.max_requests_per_session)
                        if ok.max_requests_per_session > 0 else None)
         self._queues = [queue.SimpleQueue() for _ in self.sockets]
@@ -222,11 +227,16 @@ class _Session:
         request = dc_pb2.DataRequest(payload_bytes=payload.total, chunk_bytes=self.chunk_bytes,
                                      timeout_ms=timeout_ms)
         getattr(request, kind).CopyFrom(message)
+        # Small: right behind the REQUEST on its connection, no round trip for ACCEPTED (one
+        # chunk always; up to the server's max_inline_bytes when the REQUEST says so).
+        call.inline = 0 < payload.total <= max(self.chunk_bytes, self.max_inline_bytes)
+        request.inline_payload = call.inline and payload.total > self.chunk_bytes
         views = [frames.message_frame(frames.REQUEST, request, request_id)]
-        if 0 < payload.total <= self.chunk_bytes:
-            # Small: right behind the REQUEST, no round trip for ACCEPTED.
-            views.append(frames.pack_header(frames.CHUNK, request_id, 0, payload.total))
-            views += payload.pieces(0, payload.total)
+        if call.inline:
+            for offset in offsets:
+                length = min(self.chunk_bytes, payload.total - offset)
+                views.append(frames.pack_header(frames.CHUNK, request_id, offset, length))
+                views += payload.pieces(offset, length)
         with self._lock:
             if self.error is not None:
                 self._release_slot()
@@ -399,7 +409,7 @@ class _Session:
             if call.accepted:
                 raise frames.ProtocolError(f"second ACCEPTED for request {call.request_id}")
             call.accepted = True
-        if call.payload.total <= call.chunk_bytes:
+        if call.inline:
             return  # its payload went with the REQUEST already
         count = len(self.sockets)
         for number, offset in enumerate(call.chunk_offsets):
