@@ -5,6 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server_process.h"
+#include "shared_server_test.h"
 #include "tools/attention_problem.h"
 
 namespace attnserve::testing {
@@ -54,23 +55,7 @@ void ExpectSameGradients(const v1::BackwardResponse& got, const v1::BackwardResp
   EXPECT_THAT(got.dk().shape(), ::testing::ElementsAreArray(want.dk().shape()));
 }
 
-class ContextE2ETest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { server_ = ServerProcess::Start().release(); }
-  static void TearDownTestSuite() {
-    if (server_ != nullptr) EXPECT_EQ(server_->Terminate(), 0) << server_->Log();
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr);
-    client_ = server_->NewClient();
-  }
-
-  static ServerProcess* server_;
-  std::unique_ptr<Client> client_;
-};
-ServerProcess* ContextE2ETest::server_ = nullptr;
+class ContextE2ETest : public SharedServerTest {};
 
 TEST_F(ContextE2ETest, ABackwardWithOnlyDoutEqualsTheFullBackwardBitwise) {
   const ContextProblem p(11);

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server_process.h"
+#include "shared_server_test.h"
 #include "tools/attention_problem.h"
 
 namespace attnserve::testing {
@@ -115,19 +116,7 @@ v1::DataRequest Request(const data_channel::SplitCall& split, int64_t chunk_byte
   return request;
 }
 
-class DataChannelE2ETest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { server_ = ServerProcess::Start().release(); }
-  static void TearDownTestSuite() {
-    if (server_ != nullptr) EXPECT_EQ(server_->Terminate(), 0) << server_->Log();
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(server_, nullptr); }
-
-  static ServerProcess* server_;
-};
-ServerProcess* DataChannelE2ETest::server_ = nullptr;
+class DataChannelE2ETest : public SharedServerTest {};
 
 TEST_F(DataChannelE2ETest, ServerInfoAdvertisesTheDataChannel) {
   absl::StatusOr<v1::ServerInfo> info = server_->NewClient()->GetServerInfo();

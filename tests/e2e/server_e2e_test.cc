@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server_process.h"
+#include "shared_server_test.h"
 #include "tools/attention_problem.h"
 
 namespace attnserve::testing {
@@ -37,23 +38,7 @@ void CheckForward(Client& client, const ProblemSpec& spec) {
   EXPECT_GE(response->execution().batched_requests(), 1);
 }
 
-class ServerE2ETest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { server_ = ServerProcess::Start().release(); }
-  static void TearDownTestSuite() {
-    if (server_ != nullptr) EXPECT_EQ(server_->Terminate(), 0) << server_->Log();
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr);
-    client_ = server_->NewClient();
-  }
-
-  static ServerProcess* server_;
-  std::unique_ptr<Client> client_;
-};
-ServerProcess* ServerE2ETest::server_ = nullptr;
+class ServerE2ETest : public SharedServerTest {};
 
 TEST_F(ServerE2ETest, ForwardMatchesTheReferenceForEveryOption) {
   for (v1::DType dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
