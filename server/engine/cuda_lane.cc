@@ -33,9 +33,30 @@ const char* PinnedSource(const GatheredInput& input) {
     cudaGetLastError();  // pageable memory is no error worth keeping
     return nullptr;
   }
-  return attributes.type == cudaMemoryTypeHost ? static_cast<const char*>(input[0].data)
-                                               : nullptr;
+  return attributes.type == cudaMemoryTypeHost ? static_cast<const char*>(input[0].data) : nullptr;
 }
+
+size_t TotalSize(const GatheredInput& input) {
+  size_t size = 0;
+  for (const HostBytes& piece : input) size += piece.size;
+  return size;
+}
+
+// The pieces of `input` that hold its bytes [range.begin, range.end).
+GatheredInput Slice(const GatheredInput& input, ByteRange range) {
+  if (range.begin == 0 && range.end == TotalSize(input)) return input;
+  GatheredInput slice;
+  size_t at = 0;
+  for (const HostBytes& piece : input) {
+    const size_t begin = std::max(range.begin, at), end = std::min(range.end, at + piece.size);
+    if (begin < end)
+      slice.push_back({static_cast<const char*>(piece.data) + (begin - at), end - begin});
+    at += piece.size;
+  }
+  return slice;
+}
+
+void CUDART_CB RunDone(void* done) { (*static_cast<std::function<void()>*>(done))(); }
 
 }  // namespace
 
@@ -59,23 +80,44 @@ KeptDeviceMemory::~KeptDeviceMemory() {
   if (previous >= 0 && previous != ordinal_) cudaSetDevice(previous);
 }
 
-absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal, int stage_threads) {
+absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal, int stage_threads,
+                                                           bool blocking_wait) {
   std::unique_ptr<CudaLane> lane(new CudaLane());
   lane->gather_ = std::make_unique<ParallelCopier>(std::max(0, stage_threads - 1));
   lane->ordinal_ = ordinal;
   ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal));
   ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking));
-  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_start_));
-  ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&lane->kernel_end_));
+  if (absl::Status s = lane->ReserveEvents(2); !s.ok()) return s;
+  if (blocking_wait) {
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(
+        &lane->finished_, cudaEventBlockingSync | cudaEventDisableTiming));
+  }
   return lane;
 }
 
 CudaLane::~CudaLane() {
   cudaSetDevice(ordinal_);
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
-  if (kernel_start_ != nullptr) cudaEventDestroy(kernel_start_);
-  if (kernel_end_ != nullptr) cudaEventDestroy(kernel_end_);
+  for (cudaEvent_t event : events_) cudaEventDestroy(event);
+  if (finished_ != nullptr) cudaEventDestroy(finished_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaLane::Synchronize() {
+  if (finished_ == nullptr) {
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(finished_, stream_));
+  return CudaStatus(cudaEventSynchronize(finished_), "cudaEventSynchronize");
+}
+
+absl::Status CudaLane::ReserveEvents(size_t count) {
+  while (events_.size() < count) {
+    cudaEvent_t event;
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreate(&event));
+    events_.push_back(event);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaLane::ReservePinned(size_t bytes) {
@@ -94,18 +136,29 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     size_t workspace_bytes,
     const std::function<absl::Status(const DeviceBuffers&, cudaStream_t)>& launch,
     std::unique_ptr<KeptDeviceMemory>* keep, const std::vector<char*>& destinations) {
+  LaneStep whole;
+  for (const GatheredInput& input : inputs) whole.inputs.push_back({0, TotalSize(input)});
+  whole.launch = launch;
+  for (size_t size : output_sizes) whole.outputs.push_back({0, size, 1, size});
+  return RunSteps(inputs, output_sizes, workspace_bytes, {whole}, keep, destinations);
+}
+
+absl::StatusOr<LaneRun> CudaLane::RunSteps(const std::vector<GatheredInput>& inputs,
+                                           const std::vector<size_t>& output_sizes,
+                                           size_t workspace_bytes,
+                                           const std::vector<LaneStep>& steps,
+                                           std::unique_ptr<KeptDeviceMemory>* keep,
+                                           const std::vector<char*>& destinations) {
   // Device memory: [inputs | outputs | workspace]. Pinned memory: [staged inputs | outputs]:
   // an input that arrived in page-locked memory (the data channel's receive buffers) crosses
   // PCIe from where it is, so it takes no staging space and is not copied once more; an
   // output with a destination takes none either.
-  std::vector<size_t> input_offsets, input_sizes, staged_offsets, output_offsets;
+  std::vector<size_t> input_offsets, staged_offsets, output_offsets;
   std::vector<const char*> in_place(inputs.size());
   size_t end = 0, staged_end = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    size_t size = 0;
-    for (const HostBytes& piece : inputs[i]) size += piece.size;
+    const size_t size = TotalSize(inputs[i]);
     input_offsets.push_back(end);
-    input_sizes.push_back(size);
     end += AlignUp(size);
     in_place[i] = PinnedSource(inputs[i]);
     staged_offsets.push_back(staged_end);
@@ -125,6 +178,7 @@ absl::StatusOr<LaneRun> CudaLane::Run(
   end += AlignUp(workspace_bytes);
 
   if (absl::Status s = ReservePinned(pinned_end); !s.ok()) return s;
+  if (absl::Status s = ReserveEvents(2 * steps.size()); !s.ok()) return s;
   std::vector<char*> output_hosts;
   for (size_t i = 0; i < output_sizes.size(); ++i) {
     const bool given = i < destinations.size() && destinations[i] != nullptr;
@@ -139,34 +193,51 @@ absl::StatusOr<LaneRun> CudaLane::Run(
 
   LaneRun run;
   absl::Time stage_end = absl::Now();
-  auto stage_launch_copy = [&]() -> absl::Status {
+  auto run_step = [&](size_t s) -> absl::Status {
+    const LaneStep& step = steps[s];
+    if (step.ready) {
+      if (absl::Status arrived = step.ready(); !arrived.ok()) return arrived;
+    }
     const absl::Time stage_start = absl::Now();
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (input_sizes[i] == 0) continue;
+      const ByteRange range = step.inputs[i];
+      if (range.end <= range.begin) continue;
       const char* source = in_place[i];
       if (source == nullptr) {
-        gather_->Gather(inputs[i], pinned_ + staged_offsets[i]);
         source = pinned_ + staged_offsets[i];
+        gather_->Gather(Slice(inputs[i], range), const_cast<char*>(source) + range.begin);
       }
-      // This input crosses PCIe while the next one is gathered.
-      ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device + input_offsets[i], source,
-                                                input_sizes[i], cudaMemcpyHostToDevice,
-                                                stream_));
+      // This range crosses PCIe while the next one is gathered.
+      ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device + input_offsets[i] + range.begin,
+                                                source + range.begin, range.end - range.begin,
+                                                cudaMemcpyHostToDevice, stream_));
     }
     stage_end = absl::Now();
-    run.stage_in_seconds = absl::ToDoubleSeconds(stage_end - stage_start);
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_start_, stream_));
-    if (absl::Status s = launch(buffers, stream_); !s.ok()) return s;
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(kernel_end_, stream_));
+    run.stage_in_seconds += absl::ToDoubleSeconds(stage_end - stage_start);
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(events_[2 * s], stream_));
+    if (absl::Status launched = step.launch(buffers, stream_); !launched.ok()) return launched;
+    ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(events_[2 * s + 1], stream_));
     for (size_t i = 0; i < output_sizes.size(); ++i) {
-      if (output_sizes[i] == 0) continue;
-      ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(output_hosts[i], device + output_offsets[i],
-                                                output_sizes[i], cudaMemcpyDeviceToHost,
-                                                stream_));
+      const OutputBlock& block = step.outputs[i];
+      if (block.width == 0 || block.rows == 0) continue;
+      char* host = output_hosts[i] + block.offset;
+      const char* source = device + output_offsets[i] + block.offset;
+      // One run as a plain copy: a 2D copy's pitch may not exceed the device's memPitch (2 GB).
+      ATTN_RETURN_IF_CUDA_ERROR(
+          block.rows == 1
+              ? cudaMemcpyAsync(host, source, block.width, cudaMemcpyDeviceToHost, stream_)
+              : cudaMemcpy2DAsync(host, block.pitch, source, block.pitch, block.width, block.rows,
+                                  cudaMemcpyDeviceToHost, stream_));
     }
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (step.done) {
+      ATTN_RETURN_IF_CUDA_ERROR(
+          cudaLaunchHostFunc(stream_, RunDone, const_cast<std::function<void()>*>(&step.done)));
+    }
+    return absl::OkStatus();
   };
-  absl::Status status = stage_launch_copy();
+  absl::Status status;
+  for (size_t s = 0; s < steps.size() && status.ok(); ++s) status = run_step(s);
+  if (status.ok()) status = Synchronize();
   if (status.ok() && keep != nullptr) {
     // The stream was synchronized: the kept memory is ready for any stream.
     *keep = std::make_unique<KeptDeviceMemory>(ordinal_, device, end, buffers);
@@ -175,14 +246,20 @@ absl::StatusOr<LaneRun> CudaLane::Run(
     cudaFreeAsync(device, stream_);
   }
   if (!status.ok()) {
-    // The next Run reuses the pinned buffer: nothing queued may still read or write it.
+    // The next Run reuses the pinned buffer, and the steps' `done` may still be queued: nothing
+    // queued may outlive this call.
     cudaStreamSynchronize(stream_);
     cudaGetLastError();
     return status;
   }
   run.device_seconds = absl::ToDoubleSeconds(absl::Now() - stage_end);
   run.outputs.assign(output_hosts.begin(), output_hosts.end());
-  cudaEventElapsedTime(&run.kernel_ms, kernel_start_, kernel_end_);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, events_[2 * s], events_[2 * s + 1]) == cudaSuccess) {
+      run.kernel_ms += ms;
+    }
+  }
   return run;
 }
 

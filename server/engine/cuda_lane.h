@@ -1,5 +1,6 @@
 // One lane of a CUDA device worker: a stream, kernel-timing events, a pinned staging buffer and
-// the threads that gather into it. Run() takes a request (or a batch of them) through the lane:
+// the threads that gather into it. Run() takes a request (or a batch of them) through the lane
+// (RunSteps() one whose inputs arrive in parts, part by part):
 // each input gathered from its pieces straight into pinned memory by several threads (or read
 // where it is when it arrived in page-locked memory), its copy to the device issued at once so
 // it overlaps the staging of the next, the kernel launch, every output back to where the
@@ -32,9 +33,9 @@ using GatheredInput = std::vector<HostBytes>;
 // memory, valid until the lane's next Run) and where the time went.
 struct LaneRun {
   std::vector<const char*> outputs;
-  float kernel_ms = 0;           // between the timing events around `launch`
-  double stage_in_seconds = 0;   // gathering inputs into pinned memory (copies overlap it)
-  double device_seconds = 0;     // then waiting for the transfers and kernels
+  float kernel_ms = 0;          // between the timing events around each `launch`, summed
+  double stage_in_seconds = 0;  // gathering inputs into pinned memory (copies overlap it)
+  double device_seconds = 0;    // then waiting for the transfers and kernels
 };
 
 // Device addresses of one run's segments, in the order they were given.
@@ -66,10 +67,37 @@ class KeptDeviceMemory {
   const DeviceBuffers buffers_;
 };
 
+// An input's bytes [begin, end) that cross to the device in one step of a run.
+struct ByteRange {
+  size_t begin = 0, end = 0;
+};
+
+// An output's bytes that come back in one step: `rows` runs of `width` bytes, `pitch` apart,
+// from `offset`; the same layout on the device and at the destination (one run for a range of
+// rows, a run per head for lse's [heads, total_q] columns of some query rows).
+struct OutputBlock {
+  size_t offset = 0, width = 0, rows = 1, pitch = 0;
+};
+
+// One step of a run in steps (a request whose inputs arrive group by group): once `ready`
+// returns OK, its input ranges cross to the device, `launch` enqueues its kernels, its output
+// blocks come back, and `done` runs when they are at their destinations.
+struct LaneStep {
+  std::function<absl::Status()> ready;  // may be empty; blocks until the step's bytes are in
+  std::vector<ByteRange> inputs;        // one per input
+  std::function<absl::Status(const DeviceBuffers&, cudaStream_t)> launch;
+  std::vector<OutputBlock> outputs;  // one per output
+  // May be empty. Runs on a CUDA driver thread, in step order, before Run returns: it must not
+  // call CUDA and must not block.
+  std::function<void()> done;
+};
+
 class CudaLane {
  public:
   // stage_threads: threads that gather inputs into pinned memory (the lane's own and helpers).
-  static absl::StatusOr<std::unique_ptr<CudaLane>> Create(int ordinal, int stage_threads);
+  // blocking_wait: wait for a run's end asleep rather than spinning.
+  static absl::StatusOr<std::unique_ptr<CudaLane>> Create(int ordinal, int stage_threads,
+                                                          bool blocking_wait);
   ~CudaLane();
 
   int ordinal() const { return ordinal_; }
@@ -88,13 +116,27 @@ class CudaLane {
       std::unique_ptr<KeptDeviceMemory>* keep = nullptr,
       const std::vector<char*>& destinations = {});
 
+  // The same in steps, one after another on the lane's stream: step s's inputs cross while
+  // step s-1 computes and its outputs come back, so a request computes while it still arrives
+  // and answers while it still computes. The steps' input ranges and output blocks together
+  // cover what crosses; an output with a destination gets at most its own bytes' ranges of an
+  // input overlaid (out over q: a step's q rows crossed before its out rows come back).
+  absl::StatusOr<LaneRun> RunSteps(const std::vector<GatheredInput>& inputs,
+                                   const std::vector<size_t>& output_sizes, size_t workspace_bytes,
+                                   const std::vector<LaneStep>& steps,
+                                   std::unique_ptr<KeptDeviceMemory>* keep = nullptr,
+                                   const std::vector<char*>& destinations = {});
+
  private:
   CudaLane() = default;
   absl::Status ReservePinned(size_t bytes);
+  absl::Status ReserveEvents(size_t count);
+  absl::Status Synchronize();  // waits for everything queued on the stream
 
   int ordinal_ = 0;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t kernel_start_ = nullptr, kernel_end_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // kernel timing: a start and an end per step
+  cudaEvent_t finished_ = nullptr;   // blocking-sync: recorded at a run's end and waited on
   char* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
   std::unique_ptr<ParallelCopier> gather_;

@@ -7,6 +7,7 @@
 #include "server/engine/batching.h"
 #include "server/engine/cpu_worker.h"
 #include "server/engine/cuda_context.h"
+#include "server/engine/cuda_grouped_forward.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/kernel_runner.h"
 
@@ -87,7 +88,8 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
   // Several lanes keep the host's copies, the copy engines and the SMs busy at once: while one
   // request is gathered into pinned memory, another's inputs cross PCIe and a third computes.
   for (int i = 0; i < std::max(1, options.cuda_lanes); ++i) {
-    absl::StatusOr<std::unique_ptr<CudaLane>> lane = CudaLane::Create(device.ordinal, options.stage_threads_per_lane);
+    absl::StatusOr<std::unique_ptr<CudaLane>> lane = CudaLane::Create(
+        device.ordinal, options.stage_threads_per_lane, options.cuda_blocking_wait);
     if (!lane.ok()) return lane.status();
     lanes.push_back(*std::move(lane));
   }
@@ -253,24 +255,36 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
   const size_t lse_bytes = sizeof(float) * heads * total_q;
   const size_t workspace_bytes = family.forward_workspace_bytes(params);
   const std::vector<char*> destinations = DestinationsOf(parts);
-  absl::StatusOr<LaneRun> run = lane.Run(
-      {Gathered(RowPieces(parts, &ForwardInputs::q)), Gathered(RowPieces(parts, &ForwardInputs::k)),
-       Gathered(RowPieces(parts, &ForwardInputs::v)), {Bytes(layout.cu_seqlens_q)},
-       {Bytes(layout.cu_seqlens_k)}},
-      {static_cast<size_t>(total_q * q_row_bytes), lse_bytes}, workspace_bytes,
-      [&](const DeviceBuffers& d, cudaStream_t stream) {
-        params.q = d.inputs[0];
-        params.k = d.inputs[1];
-        params.v = d.inputs[2];
-        params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(d.inputs[3]);
-        params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[4]);
-        params.out = d.outputs[0];
-        params.lse = reinterpret_cast<float*>(d.outputs[1]);
-        return FromKernel(family, "forward",
-                          family.forward(params, DeviceContext(stream, d.workspace,
-                                                               workspace_bytes)));
-      },
-      keep, destinations);
+  absl::StatusOr<LaneRun> run;
+  if (first.groups != nullptr) {
+    // A forward still arriving (it runs alone: one part) runs group by group as it arrives.
+    run = RunForwardInGroups(
+        family, first, lane,
+        [this](cudaStream_t stream, void* workspace, size_t bytes) {
+          return DeviceContext(stream, workspace, bytes);
+        },
+        keep);
+  } else {
+    run = lane.Run(
+        {Gathered(RowPieces(parts, &ForwardInputs::q)),
+         Gathered(RowPieces(parts, &ForwardInputs::k)),
+         Gathered(RowPieces(parts, &ForwardInputs::v)), {Bytes(layout.cu_seqlens_q)},
+         {Bytes(layout.cu_seqlens_k)}},
+        {static_cast<size_t>(total_q * q_row_bytes), lse_bytes}, workspace_bytes,
+        [&](const DeviceBuffers& d, cudaStream_t stream) {
+          params.q = d.inputs[0];
+          params.k = d.inputs[1];
+          params.v = d.inputs[2];
+          params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(d.inputs[3]);
+          params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[4]);
+          params.out = d.outputs[0];
+          params.lse = reinterpret_cast<float*>(d.outputs[1]);
+          return FromKernel(family, "forward",
+                            family.forward(params, DeviceContext(stream, d.workspace,
+                                                                 workspace_bytes)));
+        },
+        keep, destinations);
+  }
   if (!run.ok()) return std::vector<absl::StatusOr<ForwardResult>>(parts.size(), run.status());
   const absl::Time split_start = absl::Now();
   std::vector<absl::StatusOr<ForwardResult>> answers;
@@ -429,6 +443,13 @@ void CudaWorker::RecordPhases(const LaneRun& run, absl::Duration stage_out) {
 
 void CudaWorker::PublishMemoryUse() {
   if (metrics_ == nullptr) return;
+  // At most every 100 ms: the driver call cost small requests a few percent.
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  int64_t last = memory_published_ms_.load(std::memory_order_relaxed);
+  if (now_ms - last < 100 ||
+      !memory_published_ms_.compare_exchange_strong(last, now_ms, std::memory_order_relaxed)) {
+    return;
+  }
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     metrics_->SetDeviceMemoryUsed(device().name, static_cast<double>(total_bytes - free_bytes));

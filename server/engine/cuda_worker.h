@@ -6,6 +6,7 @@
 // only dout across PCIe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ class CudaWorker : public QueueWorker {
              std::vector<std::unique_ptr<CudaLane>> lanes);
 
   void OnLaneStart(int lane) override;
+  // A forward still arriving runs group by group as its groups arrive (cuda_grouped_forward.h),
+  // and so does one that runs on the host (kernel_runner.cc).
+  bool RunsArrivingGroups() const override { return true; }
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
   std::vector<absl::StatusOr<ForwardResult>> ExecuteBatch(
@@ -75,6 +79,7 @@ class CudaWorker : public QueueWorker {
   const int compute_capability_;  // major * 10 + minor, as routed (possibly emulated)
   const KernelCatalog catalog_;    // built families, or the one --kernel forces
   metrics::ServerMetrics* const metrics_;
+  std::atomic<int64_t> memory_published_ms_{0};  // when PublishMemoryUse last asked the driver
 };
 
 }  // namespace attnserve::engine

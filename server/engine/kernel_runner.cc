@@ -65,8 +65,6 @@ absl::Status KernelError(const KernelFamily& family, const kernels::KernelStatus
 
 }  // namespace
 
-namespace {
-
 TensorView RowsOfView(const TensorView& t, int64_t first, int64_t end) {
   const size_t row_bytes =
       static_cast<size_t>(t.shape[1] * t.shape[2] * kernels::DTypeSize(t.dtype));
@@ -82,6 +80,8 @@ std::vector<int32_t> Rebased(const std::vector<int32_t>& cu, int32_t first, int3
   for (int32_t& offset : rebased) offset -= cu[first];
   return rebased;
 }
+
+namespace {
 
 // A forward whose inputs arrive by groups of sequences: each group runs as soon as it is in,
 // as its own varlen launch (sequences are independent, so each row's result is the one the

@@ -24,6 +24,11 @@ kernels::AttentionShape ShapeOf(const TensorView& q, const TensorView& k,
 // means -1 (unbounded).
 kernels::AttentionOptions ResolveOptions(const RequestOptions& options, int head_dim);
 
+// Rows [first, end) of a packed [rows, heads, head_dim] tensor.
+TensorView RowsOfView(const TensorView& t, int64_t first, int64_t end);
+// Offsets of sequences [first, end) counted from the first one's start (end - first + 1 of them).
+std::vector<int32_t> Rebased(const std::vector<int32_t>& cu, int32_t first, int32_t end);
+
 // Run on the host: inputs must have passed ValidateForward / ValidateBackward. They set
 // execution.kernel and execution.compute_us (wall time of the kernel call).
 absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const ForwardInputs& inputs,

@@ -125,13 +125,21 @@ void QueueWorker::Submit(BackwardJob job, JobCost cost) {
 }
 
 void QueueWorker::Push(Queued queued) {
+  bool wake_all;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queued_seconds_ += queued.cost.seconds;
     queue_.push_back(std::move(queued));
+    // One idle lane takes a new job; every lane must look when one may be gathering a batch
+    // or waiting for memory ahead of it. Waking every lane per job cost small requests.
+    wake_all = batching_.enabled || memory_waiters_ > 0;
   }
   PublishLoad();
-  cv_.notify_all();
+  if (wake_all) {
+    cv_.notify_all();
+  } else {
+    cv_.notify_one();
+  }
 }
 
 WorkerLoad QueueWorker::Load() const {
@@ -197,7 +205,9 @@ std::vector<QueueWorker::Queued> QueueWorker::NextBatch() {
         if (metrics_ != nullptr) metrics_->RecordMemoryWait(device_.name);
       }
       const absl::Time wake = std::min(EarliestDeadlineLocked(), now + kCancelPoll);
+      ++memory_waiters_;
       cv_.wait_until(lock, absl::ToChronoTime(wake));
+      --memory_waiters_;
       continue;
     }
     reserved_bytes_ += next->cost.device_bytes;
@@ -408,11 +418,13 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
   const absl::Time start = absl::Now();
   auto answers = Launch(batch, parts, lane);
   if (metrics_ != nullptr) metrics_->RecordBatch(static_cast<int>(batch.size()));
+  bool memory_waiters;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Queued& queued : batch) FinishLocked(queued, /*reserved=*/true);
+    memory_waiters = memory_waiters_ > 0;
   }
-  cv_.notify_all();  // a job waiting for memory may fit now
+  if (memory_waiters) cv_.notify_all();  // a job waiting for memory may fit now
   PublishLoad();
 
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -133,6 +133,7 @@ class QueueWorker : public DeviceWorker {
   bool stopping_ = false;
   int lane_count_ = 1;  // set before the lanes start
   int idle_lanes_ = 0;  // lanes not running a batch
+  int memory_waiters_ = 0;  // lanes waiting for running jobs to free device memory
   std::vector<std::thread> lanes_;
   // answer_threads_per_lane_ threads per lane; stopped after the lanes, so it delivers every
   // answer they post.
