@@ -5,7 +5,8 @@
 # server built here (a bundle folder, default .gpu-bundle/; ATTN_BUNDLE=<folder> picks another)
 # with batching off, batching on, and --transport_ceiling (valid requests answered with zeros at
 # once: what the transport alone sustains). Prints a table of req/s and each configuration's
-# ratio to the ceiling of its transport and shape; attnload's JSON and the logs go under $OUT.
+# ratio to the ceiling of its transport and shape; attnload's JSON, the server's lane-phase
+# metrics and the logs go under $OUT.
 #   DURATION (default 10s per configuration), SHAPES (default "64 512"), TRANSPORTS ("grpc data"),
 #   CONFIGS: name:flags pairs, flags comma-separated (default below; the first must be the
 #   ceiling), e.g. CONFIGS="ceiling:--transport_ceiling lanes4:--batching=false,--cuda_lanes=4"
@@ -33,6 +34,9 @@ run() {  # name, seqlen, transport, server flags...
     --concurrency=64 --connections=8 --duration="$DURATION" --warmup=2s \
     --shape="fixed:batch=1,seqlen=$seqlen" --heads=16 --head_dim=128 --dtype=bf16 \
     --pool_size=64 --progress=false --output_json="$OUT/$name.json" >"$OUT/$name.txt" 2>&1
+  # Where the server's time went (lane phases, answers): what to shave next.
+  curl -s http://127.0.0.1:8100/metrics | grep -E '^attnserve_launch_phase_duration_seconds_(sum|count)' \
+    >"$OUT/$name.phases" 2>&1
   kill -INT "$server"
   wait "$server"
 }
