@@ -56,6 +56,40 @@ GatheredInput Slice(const GatheredInput& input, ByteRange range) {
   return slice;
 }
 
+// Below this many bytes, staged inputs that lie side by side cross in one copy: a small
+// request's copies cost more in API calls than in bytes. Larger ones cross one by one, each
+// while the next is gathered.
+constexpr size_t kMaxMergedStagedBytes = size_t{1} << 20;
+
+// A host-to-device copy still to be issued, which the next input's may extend: inputs that
+// arrived side by side in one page-locked buffer (q, k, v of a data channel request) and lie
+// side by side on the device, or small staged ones (the staging buffer and the device
+// segments are laid out alike, so the padding between them is the staging buffer's own).
+struct HostToDevice {
+  const char* source = nullptr;
+  char* target = nullptr;
+  size_t bytes = 0;
+  bool staged = false;
+
+  bool Extend(const HostToDevice& next) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(source) + bytes;
+    const uintptr_t next_source = reinterpret_cast<uintptr_t>(next.source);
+    if (bytes == 0 || next.staged != staged || next_source < end) return false;
+    const size_t gap = next_source - end;
+    const bool side_by_side =
+        reinterpret_cast<uintptr_t>(next.target) - reinterpret_cast<uintptr_t>(target) ==
+        next_source - reinterpret_cast<uintptr_t>(source);
+    const bool mergeable = staged ? bytes + gap + next.bytes <= kMaxMergedStagedBytes : gap == 0;
+    if (!side_by_side || !mergeable) return false;
+    bytes += gap + next.bytes;
+    return true;
+  }
+  cudaError_t Issue(cudaStream_t stream) const {
+    if (bytes == 0) return cudaSuccess;
+    return cudaMemcpyAsync(target, source, bytes, cudaMemcpyHostToDevice, stream);
+  }
+};
+
 void CUDART_CB RunDone(void* done) { (*static_cast<std::function<void()>*>(done))(); }
 
 }  // namespace
@@ -80,18 +114,13 @@ KeptDeviceMemory::~KeptDeviceMemory() {
   if (previous >= 0 && previous != ordinal_) cudaSetDevice(previous);
 }
 
-absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal, int stage_threads,
-                                                           bool blocking_wait) {
+absl::StatusOr<std::unique_ptr<CudaLane>> CudaLane::Create(int ordinal, int stage_threads) {
   std::unique_ptr<CudaLane> lane(new CudaLane());
   lane->gather_ = std::make_unique<ParallelCopier>(std::max(0, stage_threads - 1));
   lane->ordinal_ = ordinal;
   ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal));
   ATTN_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking));
   if (absl::Status s = lane->ReserveEvents(2); !s.ok()) return s;
-  if (blocking_wait) {
-    ATTN_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(
-        &lane->finished_, cudaEventBlockingSync | cudaEventDisableTiming));
-  }
   return lane;
 }
 
@@ -99,16 +128,7 @@ CudaLane::~CudaLane() {
   cudaSetDevice(ordinal_);
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
   for (cudaEvent_t event : events_) cudaEventDestroy(event);
-  if (finished_ != nullptr) cudaEventDestroy(finished_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
-}
-
-absl::Status CudaLane::Synchronize() {
-  if (finished_ == nullptr) {
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  }
-  ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(finished_, stream_));
-  return CudaStatus(cudaEventSynchronize(finished_), "cudaEventSynchronize");
 }
 
 absl::Status CudaLane::ReserveEvents(size_t count) {
@@ -199,19 +219,22 @@ absl::StatusOr<LaneRun> CudaLane::RunSteps(const std::vector<GatheredInput>& inp
       if (absl::Status arrived = step.ready(); !arrived.ok()) return arrived;
     }
     const absl::Time stage_start = absl::Now();
+    HostToDevice pending;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const ByteRange range = step.inputs[i];
       if (range.end <= range.begin) continue;
-      const char* source = in_place[i];
-      if (source == nullptr) {
-        source = pinned_ + staged_offsets[i];
-        gather_->Gather(Slice(inputs[i], range), const_cast<char*>(source) + range.begin);
+      const bool staged = in_place[i] == nullptr;
+      const HostToDevice copy{(staged ? pinned_ + staged_offsets[i] : in_place[i]) + range.begin,
+                              device + input_offsets[i] + range.begin, range.end - range.begin,
+                              staged};
+      if (!pending.Extend(copy)) {
+        // The pending range crosses PCIe while this one is gathered.
+        ATTN_RETURN_IF_CUDA_ERROR(pending.Issue(stream_));
+        pending = copy;
       }
-      // This range crosses PCIe while the next one is gathered.
-      ATTN_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device + input_offsets[i] + range.begin,
-                                                source + range.begin, range.end - range.begin,
-                                                cudaMemcpyHostToDevice, stream_));
+      if (staged) gather_->Gather(Slice(inputs[i], range), const_cast<char*>(copy.source));
     }
+    ATTN_RETURN_IF_CUDA_ERROR(pending.Issue(stream_));
     stage_end = absl::Now();
     run.stage_in_seconds += absl::ToDoubleSeconds(stage_end - stage_start);
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(events_[2 * s], stream_));
@@ -237,7 +260,9 @@ absl::StatusOr<LaneRun> CudaLane::RunSteps(const std::vector<GatheredInput>& inp
   };
   absl::Status status;
   for (size_t s = 0; s < steps.size() && status.ok(); ++s) status = run_step(s);
-  if (status.ok()) status = Synchronize();
+  // Waiting spins (CUDA's default with fewer contexts than cores): a blocking-sync event cost
+  // small requests 30% of their throughput (bench/RESULTS.md "Small requests").
+  if (status.ok()) status = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   if (status.ok() && keep != nullptr) {
     // The stream was synchronized: the kept memory is ready for any stream.
     *keep = std::make_unique<KeptDeviceMemory>(ordinal_, device, end, buffers);

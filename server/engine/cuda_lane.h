@@ -95,9 +95,7 @@ struct LaneStep {
 class CudaLane {
  public:
   // stage_threads: threads that gather inputs into pinned memory (the lane's own and helpers).
-  // blocking_wait: wait for a run's end asleep rather than spinning.
-  static absl::StatusOr<std::unique_ptr<CudaLane>> Create(int ordinal, int stage_threads,
-                                                          bool blocking_wait);
+  static absl::StatusOr<std::unique_ptr<CudaLane>> Create(int ordinal, int stage_threads);
   ~CudaLane();
 
   int ordinal() const { return ordinal_; }
@@ -131,12 +129,10 @@ class CudaLane {
   CudaLane() = default;
   absl::Status ReservePinned(size_t bytes);
   absl::Status ReserveEvents(size_t count);
-  absl::Status Synchronize();  // waits for everything queued on the stream
 
   int ordinal_ = 0;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaEvent_t> events_;  // kernel timing: a start and an end per step
-  cudaEvent_t finished_ = nullptr;   // blocking-sync: recorded at a run's end and waited on
   char* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
   std::unique_ptr<ParallelCopier> gather_;

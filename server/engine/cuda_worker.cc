@@ -88,8 +88,7 @@ absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDe
   // Several lanes keep the host's copies, the copy engines and the SMs busy at once: while one
   // request is gathered into pinned memory, another's inputs cross PCIe and a third computes.
   for (int i = 0; i < std::max(1, options.cuda_lanes); ++i) {
-    absl::StatusOr<std::unique_ptr<CudaLane>> lane = CudaLane::Create(
-        device.ordinal, options.stage_threads_per_lane, options.cuda_blocking_wait);
+    absl::StatusOr<std::unique_ptr<CudaLane>> lane = CudaLane::Create(device.ordinal, options.stage_threads_per_lane);
     if (!lane.ok()) return lane.status();
     lanes.push_back(*std::move(lane));
   }

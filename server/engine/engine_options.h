@@ -40,9 +40,6 @@ struct EngineOptions {
   // Requests a CUDA device runs at once, each on its own stream with its own pinned staging,
   // so one request's host copies overlap another's transfers and kernels.
   int cuda_lanes = 2;
-  // A lane waits for its stream asleep on a blocking-sync event; else CUDA spins a core per
-  // waiting lane (its default with fewer contexts than cores).
-  bool cuda_blocking_wait = false;
   // Threads per CUDA lane that gather a request's inputs of 8 MB and more into pinned memory
   // (one memcpy thread moves ~5.5 GB/s; parallel_copy.h says where more pay).
   int stage_threads_per_lane = 4;

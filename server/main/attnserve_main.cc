@@ -74,9 +74,6 @@ ABSL_FLAG(int32_t, cpu_lanes, 1,
           "Requests the CPU device runs at once, each with --cpu_threads threads.");
 ABSL_FLAG(int32_t, cuda_lanes, 2,
           "Requests each GPU runs at once, each on its own stream and pinned staging buffer.");
-ABSL_FLAG(bool, cuda_blocking_wait, false,
-          "GPU lanes wait for their requests asleep (a blocking-sync event) instead of "
-          "spinning a core each while the GPU works.");
 ABSL_FLAG(int32_t, stage_threads_per_lane, 4,
           "Threads per GPU lane that copy a request's inputs of 8 MB and more into pinned "
           "memory (1: the lane's own thread alone).");
@@ -202,7 +199,6 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.transport_ceiling = absl::GetFlag(FLAGS_transport_ceiling);
   config.engine.cpu_lanes = absl::GetFlag(FLAGS_cpu_lanes);
   config.engine.cuda_lanes = absl::GetFlag(FLAGS_cuda_lanes);
-  config.engine.cuda_blocking_wait = absl::GetFlag(FLAGS_cuda_blocking_wait);
   config.engine.answer_threads_per_lane = absl::GetFlag(FLAGS_answer_threads_per_lane);
   config.engine.stage_threads_per_lane = absl::GetFlag(FLAGS_stage_threads_per_lane);
   attnserve::engine::Limits& limits = config.engine.limits;
