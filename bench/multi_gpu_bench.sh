@@ -28,6 +28,7 @@ CONCURRENCY="${CONCURRENCY:-16}"
 KERNEL="${KERNEL:-}"
 MIXES="${MIXES:-long very_long compute_bound}"
 SERVER_FLAGS="${SERVER_FLAGS:-}"  # more attnserve flags for every configuration, e.g. --cuda_lanes=4
+ATTNLOAD_FLAGS="${ATTNLOAD_FLAGS:-}"  # more attnload flags, e.g. --data_connections=8
 MIN_GPUS="${MIN_GPUS:-2}"  # MIN_GPUS=1: a dry run of the script itself on a one-GPU host
 DEVICES="${DEVICES:-0 auto}"  # the --devices of each configuration, in order
 SERVER_ENV="${SERVER_ENV:-}"  # environment for the server alone, e.g. LD_PRELOAD=...
@@ -69,18 +70,28 @@ run() {  # mix, devices
   nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits -lms 500 \
     >"$OUT/gpu_util_$name.csv" 2>/dev/null &
   local sampler=$!
+  # Each device's queue, estimated queued work and reserved memory (nonzero while a job runs),
+  # every 0.25 s: a GPU idle with jobs queued is the lanes' fault, one idle with none is
+  # placement's or the clients'.
+  (while kill -0 "$server" 2>/dev/null; do
+    echo "t $(date +%s.%N)"
+    curl -s http://127.0.0.1:8110/metrics |
+      grep -E '^attnserve_(queue_depth|device_queued_work_seconds|device_memory_reserved_bytes)[{]'
+    sleep 0.25
+  done) >"$OUT/queues_$name.txt" 2>/dev/null &
+  local queue_sampler=$!
   local cpu_before wall_before
   cpu_before=$(awk '{print $14 + $15}' "/proc/$server/stat")
   wall_before=$(date +%s.%N)
   # shellcheck disable=SC2086
   "$bin/attnload" --target=localhost:8111 --concurrency="$CONCURRENCY" --connections=8 \
     --duration="$DURATION" --warmup=3s ${MIX_FLAGS[$mix]} --head_dim=128 --dtype=bf16 \
-    --rpc=mixed --backward_fraction=0.5 --check=0 --progress=false \
+    --rpc=mixed --backward_fraction=0.5 --check=0 --progress=false $ATTNLOAD_FLAGS \
     --output_json="$OUT/$name.json" >"$OUT/$name.txt" 2>&1
   local cpu_after wall_after
   cpu_after=$(awk '{print $14 + $15}' "/proc/$server/stat")
   wall_after=$(date +%s.%N)
-  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  kill "$sampler" "$queue_sampler" 2>/dev/null; wait "$sampler" "$queue_sampler" 2>/dev/null
   python3 bench/host_load_summary.py "$OUT/gpu_util_$name.csv" "$cpu_before" "$cpu_after" \
     "$wall_before" "$wall_after" "$(getconf CLK_TCK)" >"$OUT/host_$name.txt"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8110/metrics').read().decode())" \
@@ -88,6 +99,7 @@ run() {  # mix, devices
   kill -TERM "$server"; wait "$server"
   echo "== $name"
   cat "$OUT/$name.txt" "$OUT/host_$name.txt"
+  python3 bench/queue_timeline.py "$OUT/queues_$name.txt"
   # Where each request's time went: placements per GPU, kernel time, time queued, and the
   # lanes' phases (gathering into pinned memory, device work and copies, cutting answers out).
   grep -E '^attnserve_(placements_total|compute_duration_seconds_(sum|count)|queue_duration_seconds_(sum|count)|launch_phase_duration_seconds_(sum|count))' \

@@ -163,6 +163,7 @@ void QueueWorker::Loop(int lane) {
   for (;;) {
     std::vector<Queued> batch = NextBatch();
     if (batch.empty()) return;  // stopped with nothing left: accepted jobs are all answered
+    PublishLoad();  // its memory is reserved now: the gauges show it running
     DropDeadJobs(batch);
     if (batch.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
