@@ -83,9 +83,11 @@ run() {  # mix, devices
   local cpu_before wall_before
   cpu_before=$(awk '{print $14 + $15}' "/proc/$server/stat")
   wall_before=$(date +%s.%N)
+  # 8 gRPC channels and 8 data connections: 4 left the GPUs without a running job a quarter
+  # of the time on this mix (bench/RESULTS.md, two GPUs).
   # shellcheck disable=SC2086
   "$bin/attnload" --target=localhost:8111 --concurrency="$CONCURRENCY" --connections=8 \
-    --duration="$DURATION" --warmup=3s ${MIX_FLAGS[$mix]} --head_dim=128 --dtype=bf16 \
+    --data_connections=8 --duration="$DURATION" --warmup=3s ${MIX_FLAGS[$mix]} --head_dim=128 --dtype=bf16 \
     --rpc=mixed --backward_fraction=0.5 --check=0 --progress=false $ATTNLOAD_FLAGS \
     --output_json="$OUT/$name.json" >"$OUT/$name.txt" 2>&1
   local cpu_after wall_after

@@ -61,9 +61,8 @@ struct EngineOptions {
   std::string forced_kernel_family;
   ContextOptions contexts;
   // Page-locked receive buffers kept for reuse after their requests (GPU hosts; see
-  // pinned_host_buffers.h): enough for a few large requests in flight, so steady traffic pins
-  // nothing new, without holding more than that out of the host's pageable memory.
-  size_t pinned_host_cache_bytes = size_t{4} << 30;
+  // pinned_host_buffers.h), so steady traffic pins nothing new (--pinned_host_cache_bytes).
+  size_t pinned_host_cache_bytes = size_t{16} << 30;
 };
 
 }  // namespace attnserve::engine
