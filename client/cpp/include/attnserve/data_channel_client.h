@@ -100,7 +100,8 @@ struct DataChannelOptions {
   int connections = 1;
   std::string bearer_token;
   int64_t chunk_bytes = int64_t{4} << 20;  // clamped to the server's max_chunk_bytes
-  absl::Duration timeout = absl::Seconds(60);  // per call
+  // Per call; InfiniteDuration: none (the server's own cap applies).
+  absl::Duration timeout = absl::Seconds(60);
   std::string priority;  // "high", "normal", "low"; empty: normal
   // Send a large multi-sequence forward's chunks group by group, in the order the server
   // computes its groups of sequences (data_channel.proto, "Groups"), so it starts early;
@@ -119,10 +120,13 @@ class DataChannelClient {
 
   // The tensor bytes travel from the request's own Tensor.data fields and arrive into the
   // response's (as on gRPC); the request is copied once without them for its REQUEST frame.
-  // Backward needs k and v (INVALID_ARGUMENT otherwise): a backward on a saved context goes
-  // through Call with answer buffers sized from the forward's q, k and v.
+  // Backward needs k and v (INVALID_ARGUMENT otherwise) to size dk and dv.
   absl::StatusOr<v1::ForwardResponse> Forward(const v1::ForwardRequest& request);
   absl::StatusOr<v1::BackwardResponse> Backward(const v1::BackwardRequest& request);
+  // A backward on a saved context (request.context_id, and dout): dk and dv are sized from
+  // the forward's k shape [total_k, num_heads_k, head_dim], which the request does not carry.
+  absl::StatusOr<v1::BackwardResponse> BackwardOnContext(const v1::BackwardRequest& request,
+                                                         const std::vector<int64_t>& k_shape);
 
   // The general call: `request` without tensor data, its payload as pieces laid end to end,
   // and buffers for the answer's tensor bytes laid end to end (sized from the shapes the
@@ -132,6 +136,9 @@ class DataChannelClient {
                                         const std::vector<absl::Span<char>>& answer);
 
   int connections() const { return static_cast<int>(connections_.size()); }
+  // Why the session failed (a connection closed or broke, or the server sent ERROR); OK while
+  // it works. Once failed, every call fails with this: open a new session.
+  absl::Status broken() const;
 
  private:
   struct PendingCall;
@@ -139,6 +146,8 @@ class DataChannelClient {
   void ReadLoop(data_channel::DataConnection* connection);
   void FailAll(const absl::Status& status);
   std::shared_ptr<PendingCall> Find(uint64_t id);
+  absl::StatusOr<v1::BackwardResponse> BackwardInto(const v1::BackwardRequest& request,
+                                                    int64_t dk_elements, int64_t dv_elements);
 
   const DataChannelOptions options_;
   int64_t chunk_bytes_ = 0;
@@ -146,7 +155,7 @@ class DataChannelClient {
   std::vector<std::unique_ptr<data_channel::DataConnection>> connections_;
   std::vector<std::thread> readers_;
   std::atomic<uint64_t> next_id_{1};
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<PendingCall>> calls_;
   absl::Status broken_;  // set once the session failed (mu_)
 };
