@@ -50,7 +50,7 @@ std::optional<std::string> TargetHost(absl::string_view target) {
 absl::StatusOr<std::optional<DataChannelOptions>> ChooseDataChannel(Transport choice,
                                                                     const std::string& target,
                                                                     const v1::ServerInfo& info,
-                                                                    bool client_tls) {
+                                                                    const TlsOptions& client_tls) {
   if (choice == Transport::kGrpc) return std::nullopt;
   std::string refusal;
   DataChannelOptions options;
@@ -61,11 +61,9 @@ absl::StatusOr<std::optional<DataChannelOptions>> ChooseDataChannel(Transport ch
     refusal = absl::StrCat("the server's data channel speaks protocol version ",
                            advertised.protocol_version(), "; this client speaks ",
                            kProtocolVersion);
-  } else if (advertised.tls()) {
-    refusal = "the server's data channel wants TLS, which this C++ client does not speak yet";
-  } else if (advertised.tls() && !client_tls) {
+  } else if (advertised.tls() && !client_tls.enabled) {
     refusal = "the server's data channel wants TLS and this client uses none";
-  } else if (client_tls && !advertised.tls()) {
+  } else if (client_tls.enabled && !advertised.tls()) {
     refusal = "this client uses TLS and the data channel would carry tensors in the clear";
   } else if (!advertised.address().empty()) {
     auto address = SplitHostPort(advertised.address());
@@ -83,7 +81,14 @@ absl::StatusOr<std::optional<DataChannelOptions>> ChooseDataChannel(Transport ch
     refusal = absl::StrCat("the target '", target, "' names no single host for the data channel");
   }
   if (refusal.empty()) {
-    options.tls = advertised.tls();
+    if (advertised.tls()) {
+      options.tls = client_tls;
+      // The name gRPC checks: the override, else the target's host (the data channel's own
+      // address may be a pod's IP that the certificate does not name).
+      if (options.tls.server_name.empty()) {
+        options.tls.server_name = TargetHost(target).value_or(options.host);
+      }
+    }
     return options;
   }
   if (choice == Transport::kAuto) return std::nullopt;

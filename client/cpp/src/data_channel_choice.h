@@ -26,10 +26,12 @@ std::optional<std::string> TargetHost(absl::string_view target);
 // both or on neither, so a TLS client never sends its token or tensors in the clear (e.g. to a
 // plaintext data port behind a TLS-terminating proxy). kAuto returns nullopt whenever the
 // channel cannot be used; kDataChannel then fails with FAILED_PRECONDITION saying why
-// ("transport=data: ..."), as it does when the server advertises no channel.
+// ("transport=data: ..."), as it does when the server advertises no channel. With TLS, the
+// options carry `client_tls` (the gRPC channel's files), and the name the server's certificate
+// must carry: client_tls.server_name, else the target's host as gRPC checks it.
 absl::StatusOr<std::optional<DataChannelOptions>> ChooseDataChannel(Transport choice,
                                                                     const std::string& target,
                                                                     const v1::ServerInfo& info,
-                                                                    bool client_tls);
+                                                                    const TlsOptions& client_tls);
 
 }  // namespace attnserve::data_channel

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/data_channel_client.h"
 #include "client/cpp/src/chunk_order.h"
+#include "client/cpp/src/data_channel_tls.h"
 
 namespace attnserve {
 
@@ -70,21 +71,31 @@ int64_t Elements(const v1::Tensor& t) {
 
 absl::StatusOr<std::unique_ptr<DataChannelClient>> DataChannelClient::Open(
     const DataChannelOptions& options) {
-  if (options.tls) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the data channel at ", options.host, ":", options.port,
-        " speaks TLS (DataChannelInfo.tls), which this C++ client does not yet; use gRPC"));
+  std::unique_ptr<data_channel::TlsClientContext> tls;
+  if (options.tls.enabled) {
+    absl::StatusOr<std::unique_ptr<data_channel::TlsClientContext>> made =
+        data_channel::TlsClientContext::Create(options.tls);
+    if (!made.ok()) return made.status();
+    tls = *std::move(made);
   }
   std::unique_ptr<DataChannelClient> client(new DataChannelClient(options));
   const std::string session_id = data_channel::RandomSessionId();
   const v1::DataHello hello = data_channel::MakeHello(session_id, options.bearer_token);
+  // What went wrong on the way to HELLO_OK, saying where (a refused client certificate shows
+  // only here, as the server's TLS alert, after the client's side of the handshake is done).
+  auto failed = [&](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat("the data channel at ", options.host, ":",
+                                                    options.port, ": ", status.message()));
+  };
   for (int i = 0; i < std::max(1, options.connections); ++i) {
-    absl::StatusOr<std::unique_ptr<DataConnection>> connection =
-        DataConnection::Connect(options.host, options.port);
+    absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Connect(
+        options.host, options.port, kHelloTimeout, tls.get(), options.tls.server_name);
     if (!connection.ok()) return connection.status();
-    if (absl::Status s = (*connection)->SendMessage(v1::FRAME_HELLO, 0, hello); !s.ok()) return s;
+    if (absl::Status s = (*connection)->SendMessage(v1::FRAME_HELLO, 0, hello); !s.ok()) {
+      return failed(s);
+    }
     absl::StatusOr<data_channel::Frame> answer = (*connection)->ReadFrame(kHelloTimeout);
-    if (!answer.ok()) return answer.status();
+    if (!answer.ok()) return failed(answer.status());
     if (answer->header.type == v1::FRAME_ERROR) {
       v1::DataError error;
       error.ParseFromString(answer->payload);

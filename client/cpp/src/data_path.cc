@@ -62,7 +62,7 @@ absl::Status DataPath::Decide() {
     return absl::OkStatus();
   }
   absl::StatusOr<std::optional<DataChannelOptions>> chosen = data_channel::ChooseDataChannel(
-      options_.transport, target_, *info, options_.tls.enabled);
+      options_.transport, target_, *info, options_.tls);
   if (!chosen.ok()) return chosen.status();
   if (!chosen->has_value()) {
     state_ = State::kGrpc;

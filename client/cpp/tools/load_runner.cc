@@ -300,7 +300,7 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
 
   // Before the pool is built: a transport the server cannot offer fails at once.
   absl::StatusOr<std::optional<DataChannelOptions>> data = tools::ChooseDataChannel(
-      config.transport, config.target, runner->server_info_, config.tls.enabled);
+      config.transport, config.target, runner->server_info_, config.tls);
   if (!data.ok()) return data.status();
 
   const std::vector<SequenceLengths> shapes =

@@ -40,29 +40,34 @@ v1::ServerInfo WithDataChannel(int port, const std::string& address, bool tls) {
 
 TEST(ChooseDataChannelTest, AutoFallsBackToGrpcAndDataSaysWhy) {
   const v1::ServerInfo plain = WithDataChannel(9001, "", false);
-  auto chosen = ChooseDataChannel(Transport::kAuto, "dns:///server:8001", plain, false);
+  auto chosen = ChooseDataChannel(Transport::kAuto, "dns:///server:8001", plain, {});
   ASSERT_TRUE(chosen.ok() && chosen->has_value());
   EXPECT_EQ((*chosen)->host, "server");
   EXPECT_EQ((*chosen)->port, 9001);
   chosen = ChooseDataChannel(Transport::kDataChannel, "server:8001",
-                             WithDataChannel(9001, "10.1.2.3:9002", false), false);
+                             WithDataChannel(9001, "10.1.2.3:9002", false), {});
   ASSERT_TRUE(chosen.ok() && chosen->has_value());
   EXPECT_EQ((*chosen)->host, "10.1.2.3");
   EXPECT_EQ((*chosen)->port, 9002);
-  EXPECT_EQ(*ChooseDataChannel(Transport::kGrpc, "server:8001", plain, false), std::nullopt);
+  EXPECT_EQ(*ChooseDataChannel(Transport::kGrpc, "server:8001", plain, {}), std::nullopt);
 
   // TLS on both sides: the data channel, with TLS.
-  chosen = ChooseDataChannel(Transport::kAuto, "server:8001", WithDataChannel(9001, "", true),
-                             /*client_tls=*/true);
-  ASSERT_TRUE(chosen.ok());
-  EXPECT_FALSE(chosen->has_value());  // until the C++ data channel client speaks TLS
+  TlsOptions tls;
+  tls.enabled = true;
+  tls.root_certificates_file = "ca.pem";
+  chosen = ChooseDataChannel(Transport::kAuto, "server:8001",
+                             WithDataChannel(9001, "10.1.2.3:9002", true), tls);
+  ASSERT_TRUE(chosen.ok() && chosen->has_value());
+  EXPECT_TRUE((*chosen)->tls.enabled);
+  EXPECT_EQ((*chosen)->tls.root_certificates_file, "ca.pem");
+  EXPECT_EQ((*chosen)->tls.server_name, "server");  // the target's host, as gRPC checks
 
   v1::ServerInfo future_protocol = plain;
   future_protocol.mutable_data_channel()->set_protocol_version(2);
-  const std::pair<v1::ServerInfo, bool> refused[] = {{v1::ServerInfo(), false},
-                                                     {WithDataChannel(9001, "", true), false},
-                                                     {plain, true},
-                                                     {future_protocol, false}};
+  const std::pair<v1::ServerInfo, TlsOptions> refused[] = {{v1::ServerInfo(), {}},
+                                                           {WithDataChannel(9001, "", true), {}},
+                                                           {plain, tls},
+                                                           {future_protocol, {}}};
   const char* reasons[] = {"advertises no data channel", "wants TLS", "this client uses TLS",
                            "protocol version 2"};
   for (int i = 0; i < 4; ++i) {

@@ -21,9 +21,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "attnserve/tls_options.h"
 #include "attnserve/v1/data_channel.pb.h"
 
 namespace attnserve {
+
+namespace tls {
+class TlsConnection;  // common/tls_connection.h
+}  // namespace tls
 
 namespace data_channel {
 
@@ -48,10 +53,15 @@ struct Frame {
   std::string payload;
 };
 
+class TlsClientContext;  // client/cpp/src/data_channel_tls.h
+
 class DataConnection {
  public:
-  static absl::StatusOr<std::unique_ptr<DataConnection>> Connect(const std::string& host,
-                                                                 int port);
+  // Connects within `timeout` (UNAVAILABLE naming host and port otherwise); with `tls`, then
+  // completes a TLS handshake that verifies the server's certificate for `server_name`.
+  static absl::StatusOr<std::unique_ptr<DataConnection>> Connect(
+      const std::string& host, int port, absl::Duration timeout = absl::Seconds(10),
+      const TlsClientContext* tls = nullptr, const std::string& server_name = "");
   ~DataConnection();
 
   // Sends a header and payload pieces with sendmsg (no copy). Thread-safe: frames never
@@ -73,8 +83,9 @@ class DataConnection {
   void Shutdown();
 
  private:
-  explicit DataConnection(int fd) : fd_(fd) {}
+  explicit DataConnection(int fd);
   const int fd_;
+  std::unique_ptr<tls::TlsConnection> tls_;  // null: plain TCP
   std::mutex send_mu_;
 };
 
@@ -107,9 +118,11 @@ struct DataChannelOptions {
   // computes its groups of sequences (data_channel.proto, "Groups"), so it starts early;
   // false: payload order.
   bool group_chunks = true;
-  // The server's DataChannelInfo.tls. This client does not speak TLS yet: Open refuses such a
-  // channel (FAILED_PRECONDITION) rather than send the token in the clear; use gRPC there.
-  bool tls = false;
+  // TLS (the server's DataChannelInfo.tls) with these files, as the gRPC channel's: every
+  // connection's handshake verifies the server's certificate against root_certificates_file
+  // (empty: the system's roots) and server_name (empty: `host`), and presents the client
+  // certificate when one is given (mTLS).
+  TlsOptions tls;
 };
 
 class DataChannelClient {
