@@ -61,6 +61,28 @@ struct AsyncCall {
       client->AsyncCallFinished();
     });
   }
+
+  // Starts `request`: on a worker as the synchronous `sync(request)` when `on_worker`, else
+  // as gRPC's own asynchronous call `start(context, request, response, on_end)`.
+  template <typename Sync, typename Start>
+  static void Launch(Client* client, std::shared_ptr<const Request> request,
+                     std::function<void(absl::StatusOr<Response>)> done, bool on_worker,
+                     Sync sync, Start start) {
+    if (on_worker) {
+      return client->RunOnWorker(
+          [request = std::move(request), done = std::move(done), sync]() mutable {
+            absl::StatusOr<Response> result = sync(*request);
+            request.reset();
+            done(std::move(result));
+          });
+    }
+    auto call = std::make_unique<AsyncCall>();
+    call->client = client;
+    client->PrepareContext(call->context);
+    call->request = std::move(request);
+    call->done = std::move(done);
+    Begin(std::move(call), start);
+  }
 };
 
 bool Client::AsyncOverGrpc() {
@@ -81,22 +103,11 @@ void Client::ForwardAsync(const v1::ForwardRequest& request, ForwardCallback don
 }
 
 void Client::ForwardAsync(std::shared_ptr<const v1::ForwardRequest> request, ForwardCallback done) {
-  if (!AsyncOverGrpc() && internal::FitsDataChannel(*request)) {
-    return RunOnWorker([this, request = std::move(request), done = std::move(done)]() mutable {
-      absl::StatusOr<v1::ForwardResponse> result = Forward(*request);
-      request.reset();
-      done(std::move(result));
-    });
-  }
-  using Call = AsyncCall<v1::ForwardRequest, v1::ForwardResponse>;
-  auto call = std::make_unique<Call>();
-  call->client = this;
-  PrepareContext(call->context);
-  call->request = std::move(request);
-  call->done = std::move(done);
-  Call::Begin(std::move(call), [this](auto&&... args) {
-    stub_->async()->Forward(std::forward<decltype(args)>(args)...);
-  });
+  const bool on_worker = !AsyncOverGrpc() && internal::FitsDataChannel(*request);
+  AsyncCall<v1::ForwardRequest, v1::ForwardResponse>::Launch(
+      this, std::move(request), std::move(done), on_worker,
+      [this](const v1::ForwardRequest& r) { return Forward(r); },
+      [this](auto&&... args) { stub_->async()->Forward(std::forward<decltype(args)>(args)...); });
 }
 
 void Client::BackwardAsync(const v1::BackwardRequest& request, BackwardCallback done) {
@@ -105,22 +116,11 @@ void Client::BackwardAsync(const v1::BackwardRequest& request, BackwardCallback 
 
 void Client::BackwardAsync(std::shared_ptr<const v1::BackwardRequest> request,
                            BackwardCallback done) {
-  if (!AsyncOverGrpc() && internal::FitsDataChannel(*request)) {
-    return RunOnWorker([this, request = std::move(request), done = std::move(done)]() mutable {
-      absl::StatusOr<v1::BackwardResponse> result = Backward(*request);
-      request.reset();
-      done(std::move(result));
-    });
-  }
-  using Call = AsyncCall<v1::BackwardRequest, v1::BackwardResponse>;
-  auto call = std::make_unique<Call>();
-  call->client = this;
-  PrepareContext(call->context);
-  call->request = std::move(request);
-  call->done = std::move(done);
-  Call::Begin(std::move(call), [this](auto&&... args) {
-    stub_->async()->Backward(std::forward<decltype(args)>(args)...);
-  });
+  const bool on_worker = !AsyncOverGrpc() && internal::FitsDataChannel(*request);
+  AsyncCall<v1::BackwardRequest, v1::BackwardResponse>::Launch(
+      this, std::move(request), std::move(done), on_worker,
+      [this](const v1::BackwardRequest& r) { return Backward(r); },
+      [this](auto&&... args) { stub_->async()->Backward(std::forward<decltype(args)>(args)...); });
 }
 
 void Client::BackwardOnContextAsync(std::shared_ptr<const v1::ForwardRequest> forward,

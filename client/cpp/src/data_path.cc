@@ -5,22 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "attnserve/tensor_codec.h"
 #include "client/cpp/src/data_channel_choice.h"
 
 namespace attnserve::internal {
 namespace {
-
-int64_t ItemBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT16:
-    case v1::DTYPE_BFLOAT16:
-      return 2;
-    case v1::DTYPE_FLOAT32:
-      return 4;
-    default:
-      return 0;
-  }
-}
 
 // A tensor the data channel can send: a known dtype, non-negative dimensions and exactly the
 // bytes they need.
@@ -30,7 +19,7 @@ bool Sendable(const v1::Tensor& tensor) {
     if (d < 0) return false;
     elements *= d;
   }
-  const int64_t item = ItemBytes(tensor.dtype());
+  const int64_t item = DTypeItemSize(tensor.dtype());
   return item > 0 && static_cast<int64_t>(tensor.data().size()) == elements * item;
 }
 

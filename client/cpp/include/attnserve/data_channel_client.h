@@ -1,9 +1,12 @@
 // The client side of the bulk data path (proto/attnserve/v1/data_channel.proto): a session of
-// N TCP connections to a server's data port (ServerInfo.data_channel), over which a call's
-// tensor bytes are striped chunk by chunk and its answer's bytes come back by offset.
+// N TCP connections (TLS when the server wants it) to a server's data port
+// (ServerInfo.data_channel), over which a call's tensor bytes are striped chunk by chunk and its
+// answer's bytes come back by offset.
 //
+// attnserve::Client (client.h) uses it by default; most programs need nothing here.
 // DataConnection is one connection at the frame level (tests and tools use it to speak the
-// protocol directly); DataChannelClient is the session and its calls.
+// protocol directly); DataChannelClient is the session and its calls, which block: the
+// Client's asynchronous calls run them on worker threads.
 #pragma once
 
 #include <sys/uio.h>
