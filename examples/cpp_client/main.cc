@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
   auto info = (*client)->GetServerInfo();
   if (!info.ok()) return Fail(info.status().ToString());
   std::cout << "server version " << info->version() << "\n";
+  // Forward takes the server's data channel when it offers one (ClientOptions::transport).
+  auto transport = (*client)->ActiveTransport();
+  if (!transport.ok()) return Fail(transport.status().ToString());
+  std::cout << "transport " << *transport << "\n";
 
   const int total_q = kCuSeqlensQ.back(), total_k = kCuSeqlensK.back();
   const std::vector<float> v = Ramp(total_k * kHeads * kHeadDim, 0.5f);

@@ -1,4 +1,5 @@
-// End-to-end: attnserve::Client's asynchronous calls against the real server.
+// End-to-end: attnserve::Client's asynchronous calls against the real server, over the data
+// channel (the default) and over gRPC.
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -53,10 +54,27 @@ tools::ProblemSpec SmallSpec(uint64_t seed) {
   return spec;
 }
 
-TEST(AsyncClientE2ETest, ManyConcurrentCallsAllCompleteWithTheirOwnAnswers) {
+// Each test runs once per transport; the client must really be on it.
+class AsyncClientE2ETest : public ::testing::TestWithParam<Transport> {
+ protected:
+  std::unique_ptr<Client> NewClient(const ServerProcess& server) {
+    std::unique_ptr<Client> client = server.NewClient(GetParam());
+    EXPECT_EQ(client->ActiveTransport().value_or("?"),
+              GetParam() == Transport::kGrpc ? "grpc" : "data channel (4 connection(s))");
+    return client;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, AsyncClientE2ETest,
+                         ::testing::Values(Transport::kDataChannel, Transport::kGrpc),
+                         [](const ::testing::TestParamInfo<Transport>& info) {
+                           return info.param == Transport::kGrpc ? "Grpc" : "DataChannel";
+                         });
+
+TEST_P(AsyncClientE2ETest, ManyConcurrentCallsAllCompleteWithTheirOwnAnswers) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start();
   ASSERT_NE(server, nullptr);
-  std::unique_ptr<Client> client = server->NewClient();
+  std::unique_ptr<Client> client = NewClient(*server);
   constexpr int kForward = 48, kBackward = 16;
   std::vector<tools::Problem> problems;
   for (int i = 0; i < kForward + kBackward; ++i) {
@@ -106,10 +124,10 @@ TEST(AsyncClientE2ETest, ManyConcurrentCallsAllCompleteWithTheirOwnAnswers) {
   }
 }
 
-TEST(AsyncClientE2ETest, ErrorsAndDeadlinesArriveThroughTheCallback) {
+TEST_P(AsyncClientE2ETest, ErrorsAndDeadlinesArriveThroughTheCallback) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--cpu_threads=1"});
   ASSERT_NE(server, nullptr);
-  std::unique_ptr<Client> client = server->NewClient();
+  std::unique_ptr<Client> client = NewClient(*server);
   v1::ForwardRequest bad = tools::MakeRandomProblem({}).MakeForwardRequest();
   bad.mutable_k()->set_dtype(v1::DTYPE_FLOAT16);
   absl::Status bad_status;
@@ -122,14 +140,17 @@ TEST(AsyncClientE2ETest, ErrorsAndDeadlinesArriveThroughTheCallback) {
   EXPECT_EQ(bad_status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad_status.message()), ::testing::HasSubstr("k.dtype"));
 
-  // A 1 ms deadline cannot cover moving and computing this request on one CPU thread.
+  // A 100 ms deadline covers choosing the transport (one GetServerInfo, and the data channel's
+  // HELLOs), but not moving and computing this request on one CPU thread.
   ClientOptions options;
-  options.timeout = std::chrono::milliseconds(1);
+  options.transport = GetParam();
+  options.timeout = std::chrono::milliseconds(100);
   std::unique_ptr<Client> hurried = *Client::Create(server->target(), options);
+  ASSERT_TRUE(hurried->ActiveTransport().ok());
   tools::ProblemSpec spec;
   spec.batch = 4;
-  spec.max_seqlen_q = spec.max_seqlen_k = 512;
-  spec.num_heads = 8;
+  spec.max_seqlen_q = spec.max_seqlen_k = 2048;
+  spec.num_heads = spec.num_heads_k = 16;
   absl::Status late_status;
   Countdown late_done(1);
   hurried->ForwardAsync(tools::MakeRandomProblem(spec).MakeForwardRequest(),
@@ -141,7 +162,7 @@ TEST(AsyncClientE2ETest, ErrorsAndDeadlinesArriveThroughTheCallback) {
   EXPECT_EQ(late_status.code(), absl::StatusCode::kDeadlineExceeded) << late_status;
 }
 
-TEST(AsyncClientE2ETest, CallsOutliveTheirRequestAndTheClientWaitsForThem) {
+TEST_P(AsyncClientE2ETest, CallsOutliveTheirRequestAndTheClientWaitsForThem) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start();
   ASSERT_NE(server, nullptr);
   constexpr int kCalls = 12;
@@ -154,7 +175,7 @@ TEST(AsyncClientE2ETest, CallsOutliveTheirRequestAndTheClientWaitsForThem) {
   std::vector<double> errors(kCalls, 1e30);  // until each callback runs
   Countdown countdown(kCalls);
   {
-    std::unique_ptr<Client> client = server->NewClient();
+    std::unique_ptr<Client> client = NewClient(*server);
     for (int i = 0; i < kCalls; ++i) {
       // The request is a temporary, gone before any answer.
       client->ForwardAsync(problems[i].MakeForwardRequest(),

@@ -205,7 +205,7 @@ TEST(AttnloadTransportE2ETest, DataTransportWithoutADataChannelIsAClearError) {
   ASSERT_NE(server, nullptr);
   ProcessResult result = RunAttnload(server->target(), {"--transport=data", "--requests=2"});
   EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_THAT(result.output, HasSubstr("--transport=data: the server advertises no data channel"));
+  EXPECT_THAT(result.output, HasSubstr("transport=data: the server advertises no data channel"));
   result = RunAttnload(server->target(), {"--requests=4", "--warmup=0s", "--heads=2",
                                           "--head_dim=16", "--shape=fixed:batch=1,seqlen=16"});
   EXPECT_EQ(result.exit_code, 0) << result.output;

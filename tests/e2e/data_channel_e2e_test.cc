@@ -15,6 +15,7 @@
 #include "attnserve/tensor_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server_metrics.h"
 #include "server_process.h"
 #include "shared_server_test.h"
 #include "tools/attention_problem.h"
@@ -27,41 +28,6 @@ using data_channel::FrameHeader;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
-
-// The value of an unlabelled metric on the server's /metrics page (-1 when absent).
-double Metric(int http_port, const std::string& name) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(http_port);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  const std::string get = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)send(fd, get.data(), get.size(), MSG_NOSIGNAL);
-  std::string page;
-  char buffer[65536];
-  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) page.append(buffer, n);
-  close(fd);
-  for (absl::string_view line : absl::StrSplit(page, '\n')) {
-    if (absl::ConsumePrefix(&line, name + " ")) {
-      double value = 0;
-      if (absl::SimpleAtod(line, &value)) return value;
-    }
-  }
-  return -1;
-}
-
-// Polls until the metric reads `want`; returns the last value read.
-double AwaitMetric(int http_port, const std::string& name, double want) {
-  double value = -1;
-  for (int i = 0; i < 200 && (value = Metric(http_port, name)) != want; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return value;
-}
 
 tools::Problem SmallProblem(v1::DType dtype, uint64_t seed) {
   tools::ProblemSpec spec;
@@ -127,16 +93,6 @@ TEST_F(DataChannelE2ETest, ServerInfoAdvertisesTheDataChannel) {
   EXPECT_EQ(info->data_channel().max_chunk_bytes(), int64_t{16} << 20);
   EXPECT_EQ(info->data_channel().max_connections_per_session(), 16);
   EXPECT_FALSE(info->data_channel().tls());
-}
-
-// This client has no TLS on the data path yet: it must not say HELLO (the token) in the clear
-// to a TLS data port.
-TEST_F(DataChannelE2ETest, ATlsDataChannelIsRefusedByThisClient) {
-  DataChannelOptions options = Options(*server_, 1, 65536);
-  options.tls = true;
-  const absl::Status status = DataChannelClient::Open(options).status();
-  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
-  EXPECT_NE(status.message().find("TLS"), std::string::npos) << status;
 }
 
 // Three connections and a chunk size that divides no tensor: chunks start at odd offsets and

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "server_process.h"
 #include "subprocess.h"
+#include "test_certificates.h"
 
 namespace attnserve::testing {
 namespace {
@@ -19,51 +20,20 @@ using ::testing::HasSubstr;
 
 constexpr char kToken[] = "e2e-host-token-91c2";
 
-// Runs the openssl command line; fails the test on error.
-void OpenSsl(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"/usr/bin/openssl"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const ProcessResult result = RunProcess(argv, 60);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
 // A CA, a server certificate for 127.0.0.1 and a client certificate it signed, and an
 // unrelated CA; made once for the whole suite.
 class SecurityE2ETest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    // One directory per process: ctest runs each test of the suite as its own process, in
-    // parallel, and a shared directory would be deleted under the others by the first to end.
-    dir_ = new std::string(::testing::TempDir() + "/attnserve_security_e2e.XXXXXX");
-    if (mkdtemp(dir_->data()) == nullptr) {
-      FAIL() << "mkdtemp " << *dir_ << ": " << std::strerror(errno);
-    }
-    for (const char* ca : {"ca", "other_ca"}) {
-      OpenSsl({"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-               std::string("/CN=attnserve e2e ") + ca, "-keyout", Path(ca) + ".key", "-out",
-               Path(ca) + ".crt"});
-    }
-    WriteFile(Path("server.ext"), "subjectAltName=IP:127.0.0.1,DNS:attnserve.test\n");
-    WriteFile(Path("client.ext"), "extendedKeyUsage=clientAuth\n");
-    for (const char* leaf : {"server", "client"}) {
-      OpenSsl({"req", "-newkey", "rsa:2048", "-nodes", "-subj", std::string("/CN=") + leaf,
-               "-keyout", Path(leaf) + ".key", "-out", Path(leaf) + ".csr"});
-      OpenSsl({"x509", "-req", "-in", Path(leaf) + ".csr", "-days", "2", "-CA", Path("ca.crt"),
-               "-CAkey", Path("ca.key"), "-CAcreateserial", "-extfile", Path(leaf) + ".ext",
-               "-out", Path(leaf) + ".crt"});
-    }
+    certificates_ = new TestCertificates();
     WriteFile(Path("tokens"), std::string("# e2e\n") + kToken + "\n");
     WriteFile(Path("token"), std::string(kToken) + "\n");
   }
   static void TearDownTestSuite() {
-    RunProcess({"/bin/rm", "-rf", *dir_});
-    delete dir_;
+    delete certificates_;
+    certificates_ = nullptr;
   }
-  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
+  static std::string Path(const std::string& name) { return certificates_->Path(name); }
 
   // Starts a TLS server with tokens; `mutual` requires client certificates too.
   std::unique_ptr<ServerProcess> StartServer(bool mutual) {
@@ -97,10 +67,8 @@ class SecurityE2ETest : public ::testing::Test {
     return RunProcess(argv, 120);
   }
 
-  static std::string* dir_;
+  static inline TestCertificates* certificates_ = nullptr;
 };
-
-std::string* SecurityE2ETest::dir_ = nullptr;
 
 TEST_F(SecurityE2ETest, AttnctlWorksWithTlsAndATokenFileOrTheEnvironment) {
   auto server = StartServer(/*mutual=*/false);

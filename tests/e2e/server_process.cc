@@ -128,8 +128,13 @@ ServerProcess::~ServerProcess() {
 }
 
 std::unique_ptr<Client> ServerProcess::NewClient() const {
+  return NewClient(client_options_.transport);
+}
+
+std::unique_ptr<Client> ServerProcess::NewClient(Transport transport) const {
   ClientOptions options = client_options_;
   options.timeout = std::chrono::seconds(60);
+  options.transport = transport;
   return *Client::Create(target(), options);
 }
 

@@ -32,6 +32,8 @@ class ServerProcess {
   int http_port() const { return http_port_; }
   int data_port() const { return data_port_; }
   std::unique_ptr<Client> NewClient() const;
+  // The same, with Forward and Backward over `transport`.
+  std::unique_ptr<Client> NewClient(Transport transport) const;
 
   // Sends SIGTERM and waits up to `timeout_seconds`; returns the exit code, or -1 if the
   // process had to be killed or died from a signal.

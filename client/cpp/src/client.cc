@@ -1,3 +1,6 @@
+// attnserve::Client: creation, the synchronous calls and saved contexts; the asynchronous
+// calls are in client_async.cc. Forward and Backward take the data channel through
+// data_path.h when the transport is the data channel, else gRPC.
 #include "attnserve/client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -13,15 +16,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/grpc_tsan_handoff.h"
+#include "client/cpp/src/call_workers.h"
+#include "client/cpp/src/data_path.h"
+#include "client/cpp/src/grpc_status.h"
 
 namespace attnserve {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
+using internal::FromGrpc;
 
 absl::StatusOr<std::string> ReadFile(const std::string& what, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -69,39 +71,6 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " holds no token"));
 }
 
-// Everything one asynchronous call needs until gRPC reports its end: gRPC reads the request
-// and writes the response through pointers, and the context must outlive the call.
-template <typename Request, typename Response>
-struct AsyncCall {
-  Client* client = nullptr;
-  grpc::ClientContext context;
-  std::shared_ptr<const Request> request;
-  Response response;
-  std::function<void(absl::StatusOr<Response>)> done;
-
-  // Starts the call with `start(context, request, response, on_end)`. The call's state is
-  // freed before `done` runs, so `done` may start new calls freely; the Client hears of the
-  // end only after `done` returns.
-  template <typename Start>
-  static void Begin(std::unique_ptr<AsyncCall> call, Start start) {
-    call->client->AsyncCallStarted();
-    AsyncCall* raw = call.release();
-    HandOffToGrpc(raw);
-    start(&raw->context, raw->request.get(), &raw->response, [raw](grpc::Status status) {
-      TakeBackFromGrpc(raw);
-      std::unique_ptr<AsyncCall> owned(raw);
-      Client* client = owned->client;
-      std::function<void(absl::StatusOr<Response>)> done = std::move(owned->done);
-      absl::StatusOr<Response> result =
-          status.ok() ? absl::StatusOr<Response>(std::move(owned->response)) : FromGrpc(status);
-      owned.reset();
-      done(std::move(result));
-      done = nullptr;
-      client->AsyncCallFinished();
-    });
-  }
-};
-
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
                                                         const ClientOptions& options) {
   if (target.empty()) return absl::InvalidArgumentError("target must not be empty");
@@ -124,18 +93,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
-  return std::unique_ptr<Client>(
-      new Client(std::move(channel), options, *std::move(credentials), std::move(args)));
+  return std::unique_ptr<Client>(new Client(target, std::move(channel), options));
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options,
-               std::shared_ptr<grpc::ChannelCredentials> credentials,
-               grpc::ChannelArguments args)
-    : channel_(std::move(channel)),
+Client::Client(std::string target, std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : target_(std::move(target)),
+      channel_(std::move(channel)),
       stub_(v1::AttentionService::NewStub(channel_)),
       options_(std::move(options)),
-      credentials_(std::move(credentials)),
-      args_(std::move(args)) {}
+      data_(std::make_unique<internal::DataPath>(target_, options_,
+                                                 [this] { return GetServerInfo(); })),
+      workers_(std::make_unique<internal::CallWorkers>(options_.async_workers)) {}
 
 Client::~Client() {
   std::unique_lock<std::mutex> lock(calls_mu_);
@@ -161,7 +129,56 @@ void Client::PrepareContext(grpc::ClientContext& context) const {
   }
 }
 
+template <typename Response, typename DataCall>
+std::optional<absl::StatusOr<Response>> Client::OverDataChannel(bool fits, DataCall call) {
+  if (!fits || options_.transport == Transport::kGrpc) return std::nullopt;
+  // A session that broke (a restarted server, a lost connection) is replaced once and the
+  // call repeated on the new one.
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<std::shared_ptr<DataChannelClient>> session = data_->Session();
+    if (!session.ok()) return session.status();
+    if (*session == nullptr) return std::nullopt;
+    absl::StatusOr<Response> result = call(**session);
+    if (result.ok() || attempt > 0 || !data_->Dropped(*session)) return result;
+  }
+}
+
+absl::StatusOr<std::string> Client::ActiveTransport() {
+  if (options_.transport == Transport::kGrpc) return std::string("grpc");
+  absl::StatusOr<std::shared_ptr<DataChannelClient>> session = data_->Session();
+  if (!session.ok()) return session.status();
+  if (*session == nullptr) return std::string("grpc");
+  return absl::StrCat("data channel (", (*session)->connections(), " connection(s))");
+}
+
 absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& request) {
+  if (auto result = OverDataChannel<v1::ForwardResponse>(
+          internal::FitsDataChannel(request), [&](DataChannelClient& session) {
+            absl::StatusOr<v1::ForwardResponse> answer = session.Forward(request);
+            // The data channel's RESPONSE names no replica; the context is on the one the
+            // session reaches, whose gRPC address its ServerInfo gave (empty: none, as on
+            // gRPC from a server without --advertise_address).
+            if (answer.ok() && !answer->context_id().empty() &&
+                answer->context_address().empty()) {
+              answer->set_context_address(data_->replica_address());
+            }
+            return answer;
+          })) {
+    return *std::move(result);
+  }
+  return GrpcForward(request);
+}
+
+absl::StatusOr<v1::BackwardResponse> Client::Backward(const v1::BackwardRequest& request) {
+  if (auto result = OverDataChannel<v1::BackwardResponse>(
+          internal::FitsDataChannel(request),
+          [&](DataChannelClient& session) { return session.Backward(request); })) {
+    return *std::move(result);
+  }
+  return GrpcBackward(request);
+}
+
+absl::StatusOr<v1::ForwardResponse> Client::GrpcForward(const v1::ForwardRequest& request) {
   grpc::ClientContext context;
   PrepareContext(context);
   v1::ForwardResponse response;
@@ -169,45 +186,12 @@ absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& re
   return response;
 }
 
-absl::StatusOr<v1::BackwardResponse> Client::Backward(const v1::BackwardRequest& request) {
+absl::StatusOr<v1::BackwardResponse> Client::GrpcBackward(const v1::BackwardRequest& request) {
   grpc::ClientContext context;
   PrepareContext(context);
   v1::BackwardResponse response;
   if (absl::Status s = FromGrpc(stub_->Backward(&context, request, &response)); !s.ok()) return s;
   return response;
-}
-
-void Client::ForwardAsync(const v1::ForwardRequest& request, ForwardCallback done) {
-  ForwardAsync(std::make_shared<const v1::ForwardRequest>(request), std::move(done));
-}
-
-void Client::ForwardAsync(std::shared_ptr<const v1::ForwardRequest> request, ForwardCallback done) {
-  using Call = AsyncCall<v1::ForwardRequest, v1::ForwardResponse>;
-  auto call = std::make_unique<Call>();
-  call->client = this;
-  PrepareContext(call->context);
-  call->request = std::move(request);
-  call->done = std::move(done);
-  Call::Begin(std::move(call), [this](auto&&... args) {
-    stub_->async()->Forward(std::forward<decltype(args)>(args)...);
-  });
-}
-
-void Client::BackwardAsync(const v1::BackwardRequest& request, BackwardCallback done) {
-  BackwardAsync(std::make_shared<const v1::BackwardRequest>(request), std::move(done));
-}
-
-void Client::BackwardAsync(std::shared_ptr<const v1::BackwardRequest> request,
-                           BackwardCallback done) {
-  using Call = AsyncCall<v1::BackwardRequest, v1::BackwardResponse>;
-  auto call = std::make_unique<Call>();
-  call->client = this;
-  PrepareContext(call->context);
-  call->request = std::move(request);
-  call->done = std::move(done);
-  Call::Begin(std::move(call), [this](auto&&... args) {
-    stub_->async()->Backward(std::forward<decltype(args)>(args)...);
-  });
 }
 
 v1::BackwardRequest FullBackwardRequest(const v1::ForwardRequest& forward,
@@ -227,56 +211,68 @@ v1::BackwardRequest FullBackwardRequest(const v1::ForwardRequest& forward,
   return request;
 }
 
-v1::AttentionService::Stub* Client::StubFor(const std::string& address) {
-  if (address.empty()) return stub_.get();
+Client* Client::ForReplica(const std::string& address) {
+  if (address.empty() || address == target_ || address == data_->replica_address()) return this;
   std::lock_guard<std::mutex> lock(replicas_mu_);
-  auto& [channel, stub] = replicas_[address];
-  if (stub == nullptr) {
-    channel = grpc::CreateCustomChannel(address, credentials_, args_);
-    stub = v1::AttentionService::NewStub(channel);
+  std::unique_ptr<Client>& replica = replicas_[address];
+  if (replica == nullptr) {
+    absl::StatusOr<std::unique_ptr<Client>> made = Create(address, options_);
+    // Only a malformed address fails here (this Client's TLS files were read): the call then
+    // goes to the target, which answers NOT_FOUND and gets the backward in full.
+    if (!made.ok()) return this;
+    replica = *std::move(made);
   }
-  return stub.get();
+  return replica.get();
 }
 
 absl::StatusOr<v1::BackwardResponse> Client::BackwardOnContext(
     const v1::ForwardRequest& forward, const v1::ForwardResponse& answer,
     const v1::Tensor& dout, const ContextBackwardOptions& options) {
-  return BackwardOnContext(answer.context_id(), answer.context_address(), dout, options,
-                           [&] { return FullBackwardRequest(forward, answer, dout, options); });
+  return BackwardOnContext(
+      answer.context_id(), answer.context_address(), dout, options,
+      [&] { return FullBackwardRequest(forward, answer, dout, options); },
+      std::vector<int64_t>(forward.k().shape().begin(), forward.k().shape().end()));
 }
 
 absl::StatusOr<v1::BackwardResponse> Client::BackwardOnContext(
     const std::string& context_id, const std::string& context_address, const v1::Tensor& dout,
     const ContextBackwardOptions& options,
-    const std::function<v1::BackwardRequest()>& full_request) {
+    const std::function<v1::BackwardRequest()>& full_request,
+    const std::vector<int64_t>& k_shape) {
   if (!context_id.empty()) {
     v1::BackwardRequest request;
     *request.mutable_dout() = dout;
     request.set_context_id(context_id);
     request.set_deterministic(options.deterministic);
     request.set_keep_context(options.keep_context);
-    grpc::ClientContext context;
-    PrepareContext(context);
-    v1::BackwardResponse response;
-    const grpc::Status status = StubFor(context_address)->Backward(&context, request, &response);
-    if (status.ok()) return response;
+    Client* replica = ForReplica(context_address);
+    absl::StatusOr<v1::BackwardResponse> result;
+    if (auto over_data = replica->OverDataChannel<v1::BackwardResponse>(
+            internal::FitsDataChannel(request, k_shape), [&](DataChannelClient& session) {
+              return session.BackwardOnContext(request, k_shape);
+            })) {
+      result = *std::move(over_data);
+    } else {
+      result = replica->GrpcBackward(request);
+    }
+    if (result.ok()) return result;
     // Anything else is the request's own fault or the server's, and would fail in full too.
-    const bool gone = status.error_code() == grpc::StatusCode::NOT_FOUND;
-    const bool replica_unreachable = !context_address.empty() &&
-                                     status.error_code() == grpc::StatusCode::UNAVAILABLE;
-    if (!gone && !replica_unreachable) return FromGrpc(status);
+    const bool gone = absl::IsNotFound(result.status());
+    const bool replica_unreachable = replica != this && absl::IsUnavailable(result.status());
+    if (!gone && !replica_unreachable) return result.status();
   }
   return Backward(full_request());
 }
 
 absl::StatusOr<bool> Client::ReleaseContext(const std::string& context_id,
                                             const std::string& context_address) {
+  Client* replica = ForReplica(context_address);
   grpc::ClientContext context;
   PrepareContext(context);
   v1::ReleaseContextRequest request;
   request.set_context_id(context_id);
   v1::ReleaseContextResponse response;
-  if (absl::Status s = FromGrpc(StubFor(context_address)->ReleaseContext(&context, request, &response));
+  if (absl::Status s = FromGrpc(replica->stub_->ReleaseContext(&context, request, &response));
       !s.ok()) {
     return s;
   }

@@ -1,5 +1,6 @@
 #include "attnserve/data_channel_client.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,7 +14,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/src/data_channel_tls.h"
 #include "common/data_channel_wire.h"
+#include "common/tls_connection.h"
 
 namespace attnserve {
 namespace data_channel {
@@ -59,8 +62,38 @@ absl::StatusOr<FrameHeader> DecodeHeader(const char* bytes) {
   return header;
 }
 
-absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Connect(const std::string& host,
-                                                                        int port) {
+namespace {
+
+// Connects `fd` to `address` within `timeout`; errno's text otherwise.
+std::string ConnectWithin(int fd, const addrinfo& address, absl::Duration timeout) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return std::strerror(errno);
+  if (connect(fd, address.ai_addr, address.ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) return std::strerror(errno);
+    pollfd p{fd, POLLOUT, 0};
+    int ready;
+    while ((ready = poll(&p, 1, Millis(timeout))) < 0 && errno == EINTR) {
+    }
+    if (ready == 0) return "timed out";
+    int error = 0;
+    socklen_t size = sizeof(error);
+    if (ready < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) {
+      return std::strerror(errno);
+    }
+    if (error != 0) return std::strerror(error);
+  }
+  // Plain connections block (sends wait, reads poll first); TLS makes it non-blocking again.
+  if (fcntl(fd, F_SETFL, flags) < 0) return std::strerror(errno);
+  return "";
+}
+
+}  // namespace
+
+DataConnection::DataConnection(int fd) : fd_(fd) {}
+
+absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Connect(
+    const std::string& host, int port, absl::Duration timeout, const TlsClientContext* tls,
+    const std::string& server_name) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -69,26 +102,43 @@ absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Connect(const st
     return absl::UnavailableError(absl::StrCat("data channel host ", host, ": ", gai_strerror(rc)));
   }
   std::string error = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  std::unique_ptr<DataConnection> connection;
+  for (addrinfo* a = found; a != nullptr && connection == nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kSocketBufferBytes, sizeof(kSocketBufferBytes));
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kSocketBufferBytes, sizeof(kSocketBufferBytes));
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      const int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      freeaddrinfo(found);
-      return std::unique_ptr<DataConnection>(new DataConnection(fd));
+    error = ConnectWithin(fd, *a, timeout);
+    if (!error.empty()) {
+      close(fd);
+      continue;
     }
-    error = std::strerror(errno);
-    close(fd);
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    connection.reset(new DataConnection(fd));
   }
   freeaddrinfo(found);
-  return absl::UnavailableError(
-      absl::StrCat("could not connect to the data channel at ", host, ":", port, ": ", error));
+  if (connection == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("could not connect to the data channel at ", host, ":", port, ": ", error));
+  }
+  if (tls != nullptr) {
+    absl::StatusOr<std::unique_ptr<tls::TlsConnection>> secured =
+        tls->Connect(connection->fd_, server_name.empty() ? host : server_name, timeout);
+    if (!secured.ok()) {
+      return absl::Status(secured.status().code(),
+                          absl::StrCat("the data channel at ", host, ":", port, ": ",
+                                       secured.status().message()));
+    }
+    connection->tls_ = *std::move(secured);
+  }
+  return connection;
 }
 
-DataConnection::~DataConnection() { close(fd_); }
+DataConnection::~DataConnection() {
+  tls_.reset();  // the SSL object goes before its socket
+  close(fd_);
+}
 
 absl::Status DataConnection::SendFrame(const FrameHeader& header,
                                        absl::Span<const iovec> payload) {
@@ -100,6 +150,8 @@ absl::Status DataConnection::SendFrame(const FrameHeader& header,
 
 absl::Status DataConnection::SendParts(std::vector<iovec> parts) {
   std::lock_guard<std::mutex> lock(send_mu_);
+  // TLS sends wait for the socket as long as a plain blocking send would: without bound.
+  if (tls_ != nullptr) return tls_->SendAll(parts, absl::InfiniteDuration());
   size_t next = 0;
   while (next < parts.size()) {
     msghdr message{};
@@ -132,6 +184,7 @@ absl::Status DataConnection::SendMessage(uint16_t type, uint64_t request_id,
 }
 
 absl::Status DataConnection::SendRaw(absl::string_view bytes) {
+  if (tls_ != nullptr) return SendParts({{const_cast<char*>(bytes.data()), bytes.size()}});
   std::lock_guard<std::mutex> lock(send_mu_);
   if (send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
     return absl::UnavailableError(absl::StrCat("data channel send: ", std::strerror(errno)));
@@ -140,6 +193,7 @@ absl::Status DataConnection::SendRaw(absl::string_view bytes) {
 }
 
 absl::Status DataConnection::ReadInto(char* out, size_t size, absl::Duration timeout) {
+  if (tls_ != nullptr) return tls_->ReadExact(out, size, timeout, timeout);
   size_t got = 0;
   while (got < size) {
     // recv first, poll only when nothing is there: under load the bytes usually are.

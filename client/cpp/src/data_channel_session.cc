@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/data_channel_client.h"
 #include "client/cpp/src/chunk_order.h"
+#include "client/cpp/src/data_channel_tls.h"
 
 namespace attnserve {
 
@@ -70,21 +71,31 @@ int64_t Elements(const v1::Tensor& t) {
 
 absl::StatusOr<std::unique_ptr<DataChannelClient>> DataChannelClient::Open(
     const DataChannelOptions& options) {
-  if (options.tls) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the data channel at ", options.host, ":", options.port,
-        " speaks TLS (DataChannelInfo.tls), which this C++ client does not yet; use gRPC"));
+  std::unique_ptr<data_channel::TlsClientContext> tls;
+  if (options.tls.enabled) {
+    absl::StatusOr<std::unique_ptr<data_channel::TlsClientContext>> made =
+        data_channel::TlsClientContext::Create(options.tls);
+    if (!made.ok()) return made.status();
+    tls = *std::move(made);
   }
   std::unique_ptr<DataChannelClient> client(new DataChannelClient(options));
   const std::string session_id = data_channel::RandomSessionId();
   const v1::DataHello hello = data_channel::MakeHello(session_id, options.bearer_token);
+  // What went wrong on the way to HELLO_OK, saying where (a refused client certificate shows
+  // only here, as the server's TLS alert, after the client's side of the handshake is done).
+  auto failed = [&](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat("the data channel at ", options.host, ":",
+                                                    options.port, ": ", status.message()));
+  };
   for (int i = 0; i < std::max(1, options.connections); ++i) {
-    absl::StatusOr<std::unique_ptr<DataConnection>> connection =
-        DataConnection::Connect(options.host, options.port);
+    absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Connect(
+        options.host, options.port, kHelloTimeout, tls.get(), options.tls.server_name);
     if (!connection.ok()) return connection.status();
-    if (absl::Status s = (*connection)->SendMessage(v1::FRAME_HELLO, 0, hello); !s.ok()) return s;
+    if (absl::Status s = (*connection)->SendMessage(v1::FRAME_HELLO, 0, hello); !s.ok()) {
+      return failed(s);
+    }
     absl::StatusOr<data_channel::Frame> answer = (*connection)->ReadFrame(kHelloTimeout);
-    if (!answer.ok()) return answer.status();
+    if (!answer.ok()) return failed(answer.status());
     if (answer->header.type == v1::FRAME_ERROR) {
       v1::DataError error;
       error.ParseFromString(answer->payload);
@@ -107,6 +118,11 @@ absl::StatusOr<std::unique_ptr<DataChannelClient>> DataChannelClient::Open(
 DataChannelClient::~DataChannelClient() {
   for (const auto& connection : connections_) connection->Shutdown();
   for (std::thread& reader : readers_) reader.join();
+}
+
+absl::Status DataChannelClient::broken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
 }
 
 std::shared_ptr<DataChannelClient::PendingCall> DataChannelClient::Find(uint64_t id) {
@@ -192,9 +208,14 @@ absl::StatusOr<v1::DataResponse> DataChannelClient::Call(
   for (absl::string_view part : payload) total += static_cast<int64_t>(part.size());
   request.set_payload_bytes(total);
   request.set_chunk_bytes(chunk_bytes_);
-  request.set_timeout_ms(absl::ToInt64Milliseconds(options_.timeout));
+  const bool bounded = options_.timeout != absl::InfiniteDuration();
+  // 0 asks for the server's cap: a call without a deadline, as on gRPC.
+  request.set_timeout_ms(bounded ? std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.timeout))
+                                 : 0);
   request.set_priority(options_.priority);
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  // A call without deadline waits a century (absl's infinite time is no chrono time).
+  const auto deadline =
+      absl::ToChronoTime(absl::Now() + (bounded ? options_.timeout : absl::Hours(24 * 365 * 100)));
   // The chunk at `offset` as parts of one frame: its header (kept in `head`) and its bytes.
   auto chunk_parts = [&](uint64_t offset, std::string& head, std::vector<iovec>& parts) {
     FrameHeader header;
@@ -236,7 +257,7 @@ absl::StatusOr<v1::DataResponse> DataChannelClient::Call(
   absl::Status sent = connections_[home]->SendParts(std::move(parts));
   if (sent.ok() && !at_once) {
     std::unique_lock<std::mutex> lock(call->mu);
-    call->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] {
+    call->cv.wait_until(lock, deadline, [&] {
       return call->accepted || call->responded || !call->failure.ok();
     });
     if (call->accepted) {
@@ -267,7 +288,7 @@ absl::StatusOr<v1::DataResponse> DataChannelClient::Call(
 
   std::unique_lock<std::mutex> lock(call->mu);
   const bool done =
-      call->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return call->Finished(); });
+      call->cv.wait_until(lock, deadline, [&] { return call->Finished(); });
   if (!call->failure.ok()) return finish(call->failure);
   if (!done) {
     lock.unlock();
@@ -353,18 +374,29 @@ absl::StatusOr<v1::ForwardResponse> DataChannelClient::Forward(const v1::Forward
 
 absl::StatusOr<v1::BackwardResponse> DataChannelClient::Backward(
     const v1::BackwardRequest& request) {
-  // Answers land in buffers sized from k and v; a backward on a saved context sends neither.
   if (!request.has_k() || !request.has_v()) {
     return absl::InvalidArgumentError(
-        "Backward needs k and v to size dk and dv; for a backward on a saved context use Call() "
-        "with answer buffers sized from the forward's k and v");
+        "Backward needs k and v to size dk and dv; a backward on a saved context goes through "
+        "BackwardOnContext with the forward's k shape");
   }
+  return BackwardInto(request, Elements(request.k()), Elements(request.v()));
+}
+
+absl::StatusOr<v1::BackwardResponse> DataChannelClient::BackwardOnContext(
+    const v1::BackwardRequest& request, const std::vector<int64_t>& k_shape) {
+  int64_t kv_elements = 1;
+  for (int64_t d : k_shape) kv_elements *= d;
+  return BackwardInto(request, kv_elements, kv_elements);
+}
+
+absl::StatusOr<v1::BackwardResponse> DataChannelClient::BackwardInto(
+    const v1::BackwardRequest& request, int64_t dk_elements, int64_t dv_elements) {
   data_channel::SplitCall split = data_channel::SplitBackward(request);
-  // dq, dk, dv have the shapes and dtype of q, k, v.
+  // dq, dk, dv have the shapes of q (= dout's), k and v, and dout's dtype (= q's).
   const int64_t item = request.dout().dtype() == v1::DTYPE_FLOAT32 ? 4 : 2;
   std::string dq(static_cast<size_t>(item * Elements(request.dout())), '\0');
-  std::string dk(static_cast<size_t>(item * Elements(request.k())), '\0');
-  std::string dv(static_cast<size_t>(item * Elements(request.v())), '\0');
+  std::string dk(static_cast<size_t>(item * dk_elements), '\0');
+  std::string dv(static_cast<size_t>(item * dv_elements), '\0');
   absl::StatusOr<v1::DataResponse> response = Call(
       std::move(split.request), split.payload, {absl::MakeSpan(dq), absl::MakeSpan(dk), absl::MakeSpan(dv)});
   if (!response.ok()) return response.status();

@@ -6,8 +6,8 @@
 //                                      its TTL); prints the id
 //   attnctl backward --keep_context    the same through a saved context: a Forward that keeps
 //                                      it, then a backward that sends only dout
-// --transport=grpc|data|auto picks gRPC or the server's data channel (auto: the data channel
-// when the server offers one without TLS).
+// --transport=grpc|data|auto picks gRPC or the server's data channel (ClientOptions::transport;
+// auto: the data channel when the server offers one, with TLS when the client uses it).
 // --check compares the answer with the local exact reference and fails (exit 1) beyond the
 // dtype's tolerance. TLS and bearer tokens: tools/security_flags.h.
 #include <cstdio>
@@ -26,14 +26,13 @@
 #include "attnserve/tensor_codec.h"
 #include "google/protobuf/util/json_util.h"
 #include "tools/attention_problem.h"
-#include "tools/data_calls.h"
 #include "tools/security_flags.h"
 #include "tools/transport_choice.h"
 
 ABSL_FLAG(std::string, target, "localhost:8001", "Server address (gRPC target).");
 ABSL_FLAG(std::string, transport, "auto",
-          "grpc, data (the server's bulk data channel; plain TCP only) or auto (data when the "
-          "server offers it without TLS and this client uses none).");
+          "grpc, data (the server's bulk data channel) or auto (the data channel when the server "
+          "offers one as protected as the gRPC channel: TLS on both or neither).");
 ABSL_FLAG(int32_t, data_connections, 4, "Data channel: TCP connections of the session.");
 ABSL_FLAG(int32_t, timeout_ms, 0, "Per-call deadline in milliseconds (0 = none).");
 ABSL_FLAG(int32_t, batch, 2, "Sequences in the request.");
@@ -56,39 +55,6 @@ ABSL_FLAG(bool, keep_context, false,
 
 namespace attnserve {
 namespace {
-
-// The forward and backward calls of one transport.
-struct Calls {
-  std::function<absl::StatusOr<v1::ForwardResponse>(const v1::ForwardRequest&)> forward;
-  std::function<absl::StatusOr<v1::BackwardResponse>(const v1::BackwardRequest&)> backward;
-  // The backward on the context `answer` names (only dout sent), in full when it is gone.
-  std::function<absl::StatusOr<v1::BackwardResponse>(
-      const v1::ForwardRequest&, const v1::ForwardResponse&, const v1::Tensor&)>
-      backward_on_context;
-};
-
-Calls GrpcCalls(Client& client) {
-  return {[&client](const v1::ForwardRequest& r) { return client.Forward(r); },
-          [&client](const v1::BackwardRequest& r) { return client.Backward(r); },
-          [&client](const v1::ForwardRequest& f, const v1::ForwardResponse& a,
-                    const v1::Tensor& dout) { return client.BackwardOnContext(f, a, dout); }};
-}
-
-Calls DataCalls(DataChannelClient& data) {
-  return {[&data](const v1::ForwardRequest& r) { return data.Forward(r); },
-          [&data](const v1::BackwardRequest& r) { return data.Backward(r); },
-          [&data](const v1::ForwardRequest& f, const v1::ForwardResponse& a,
-                  const v1::Tensor& dout) -> absl::StatusOr<v1::BackwardResponse> {
-            if (!a.context_id().empty()) {
-              tools::AnswerBuffers grads;
-              absl::StatusOr<v1::DataResponse> r =
-                  tools::DataBackwardOnContext(data, f, a.context_id(), dout, grads);
-              if (r.ok()) return tools::ToBackwardResponse(*r, grads);
-              if (r.status().code() != absl::StatusCode::kNotFound) return r.status();
-            }
-            return data.Backward(FullBackwardRequest(f, a, dout));
-          }};
-}
 
 absl::StatusOr<v1::DType> ParseDType(const std::string& name) {
   if (name == "fp16" || name == "float16") return v1::DTYPE_FLOAT16;
@@ -169,10 +135,10 @@ void PrintContext(const v1::ForwardResponse& answer) {
               answer.context_address().empty() ? "" : " on ", answer.context_address().c_str());
 }
 
-int RunForward(const Calls& calls, const tools::Problem& problem, bool check) {
+int RunForward(Client& client, const tools::Problem& problem, bool check) {
   v1::ForwardRequest request = problem.MakeForwardRequest();
   request.set_keep_context(absl::GetFlag(FLAGS_keep_context));
-  absl::StatusOr<v1::ForwardResponse> response = calls.forward(request);
+  absl::StatusOr<v1::ForwardResponse> response = client.Forward(request);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Forward failed: %s\n", response.status().ToString().c_str());
     return 1;
@@ -187,11 +153,11 @@ int RunForward(const Calls& calls, const tools::Problem& problem, bool check) {
   return ok ? 0 : 1;
 }
 
-int RunBackward(const Calls& calls, const tools::Problem& problem, bool check) {
+int RunBackward(Client& client, const tools::Problem& problem, bool check) {
   // The backward differentiates the exact forward, computed locally.
   const tools::ForwardAnswer forward = tools::ReferenceForward(problem);
   const v1::BackwardRequest request = problem.MakeBackwardRequest(forward.out, forward.lse);
-  absl::StatusOr<v1::BackwardResponse> response = calls.backward(request);
+  absl::StatusOr<v1::BackwardResponse> response = client.Backward(request);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Backward failed: %s\n", response.status().ToString().c_str());
     return 1;
@@ -208,10 +174,10 @@ int RunBackward(const Calls& calls, const tools::Problem& problem, bool check) {
   return ok ? 0 : 1;
 }
 
-int RunBackwardOnContext(const Calls& calls, const tools::Problem& problem, bool check) {
+int RunBackwardOnContext(Client& client, const tools::Problem& problem, bool check) {
   v1::ForwardRequest forward = problem.MakeForwardRequest();
   forward.set_keep_context(true);
-  absl::StatusOr<v1::ForwardResponse> answer = calls.forward(forward);
+  absl::StatusOr<v1::ForwardResponse> answer = client.Forward(forward);
   if (!answer.ok()) {
     std::fprintf(stderr, "attnctl: Forward failed: %s\n", answer.status().ToString().c_str());
     return 1;
@@ -224,7 +190,7 @@ int RunBackwardOnContext(const Calls& calls, const tools::Problem& problem, bool
     std::fprintf(stderr, "attnctl: %s\n", dout.status().ToString().c_str());
     return 1;
   }
-  absl::StatusOr<v1::BackwardResponse> response = calls.backward_on_context(forward, *answer, *dout);
+  absl::StatusOr<v1::BackwardResponse> response = client.BackwardOnContext(forward, *answer, *dout);
   if (!response.ok()) {
     std::fprintf(stderr, "attnctl: Backward failed: %s\n", response.status().ToString().c_str());
     return 1;
@@ -243,31 +209,15 @@ int RunBackwardOnContext(const Calls& calls, const tools::Problem& problem, bool
 
 }  // namespace
 
-// Opens the data channel into `data` when --transport chooses it (leaves it null for gRPC).
-absl::Status OpenTransport(Client& client, const ClientOptions& options,
-                           std::unique_ptr<DataChannelClient>& data) {
+// --transport and --data_connections into `options`.
+absl::Status ApplyTransportFlags(ClientOptions& options) {
   absl::StatusOr<tools::Transport> choice = tools::ParseTransport(absl::GetFlag(FLAGS_transport));
   if (!choice.ok()) return choice.status();
   if (absl::GetFlag(FLAGS_data_connections) < 1) {
     return absl::InvalidArgumentError("--data_connections must be >= 1");
   }
-  if (*choice == tools::Transport::kGrpc) return absl::OkStatus();
-  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-  if (!info.ok()) return info.status();
-  absl::StatusOr<std::optional<DataChannelOptions>> endpoint = tools::ChooseDataChannel(
-      *choice, absl::GetFlag(FLAGS_target), *info, options.tls.enabled);
-  if (!endpoint.ok()) return endpoint.status();
-  if (!*endpoint) return absl::OkStatus();
-  (*endpoint)->connections = absl::GetFlag(FLAGS_data_connections);
-  (*endpoint)->bearer_token = options.bearer_token;
-  if (options.timeout) (*endpoint)->timeout = absl::FromChrono(*options.timeout);
-  absl::StatusOr<std::unique_ptr<DataChannelClient>> opened = DataChannelClient::Open(**endpoint);
-  if (!opened.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot open the data channel at ",
-                                               (*endpoint)->host, ":", (*endpoint)->port, ": ",
-                                               opened.status().ToString()));
-  }
-  data = *std::move(opened);
+  options.transport = *choice;
+  options.data_connections = absl::GetFlag(FLAGS_data_connections);
   return absl::OkStatus();
 }
 
@@ -292,9 +242,12 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_timeout_ms) > 0) {
     options.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
   }
-  if (absl::Status s = attnserve::tools::ApplySecurityFlags(options); !s.ok()) {
-    std::fprintf(stderr, "attnctl: %s\n", std::string(s.message()).c_str());
-    return 2;
+  for (absl::Status s : {attnserve::tools::ApplySecurityFlags(options),
+                         attnserve::ApplyTransportFlags(options)}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "attnctl: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
   }
   auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target), options);
   if (!client.ok()) {
@@ -312,18 +265,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const attnserve::tools::Problem problem = attnserve::tools::MakeRandomProblem(*spec);
-  std::unique_ptr<attnserve::DataChannelClient> data;
-  if (absl::Status s = attnserve::OpenTransport(**client, options, data); !s.ok()) {
-    std::fprintf(stderr, "attnctl: %s\n", std::string(s.message()).c_str());
+  // Decided before the call, so a transport the server cannot offer fails clearly here.
+  absl::StatusOr<std::string> transport = (*client)->ActiveTransport();
+  if (!transport.ok()) {
+    std::fprintf(stderr, "attnctl: %s\n", std::string(transport.status().message()).c_str());
     return 2;
   }
-  const attnserve::Calls calls =
-      data ? attnserve::DataCalls(*data) : attnserve::GrpcCalls(**client);
-  std::printf("transport: %s\n",
-              data ? absl::StrCat("data channel (", data->connections(), " connection(s))").c_str()
-                   : "grpc");
+  std::printf("transport: %s\n", transport->c_str());
   const bool check = absl::GetFlag(FLAGS_check);
-  if (command == "forward") return attnserve::RunForward(calls, problem, check);
-  return absl::GetFlag(FLAGS_keep_context) ? attnserve::RunBackwardOnContext(calls, problem, check)
-                                           : attnserve::RunBackward(calls, problem, check);
+  if (command == "forward") return attnserve::RunForward(**client, problem, check);
+  return absl::GetFlag(FLAGS_keep_context) ? attnserve::RunBackwardOnContext(**client, problem, check)
+                                           : attnserve::RunBackward(**client, problem, check);
 }

@@ -23,8 +23,9 @@ ABSL_FLAG(std::string, target, "localhost:8001", "attnserve gRPC address.");
 ABSL_FLAG(int32_t, connections, 1,
           "gRPC connections (channels); calls are spread over them round-robin.");
 ABSL_FLAG(std::string, transport, "auto",
-          "grpc, data (the bulk data channel the server advertises; plain TCP only) or auto "
-          "(data when the server offers it without TLS and this client uses none, else grpc).");
+          "grpc, data (the bulk data channel the server advertises, with TLS when it has TLS) "
+          "or auto (data when the server offers it as protected as the gRPC channel: TLS on "
+          "both or neither; else grpc).");
 ABSL_FLAG(int32_t, data_connections, 4,
           "Data channel: TCP connections of the one session all calls share.");
 ABSL_FLAG(int32_t, concurrency, 1, "Closed loop: calls kept in flight.");

@@ -280,6 +280,9 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
   options.bearer_token = config.bearer_token;
   options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
       absl::ToChronoNanoseconds(config.timeout));
+  // These clients are the gRPC transport (and build the pool); the data transport is a
+  // DataChannelClient of its own (load_transport.h), so --transport alone decides.
+  options.transport = Transport::kGrpc;
   for (int i = 0; i < config.connections; ++i) {
     options.connection_id = i + 1;
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(config.target, options);
@@ -297,7 +300,7 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
 
   // Before the pool is built: a transport the server cannot offer fails at once.
   absl::StatusOr<std::optional<DataChannelOptions>> data = tools::ChooseDataChannel(
-      config.transport, config.target, runner->server_info_, config.tls.enabled);
+      config.transport, config.target, runner->server_info_, config.tls);
   if (!data.ok()) return data.status();
 
   const std::vector<SequenceLengths> shapes =

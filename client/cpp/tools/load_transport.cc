@@ -1,12 +1,10 @@
 #include "tools/load_transport.h"
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/src/call_workers.h"
 #include "tools/data_calls.h"
 
 namespace attnserve::load {
@@ -80,15 +78,6 @@ class DataTransport : public LoadTransport {
   DataTransport(std::unique_ptr<DataChannelClient> client, bool keep_context)
       : client_(std::move(client)), keep_context_(keep_context) {}
 
-  ~DataTransport() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& worker : workers_) worker.join();
-  }
-
   void Forward(const WorkItem& item, Done done) override {
     Submit([this, &item, done](AnswerBuffers& answer) {
       absl::StatusOr<v1::DataResponse> r =
@@ -141,42 +130,19 @@ class DataTransport : public LoadTransport {
     return Full(item, answer, bytes);
   }
 
-  // A call waits for a free worker or gets a new one: workers never outnumber the most calls
-  // in flight at once, and each keeps its answer buffers from call to call.
+  // A call runs on a free worker or a new one (workers never outnumber the most calls in
+  // flight at once); each worker thread keeps its answer buffers from call to call.
   void Submit(Task task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
-    if (tasks_.size() > idle_) {
-      workers_.emplace_back([this] { Work(); });
-    } else {
-      cv_.notify_one();
-    }
-  }
-
-  void Work() {
-    AnswerBuffers answer;
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      ++idle_;
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      --idle_;
-      if (tasks_.empty()) return;
-      Task task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
+    workers_.Submit([task = std::move(task)] {
+      thread_local AnswerBuffers answer;
       task(answer);
-      lock.lock();
-    }
+    });
   }
 
   const std::unique_ptr<DataChannelClient> client_;
   const bool keep_context_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
-  size_t idle_ = 0;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  // Last: its destruction finishes the calls, which use the client.
+  internal::CallWorkers workers_{std::numeric_limits<size_t>::max()};
 };
 
 }  // namespace

@@ -12,8 +12,8 @@ using ::testing::HasSubstr;
 TEST(ParseTransportTest, NamesAndAnError) {
   EXPECT_EQ(*ParseTransport("auto"), Transport::kAuto);
   EXPECT_EQ(*ParseTransport("grpc"), Transport::kGrpc);
-  EXPECT_EQ(*ParseTransport("data"), Transport::kData);
-  EXPECT_EQ(TransportName(Transport::kData), "data");
+  EXPECT_EQ(*ParseTransport("data"), Transport::kDataChannel);
+  EXPECT_EQ(TransportName(Transport::kDataChannel), "data");
   EXPECT_THAT(std::string(ParseTransport("udp").status().message()),
               HasSubstr("--transport must be auto, grpc or data, not 'udp'"));
 }
@@ -34,29 +34,46 @@ v1::ServerInfo WithDataChannel(int port, const std::string& address, bool tls) {
   info.mutable_data_channel()->set_port(port);
   info.mutable_data_channel()->set_address(address);
   info.mutable_data_channel()->set_tls(tls);
+  info.mutable_data_channel()->set_protocol_version(1);
   return info;
 }
 
 TEST(ChooseDataChannelTest, AutoFallsBackToGrpcAndDataSaysWhy) {
   const v1::ServerInfo plain = WithDataChannel(9001, "", false);
-  auto chosen = ChooseDataChannel(Transport::kAuto, "dns:///server:8001", plain, false);
+  auto chosen = ChooseDataChannel(Transport::kAuto, "dns:///server:8001", plain, {});
   ASSERT_TRUE(chosen.ok() && chosen->has_value());
   EXPECT_EQ((*chosen)->host, "server");
   EXPECT_EQ((*chosen)->port, 9001);
-  chosen = ChooseDataChannel(Transport::kData, "server:8001",
-                             WithDataChannel(9001, "10.1.2.3:9002", false), false);
+  chosen = ChooseDataChannel(Transport::kDataChannel, "server:8001",
+                             WithDataChannel(9001, "10.1.2.3:9002", false), {});
   ASSERT_TRUE(chosen.ok() && chosen->has_value());
   EXPECT_EQ((*chosen)->host, "10.1.2.3");
   EXPECT_EQ((*chosen)->port, 9002);
-  EXPECT_EQ(*ChooseDataChannel(Transport::kGrpc, "server:8001", plain, false), std::nullopt);
+  EXPECT_EQ(*ChooseDataChannel(Transport::kGrpc, "server:8001", plain, {}), std::nullopt);
 
-  const std::pair<v1::ServerInfo, bool> refused[] = {
-      {v1::ServerInfo(), false}, {WithDataChannel(9001, "", true), false}, {plain, true}};
-  const char* reasons[] = {"advertises no data channel", "wants TLS", "this client uses TLS"};
-  for (int i = 0; i < 3; ++i) {
+  // TLS on both sides: the data channel, with TLS.
+  TlsOptions tls;
+  tls.enabled = true;
+  tls.root_certificates_file = "ca.pem";
+  chosen = ChooseDataChannel(Transport::kAuto, "server:8001",
+                             WithDataChannel(9001, "10.1.2.3:9002", true), tls);
+  ASSERT_TRUE(chosen.ok() && chosen->has_value());
+  EXPECT_TRUE((*chosen)->tls.enabled);
+  EXPECT_EQ((*chosen)->tls.root_certificates_file, "ca.pem");
+  EXPECT_EQ((*chosen)->tls.server_name, "server");  // the target's host, as gRPC checks
+
+  v1::ServerInfo future_protocol = plain;
+  future_protocol.mutable_data_channel()->set_protocol_version(2);
+  const std::pair<v1::ServerInfo, TlsOptions> refused[] = {{v1::ServerInfo(), {}},
+                                                           {WithDataChannel(9001, "", true), {}},
+                                                           {plain, tls},
+                                                           {future_protocol, {}}};
+  const char* reasons[] = {"advertises no data channel", "wants TLS", "this client uses TLS",
+                           "protocol version 2"};
+  for (int i = 0; i < 4; ++i) {
     const auto& [info, client_tls] = refused[i];
     EXPECT_EQ(*ChooseDataChannel(Transport::kAuto, "server:8001", info, client_tls), std::nullopt);
-    const auto data = ChooseDataChannel(Transport::kData, "server:8001", info, client_tls);
+    const auto data = ChooseDataChannel(Transport::kDataChannel, "server:8001", info, client_tls);
     EXPECT_EQ(data.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(std::string(data.status().message()), HasSubstr(reasons[i]));
   }

@@ -1,9 +1,12 @@
 // The client side of the bulk data path (proto/attnserve/v1/data_channel.proto): a session of
-// N TCP connections to a server's data port (ServerInfo.data_channel), over which a call's
-// tensor bytes are striped chunk by chunk and its answer's bytes come back by offset.
+// N TCP connections (TLS when the server wants it) to a server's data port
+// (ServerInfo.data_channel), over which a call's tensor bytes are striped chunk by chunk and its
+// answer's bytes come back by offset.
 //
+// attnserve::Client (client.h) uses it by default; most programs need nothing here.
 // DataConnection is one connection at the frame level (tests and tools use it to speak the
-// protocol directly); DataChannelClient is the session and its calls.
+// protocol directly); DataChannelClient is the session and its calls, which block: the
+// Client's asynchronous calls run them on worker threads.
 #pragma once
 
 #include <sys/uio.h>
@@ -21,9 +24,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "attnserve/tls_options.h"
 #include "attnserve/v1/data_channel.pb.h"
 
 namespace attnserve {
+
+namespace tls {
+class TlsConnection;  // common/tls_connection.h
+}  // namespace tls
 
 namespace data_channel {
 
@@ -48,10 +56,15 @@ struct Frame {
   std::string payload;
 };
 
+class TlsClientContext;  // client/cpp/src/data_channel_tls.h
+
 class DataConnection {
  public:
-  static absl::StatusOr<std::unique_ptr<DataConnection>> Connect(const std::string& host,
-                                                                 int port);
+  // Connects within `timeout` (UNAVAILABLE naming host and port otherwise); with `tls`, then
+  // completes a TLS handshake that verifies the server's certificate for `server_name`.
+  static absl::StatusOr<std::unique_ptr<DataConnection>> Connect(
+      const std::string& host, int port, absl::Duration timeout = absl::Seconds(10),
+      const TlsClientContext* tls = nullptr, const std::string& server_name = "");
   ~DataConnection();
 
   // Sends a header and payload pieces with sendmsg (no copy). Thread-safe: frames never
@@ -73,8 +86,9 @@ class DataConnection {
   void Shutdown();
 
  private:
-  explicit DataConnection(int fd) : fd_(fd) {}
+  explicit DataConnection(int fd);
   const int fd_;
+  std::unique_ptr<tls::TlsConnection> tls_;  // null: plain TCP
   std::mutex send_mu_;
 };
 
@@ -100,15 +114,18 @@ struct DataChannelOptions {
   int connections = 1;
   std::string bearer_token;
   int64_t chunk_bytes = int64_t{4} << 20;  // clamped to the server's max_chunk_bytes
-  absl::Duration timeout = absl::Seconds(60);  // per call
+  // Per call; InfiniteDuration: none (the server's own cap applies).
+  absl::Duration timeout = absl::Seconds(60);
   std::string priority;  // "high", "normal", "low"; empty: normal
   // Send a large multi-sequence forward's chunks group by group, in the order the server
   // computes its groups of sequences (data_channel.proto, "Groups"), so it starts early;
   // false: payload order.
   bool group_chunks = true;
-  // The server's DataChannelInfo.tls. This client does not speak TLS yet: Open refuses such a
-  // channel (FAILED_PRECONDITION) rather than send the token in the clear; use gRPC there.
-  bool tls = false;
+  // TLS (the server's DataChannelInfo.tls) with these files, as the gRPC channel's: every
+  // connection's handshake verifies the server's certificate against root_certificates_file
+  // (empty: the system's roots) and server_name (empty: `host`), and presents the client
+  // certificate when one is given (mTLS).
+  TlsOptions tls;
 };
 
 class DataChannelClient {
@@ -119,10 +136,13 @@ class DataChannelClient {
 
   // The tensor bytes travel from the request's own Tensor.data fields and arrive into the
   // response's (as on gRPC); the request is copied once without them for its REQUEST frame.
-  // Backward needs k and v (INVALID_ARGUMENT otherwise): a backward on a saved context goes
-  // through Call with answer buffers sized from the forward's q, k and v.
+  // Backward needs k and v (INVALID_ARGUMENT otherwise) to size dk and dv.
   absl::StatusOr<v1::ForwardResponse> Forward(const v1::ForwardRequest& request);
   absl::StatusOr<v1::BackwardResponse> Backward(const v1::BackwardRequest& request);
+  // A backward on a saved context (request.context_id, and dout): dk and dv are sized from
+  // the forward's k shape [total_k, num_heads_k, head_dim], which the request does not carry.
+  absl::StatusOr<v1::BackwardResponse> BackwardOnContext(const v1::BackwardRequest& request,
+                                                         const std::vector<int64_t>& k_shape);
 
   // The general call: `request` without tensor data, its payload as pieces laid end to end,
   // and buffers for the answer's tensor bytes laid end to end (sized from the shapes the
@@ -132,6 +152,9 @@ class DataChannelClient {
                                         const std::vector<absl::Span<char>>& answer);
 
   int connections() const { return static_cast<int>(connections_.size()); }
+  // Why the session failed (a connection closed or broke, or the server sent ERROR); OK while
+  // it works. Once failed, every call fails with this: open a new session.
+  absl::Status broken() const;
 
  private:
   struct PendingCall;
@@ -139,6 +162,8 @@ class DataChannelClient {
   void ReadLoop(data_channel::DataConnection* connection);
   void FailAll(const absl::Status& status);
   std::shared_ptr<PendingCall> Find(uint64_t id);
+  absl::StatusOr<v1::BackwardResponse> BackwardInto(const v1::BackwardRequest& request,
+                                                    int64_t dk_elements, int64_t dv_elements);
 
   const DataChannelOptions options_;
   int64_t chunk_bytes_ = 0;
@@ -146,7 +171,7 @@ class DataChannelClient {
   std::vector<std::unique_ptr<data_channel::DataConnection>> connections_;
   std::vector<std::thread> readers_;
   std::atomic<uint64_t> next_id_{1};
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<PendingCall>> calls_;
   absl::Status broken_;  // set once the session failed (mu_)
 };
