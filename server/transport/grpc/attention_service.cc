@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "server/engine/error_text.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "server/transport/grpc/call_auth.h"
 #include "server/transport/grpc/proto_codec.h"
@@ -16,7 +17,7 @@ namespace attnserve::transport {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      engine::BoundedErrorMessage(status.message()));
 }
 
 AttentionServiceImpl::AttentionServiceImpl(engine::Engine* engine,
