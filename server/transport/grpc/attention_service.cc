@@ -8,6 +8,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "server/engine/error_text.h"
 #include "grpcpp/support/proto_buffer_writer.h"
+#include "server/transport/grpc/answer_size.h"
 #include "server/transport/grpc/call_auth.h"
 #include "server/transport/grpc/proto_codec.h"
 #include "server/transport/server_info.h"
@@ -106,6 +107,11 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   auto inputs = decode(request);
   if (!inputs.ok()) {
     finish(inputs.status());
+    return reactor;
+  }
+  if (absl::Status fits = CheckAnswerFits(*inputs, engine_->limits().max_message_bytes);
+      !fits.ok()) {
+    finish(fits);
     return reactor;
   }
   Job job;
