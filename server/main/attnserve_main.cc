@@ -119,7 +119,7 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "File of accepted bearer tokens, one per line ('#' comments and blank lines "
           "skipped): every AttentionService call and /v1/info must send 'authorization: Bearer "
           "<token>'. Re-read when it changes (checked every second) and on SIGHUP; a file that "
-          "cannot be read or parsed keeps the tokens in force.");
+          "is deleted or cannot be read or parsed revokes every token until it is fixed.");
 ABSL_FLAG(bool, auth_open_health_and_metrics, true,
           "With --auth_tokens_file: leave grpc.health.v1, /healthz, /readyz and /metrics open "
           "to callers without a token (false: they need one too).");

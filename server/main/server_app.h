@@ -82,8 +82,8 @@ class ServerApp {
   // drain_timeout), then everything stops. Idempotent.
   void Shutdown();
 
-  // Re-reads the tokens file now (SIGHUP); a failure keeps the tokens in force. No-op without
-  // a tokens file.
+  // Re-reads the tokens file now (SIGHUP); a failure revokes every token until the file is
+  // fixed. No-op without a tokens file.
   void ReloadTokens();
   // One line on TLS and authentication, for the startup log (names files, never secrets).
   std::string SecuritySummary() const;
