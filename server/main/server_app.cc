@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "server/main/grpc_abuse_limits.h"
 #include "server/devices/capability_emulation.h"
 #include "server/engine/transport_ceiling_engine.h"
 
@@ -115,6 +116,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
                              Milliseconds(config.keepalive_min_client_ping_interval));
   // Two strikes, then GOAWAY (gRPC's default, stated so it cannot drift to 0 = unlimited).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  ApplyGrpcAbuseLimits(config.grpc_abuse_limits, builder);
   builder.RegisterService(app->service_.get());
   builder.RegisterService(app->health_.get());
   app->grpc_server_ = builder.BuildAndStart();

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/devices/device_registry.h"
+#include "server/main/grpc_abuse_limits.h"
 #include "server/engine/local_engine.h"
 #include "server/metrics/server_metrics.h"
 #include "server/transport/auth/authenticator.h"
@@ -55,6 +56,8 @@ struct ServerConfig {
   // permitted) count as strikes; past two the connection is closed with too_many_pings.
   absl::Duration keepalive_min_client_ping_interval = absl::Seconds(10);
   bool keepalive_permit_without_calls = false;
+  // Compression off, header block and handshake bounds (main/grpc_abuse_limits.h).
+  GrpcAbuseLimits grpc_abuse_limits;
   int http_request_timeout_ms = 5000;
   int http_max_request_bytes = 8192;
   // TLS on both ports when tls.cert_file is set; mTLS when tls.client_ca_file is too.
