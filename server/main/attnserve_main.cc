@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/main/allocator_config.h"
+#include "server/main/descriptor_limit.h"
 #include "server/main/server_app.h"
 #ifdef ATTN_WITH_CUDA
 #include "server/devices/cuda_devices.h"
@@ -298,6 +299,8 @@ int main(int argc, char** argv) {
       "readiness, metrics and server info over HTTP.");
   absl::ParseCommandLine(argc, argv);
   attnserve::ConfigureAllocator();
+  const absl::StatusOr<attnserve::DescriptorLimit> descriptors =
+      attnserve::RaiseDescriptorLimit();
   absl::StatusOr<attnserve::ServerConfig> config = ConfigFromFlags();
   if (!config.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", std::string(config.status().message()).c_str());
@@ -328,6 +331,7 @@ int main(int argc, char** argv) {
                (*app)->http_port(), absl::StrJoin(device_names, ", ").c_str());
 
   std::fprintf(stderr, "attnserve: %s\n", (*app)->SecuritySummary().c_str());
+  std::fprintf(stderr, "attnserve: %s\n", attnserve::DescribeDescriptorLimit(descriptors).c_str());
   std::fprintf(stderr, "attnserve: %s\n", (*app)->DataChannelSummary().c_str());
   if (config->transport_ceiling) {
     std::fprintf(stderr, "attnserve: WARNING: --transport_ceiling: every answer is zeros, "

@@ -1,10 +1,15 @@
 """Attacks on the gRPC port by clients without a token (issue 19): what each used to cost the
 server, scaled down to what CI runs, must now be refused or bounded."""
+import resource
+import socket
+import time
+
 import grpc
 import pytest
 
 from attnserve._proto.attnserve.v1 import attention_pb2 as pb2
 from attnserve._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
+from server_process import MAIN_LIMITS, run_server
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 1 << 30)]
 
@@ -32,3 +37,58 @@ def test_a_compressed_message_is_refused_without_inflating_it(server):
         # Uncompressed calls on the same channel still work.
         assert attention.GetServerInfo(pb2.GetServerInfoRequest(), timeout=30).version
     assert rss_bytes(server) - before < 16 << 20
+
+
+def descriptor_limit(soft, hard):
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def open_and_close_connections(server, count):
+    """What the attack did: more connections than the server has descriptors, then gone."""
+    sockets = []
+    for _ in range(count):
+        sockets.append(socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5))
+    time.sleep(0.5)  # let gRPC accept what it can
+    for s in sockets:
+        s.close()
+
+
+def server_info(server):
+    with grpc.insecure_channel(server.target) as channel:
+        return pb2_grpc.AttentionServiceStub(channel).GetServerInfo(
+            pb2.GetServerInfoRequest(), timeout=10)
+
+
+@pytest.fixture
+def server_started_at_256_descriptors(request):
+    hard = request.param
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < hard:
+        pytest.skip(f"this machine's hard descriptor limit is below {hard}")
+    yield from run_server({**MAIN_LIMITS, "data_port": 0}, descriptor_limit(256, hard))
+
+
+@pytest.mark.parametrize("server_started_at_256_descriptors", [4096], indirect=True)
+def test_the_server_raises_its_descriptor_limit_and_keeps_accepting(
+        server_started_at_256_descriptors):
+    # Started with `ulimit -n 256` under a hard limit of 4096: 300 connections used to stop
+    # the gRPC listener for good (gRPC 1.51 gives up after accept4 fails with EMFILE).
+    server = server_started_at_256_descriptors
+    assert "file descriptor limit 4096 (raised from 256)" in server.log()
+    open_and_close_connections(server, 300)
+    assert server_info(server).version
+    assert server.http_status("/healthz") == 200
+
+
+@pytest.mark.parametrize("server_started_at_256_descriptors", [256], indirect=True)
+def test_a_listener_stopped_by_descriptor_exhaustion_fails_the_liveness_probe(
+        server_started_at_256_descriptors):
+    # No headroom to raise into: the listener still dies, but /healthz says so (503 and why),
+    # so the orchestrator restarts the process instead of probing a port that accepts nothing.
+    server = server_started_at_256_descriptors
+    assert "WARNING" in server.log()
+    open_and_close_connections(server, 300)
+    deadline = time.monotonic() + 10
+    while server.http_status("/healthz") != 503:
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.05)
+    assert server.http_status("/readyz") == 503

@@ -1,4 +1,4 @@
-// The HTTP port (civetweb): /healthz (process alive), /readyz (accepting work), /metrics
+// The HTTP port (civetweb): /healthz (process alive and able to serve), /readyz (accepting work), /metrics
 // (Prometheus text exposition) and /v1/info (ServerInfo as JSON). Read-only; compute RPCs are
 // on gRPC. HTTPS (and mTLS) with `tls`; with an enabled Authenticator, /v1/info needs the bearer
 // token like GetServerInfo, and the other pages too unless open_health_and_metrics.
@@ -38,6 +38,9 @@ struct HttpServerOptions {
   // Null or disabled: every page is open.
   const Authenticator* auth = nullptr;
   bool open_health_and_metrics = true;
+  // Polled by /healthz: a non-empty answer says why the process is broken beyond repair (503
+  // with that text, so the orchestrator restarts it). Unset: always alive.
+  std::function<std::string()> liveness_failure;
 };
 
 class HttpServer {
