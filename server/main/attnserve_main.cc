@@ -40,7 +40,10 @@ ABSL_FLAG(int32_t, max_head_dim, 256, "Largest head_dim accepted.");
 ABSL_FLAG(int32_t, max_num_heads, 1024, "Most query heads in one request.");
 ABSL_FLAG(int32_t, max_batch, 65536, "Most sequences in one request.");
 ABSL_FLAG(int32_t, cpu_threads, 0, "Threads of the CPU reference kernels (0 = all cores).");
-ABSL_FLAG(int32_t, http_threads, 4, "HTTP worker threads.");
+ABSL_FLAG(int32_t, http_threads, 32,
+          "HTTP worker threads. Each connection holds one until its request has arrived (at "
+          "most --http_request_timeout_ms), so silent connections can take them all and fail "
+          "the liveness probe: keep this well above the probes' and scrapers' concurrency.");
 ABSL_FLAG(bool, batching, false,
           "Merge concurrent compatible requests into one kernel launch (off by default: on the "
           "H100 it lowered throughput, see bench/RESULTS.md).");
@@ -102,7 +105,7 @@ ABSL_FLAG(int32_t, keepalive_min_client_ping_interval_seconds, 10,
           "connection is closed with GOAWAY too_many_pings.");
 ABSL_FLAG(bool, keepalive_permit_without_calls, false,
           "Allow keepalive pings on connections with no call in progress (both directions).");
-ABSL_FLAG(int32_t, http_request_timeout_ms, 5000,
+ABSL_FLAG(int32_t, http_request_timeout_ms, 2000,
           "HTTP connections that take longer to send their request or read the reply are "
           "closed.");
 ABSL_FLAG(int32_t, http_max_request_bytes, 8192,
@@ -248,7 +251,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
       {"data_max_buffered_bytes", data.max_buffered_bytes, 0, int64_t{1} << 50},
       {"data_transfer_timeout_seconds", absl::GetFlag(FLAGS_data_transfer_timeout_seconds), 1,
        86400},
-      {"http_threads", config.http_threads, 1, 256},
+      {"http_threads", config.http_threads, 1, 1024},
       {"drain_timeout_seconds", absl::GetFlag(FLAGS_drain_timeout_seconds), 0, 86400},
       {"grpc_max_connection_age_seconds", absl::GetFlag(FLAGS_grpc_max_connection_age_seconds), 0,
        86400 * 365},

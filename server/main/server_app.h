@@ -32,7 +32,7 @@ struct ServerConfig {
   std::string host = "0.0.0.0";
   int grpc_port = 8001;
   int http_port = 8000;
-  int http_threads = 4;
+  int http_threads = 32;
   std::string devices = "auto";
   std::string emulate_compute_capability;  // "7.5": GPUs route as that architecture (tests)
   engine::EngineOptions engine;
@@ -58,7 +58,7 @@ struct ServerConfig {
   bool keepalive_permit_without_calls = false;
   // Compression off, header block and handshake bounds (main/grpc_abuse_limits.h).
   GrpcAbuseLimits grpc_abuse_limits;
-  int http_request_timeout_ms = 5000;
+  int http_request_timeout_ms = 2000;
   int http_max_request_bytes = 8192;
   // TLS on both ports when tls.cert_file is set; mTLS when tls.client_ca_file is too.
   transport::TlsFiles tls;

@@ -92,3 +92,18 @@ def test_a_listener_stopped_by_descriptor_exhaustion_fails_the_liveness_probe(
         assert time.monotonic() < deadline, server.log()
         time.sleep(0.05)
     assert server.http_status("/readyz") == 503
+
+
+def test_a_dozen_silent_http_connections_leave_the_liveness_probe_answered(server):
+    # With 4 HTTP threads each held 5 s by a connection that sends nothing, twelve such
+    # connections kept /healthz (the liveness probe) waiting past its 2 s timeout.
+    silent = [socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+              for _ in range(12)]
+    try:
+        time.sleep(0.2)  # the server has handed them to its threads
+        start = time.monotonic()
+        assert server.http_status("/healthz") == 200
+        assert time.monotonic() - start < 1.0
+    finally:
+        for s in silent:
+            s.close()

@@ -25,12 +25,12 @@ namespace attnserve::transport {
 struct HttpServerOptions {
   std::string host = "0.0.0.0";
   int port = 8000;
-  int num_threads = 4;
+  int num_threads = 32;
   std::string version;
   CallLimits call_limits;  // reported in /v1/info
   // A connection that has not sent its whole request (or taken its reply) by then is closed,
   // so slow or stalled clients cannot hold the few worker threads.
-  int request_timeout_ms = 5000;
+  int request_timeout_ms = 2000;
   // Largest request head (request line + headers) accepted; larger ones are refused. The
   // endpoints take no body, so this bounds what one connection can make the server buffer.
   int max_request_bytes = 8192;
