@@ -96,6 +96,10 @@ ABSL_FLAG(int32_t, max_concurrent_streams_per_connection, 100,
 ABSL_FLAG(int32_t, max_deadline_seconds, 600,
           "Longest a call may wait for its turn: longer client deadlines are shortened to "
           "this and calls without a deadline get it (0 = no cap).");
+ABSL_FLAG(int32_t, grpc_answer_timeout_seconds, 60,
+          "A computed gRPC answer must be taken by the client within this many seconds, else "
+          "the call is cancelled; until then it counts against --max_concurrent_requests, so "
+          "clients that never read cannot hold memory without bound (0 = no limit).");
 ABSL_FLAG(int32_t, keepalive_time_seconds, 60,
           "How often the server pings each gRPC connection to detect dead clients.");
 ABSL_FLAG(int32_t, keepalive_timeout_seconds, 20,
@@ -180,6 +184,10 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.call_limits.max_deadline = max_deadline_seconds == 0
                                         ? absl::InfiniteDuration()
                                         : absl::Seconds(max_deadline_seconds);
+  const int32_t answer_timeout_seconds = absl::GetFlag(FLAGS_grpc_answer_timeout_seconds);
+  config.call_limits.answer_send_timeout = answer_timeout_seconds == 0
+                                               ? absl::InfiniteDuration()
+                                               : absl::Seconds(answer_timeout_seconds);
   config.max_concurrent_streams_per_connection =
       absl::GetFlag(FLAGS_max_concurrent_streams_per_connection);
   config.keepalive_time = absl::Seconds(absl::GetFlag(FLAGS_keepalive_time_seconds));
@@ -261,6 +269,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
        1, 1'000'000},
       // Millisecond gRPC arguments are ints: every duration stays below 2^31 ms.
       {"max_deadline_seconds", max_deadline_seconds, 0, 86400 * 7},
+      {"grpc_answer_timeout_seconds", answer_timeout_seconds, 0, 86400},
       {"keepalive_time_seconds", absl::GetFlag(FLAGS_keepalive_time_seconds), 1, 86400 * 7},
       {"keepalive_timeout_seconds", absl::GetFlag(FLAGS_keepalive_timeout_seconds), 1, 86400},
       {"keepalive_min_client_ping_interval_seconds",

@@ -5,10 +5,12 @@ import socket
 import time
 
 import grpc
+import numpy as np
 import pytest
 
 from attnserve._proto.attnserve.v1 import attention_pb2 as pb2
 from attnserve._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
+from raw_http2 import start_unread_call
 from server_process import MAIN_LIMITS, run_server
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 1 << 30)]
@@ -107,3 +109,44 @@ def test_a_dozen_silent_http_connections_leave_the_liveness_probe_answered(serve
     finally:
         for s in silent:
             s.close()
+
+
+def forward_request(tokens=16):
+    data = np.random.default_rng(0).standard_normal((tokens, 2, 16)).astype(np.float32)
+    tensor = pb2.Tensor(dtype=pb2.DTYPE_FLOAT32, shape=data.shape, data=data.tobytes())
+    return pb2.ForwardRequest(q=tensor, k=tensor, v=tensor, cu_seqlens_q=[0, tokens],
+                              cu_seqlens_k=[0, tokens])
+
+
+@pytest.fixture
+def one_slot_server():
+    yield from run_server({**MAIN_LIMITS, "max_concurrent_requests": 1,
+                           "grpc_answer_timeout_seconds": 2})
+
+
+def test_an_answer_the_client_never_reads_holds_its_slot_until_the_timeout(one_slot_server):
+    # Answers not yet written used to count as finished: 32 calls whose clients never read
+    # held 2.6 GB, unbounded by --max_concurrent_requests.
+    server = one_slot_server
+    unread = start_unread_call(server.grpc_port, "/attnserve.v1.AttentionService/Forward",
+                               forward_request().SerializeToString())
+    try:
+        server.wait_for_metric("attnserve_requests_total", 1, 'code="OK",rpc="Forward"')
+        with grpc.insecure_channel(server.target) as channel:
+            attention = pb2_grpc.AttentionServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                attention.Forward(forward_request(), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max_concurrent_requests" in refused.value.details()
+            # Past --grpc_answer_timeout_seconds the unread call is cancelled, its slot free.
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    attention.Forward(forward_request(), timeout=30)
+                    break
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert time.monotonic() < deadline, "the unread call never let go"
+                    time.sleep(0.2)
+    finally:
+        unread.close()
