@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -93,14 +94,20 @@ struct ExecutionContext {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int compute_capability = 0;
+  // Polled by host families (the reference) between work items, from any of their threads:
+  // true stops the launch with KernelStatus::Stopped(), so a request whose deadline passed or
+  // whose caller left stops within one item's time instead of running to the end. Empty: never.
+  std::function<bool()> should_stop;
 };
 
 // Kernels report failure as a message; the engine turns it into absl::Status.
 struct KernelStatus {
   bool ok = true;
   std::string message;
+  bool stopped = false;  // ended early because ExecutionContext::should_stop said so
   static KernelStatus Ok() { return {}; }
   static KernelStatus Error(std::string msg) { return {false, std::move(msg)}; }
+  static KernelStatus Stopped() { return {false, "stopped before it finished", true}; }
 };
 
 // Every kernel family exposes these two entry points with exactly this signature.

@@ -18,15 +18,23 @@ int ResolveWorkers(const ExecutionContext& ctx, int64_t items) {
 }
 
 KernelStatus ParallelFor(int64_t items, int workers,
-                         const std::function<void(int64_t item, int worker)>& fn) {
+                         const std::function<void(int64_t item, int worker)>& fn,
+                         const std::function<bool()>& should_stop) {
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
+  std::atomic<bool> stopped{false};
   std::mutex error_mutex;
   std::string error;
 
   auto run = [&](int worker) {
     try {
-      for (int64_t item = next++; item < items && !failed; item = next++) fn(item, worker);
+      for (int64_t item = next++; item < items && !failed && !stopped; item = next++) {
+        if (should_stop && should_stop()) {
+          stopped = true;
+          break;
+        }
+        fn(item, worker);
+      }
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(error_mutex);
       if (!failed.exchange(true)) error = e.what();
@@ -46,6 +54,7 @@ KernelStatus ParallelFor(int64_t items, int workers,
   run(0);
   for (std::thread& thread : threads) thread.join();
   if (failed) return KernelStatus::Error("reference kernel failed: " + error);
+  if (stopped) return KernelStatus::Stopped();
   return KernelStatus::Ok();
 }
 

@@ -16,8 +16,10 @@ int ResolveWorkers(const ExecutionContext& ctx, int64_t items);
 
 // Calls fn(item, worker) once for every item in [0, items), with worker in [0, workers). The
 // calling thread is worker 0. An exception from fn (e.g. std::bad_alloc) stops handing out
-// items and comes back as an error instead of terminating the process.
+// items and comes back as an error instead of terminating the process. `should_stop`, when
+// set, is asked before each item; true stops handing out items (KernelStatus::Stopped()).
 KernelStatus ParallelFor(int64_t items, int workers,
-                         const std::function<void(int64_t item, int worker)>& fn);
+                         const std::function<void(int64_t item, int worker)>& fn,
+                         const std::function<bool()>& should_stop = nullptr);
 
 }  // namespace attnserve::kernels::reference

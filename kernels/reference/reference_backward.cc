@@ -208,7 +208,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
       const int b = static_cast<int>(item / shape.num_heads_k);
       const int g = static_cast<int>(item % shape.num_heads_k);
       BackwardItem(params, dims, transform, GetSequence(shape, b), g, scratch[worker]);
-    });
+    }, ctx.should_stop);
   } catch (const std::exception& e) {
     return KernelStatus::Error(std::string("reference backward failed: ") + e.what());
   }

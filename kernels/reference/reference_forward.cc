@@ -209,7 +209,8 @@ KernelStatus ForwardChunk(const ForwardParams& params, const ExecutionContext& c
         const int b = first + static_cast<int>(item / shape.num_heads_k);
         const int g = static_cast<int>(item % shape.num_heads_k);
         ConvertKv(params, dims, GetSequence(shape, b), g, scratch[worker].row, chunk.block(b, g));
-      });
+      },
+      ctx.should_stop);
   if (!status.ok) return status;
 
   const ScoreTransform transform(params.options, shape.head_dim);
@@ -218,7 +219,7 @@ KernelStatus ForwardChunk(const ForwardParams& params, const ExecutionContext& c
     const int h = static_cast<int>(item % shape.num_heads);
     ForwardBlock(params, dims, transform, GetSequence(shape, block.b), block.row_begin, h,
                  chunk.block(block.b, h / dims.group), scratch[worker]);
-  });
+  }, ctx.should_stop);
 }
 
 }  // namespace

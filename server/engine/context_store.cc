@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/engine/error_text.h"
 
 namespace attnserve::engine {
 namespace {
@@ -20,7 +21,7 @@ std::string NewId() {
 
 absl::Status NotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat(
-      "context_id ", id,
+      "context_id ", QuoteString(id),
       ": no such context (unknown, expired, evicted or released); send the backward in full"));
 }
 

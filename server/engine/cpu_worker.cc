@@ -29,16 +29,20 @@ absl::Status CpuWorker::CheckRoute(Direction direction, const TensorView& q) con
   return absl::OkStatus();
 }
 
-absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, int /*lane*/) {
+absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, int lane) {
   if (absl::Status s = CheckRoute(Direction::kForward, inputs.q); !s.ok()) return s;
-  absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, context_);
+  kernels::ExecutionContext context = context_;
+  context.should_stop = LaneStop(lane);
+  absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, context);
   if (result.ok()) result->execution.device = device().name;
   return result;
 }
 
-absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, int /*lane*/) {
+absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, int lane) {
   if (absl::Status s = CheckRoute(Direction::kBackward, inputs.q); !s.ok()) return s;
-  absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, context_);
+  kernels::ExecutionContext context = context_;
+  context.should_stop = LaneStop(lane);
+  absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, context);
   if (result.ok()) result->execution.device = device().name;
   return result;
 }

@@ -60,6 +60,10 @@ char* Output(const TensorView& like, char* destination, OwnedTensor& t) {
 }
 
 absl::Status KernelError(const KernelFamily& family, const kernels::KernelStatus& status) {
+  if (status.stopped) {
+    return absl::CancelledError(
+        "stopped while it ran: its deadline passed or its caller cancelled");
+  }
   return absl::InternalError(absl::StrCat("kernel family ", family.name, ": ", status.message));
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/engine/error_text.h"
 
 namespace attnserve::engine {
 
@@ -13,7 +14,7 @@ absl::StatusOr<Priority> ParsePriority(absl::string_view value) {
   if (lower == "normal") return Priority::kNormal;
   if (lower == "low") return Priority::kLow;
   return absl::InvalidArgumentError(absl::StrCat("metadata ", kPriorityMetadataKey, ": expected ",
-                                                 "high, normal or low; got '", value, "'"));
+                                                 "high, normal or low; got '", QuoteString(value), "'"));
 }
 
 const char* PriorityName(Priority priority) {

@@ -104,6 +104,7 @@ QueueWorker::~QueueWorker() { Stop(); }
 
 void QueueWorker::StartLanes(int lanes) {
   lane_count_ = std::max(1, lanes);
+  lane_stops_.resize(lane_count_);
   answers_ = std::make_unique<AnswerPool>(lane_count_ * answer_threads_per_lane_);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -417,7 +418,26 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
   for (const Queued& queued : batch) parts.push_back(&std::get<Job>(queued.job).inputs);
 
   const absl::Time start = absl::Now();
+  std::vector<const JobControl*> controls;
+  for (const Queued& queued : batch) controls.push_back(&std::get<Job>(queued.job).control);
+  lane_stops_[lane] = [&controls] {
+    const absl::Time now = absl::Now();
+    for (const JobControl* control : controls) {
+      if (now < control->deadline && !(control->cancelled && control->cancelled())) return false;
+    }
+    return true;
+  };
   auto answers = Launch(batch, parts, lane);
+  lane_stops_[lane] = nullptr;
+  for (size_t i = 0; i < answers.size() && i < controls.size(); ++i) {
+    // Stopped part way (ExecutionContext::should_stop): say which of the two it was.
+    if (!answers[i].ok() && answers[i].status().code() == absl::StatusCode::kCancelled &&
+        absl::Now() >= controls[i]->deadline) {
+      answers[i] = absl::DeadlineExceededError(absl::StrCat(
+          "deadline passed while the request ran on ", device_.name, "; it was stopped after ",
+          absl::FormatDuration(absl::Now() - start)));
+    }
+  }
   if (metrics_ != nullptr) metrics_->RecordBatch(static_cast<int>(batch.size()));
   bool memory_waiters;
   {

@@ -47,6 +47,9 @@ class QueueWorker : public DeviceWorker {
 
   // Subclass constructors call this last, so no lane sees a half-built object.
   void StartLanes(int lanes);
+  // While lane `lane` runs a launch: true once every request in it has passed its deadline or
+  // been cancelled by its caller, for ExecutionContext::should_stop. Safe from any thread.
+  const std::function<bool()>& LaneStop(int lane) const { return lane_stops_[lane]; }
 
   // Whether this worker's Execute paths wait for a forward's arriving groups themselves
   // (RunForward does); otherwise the lane waits for all of them before it launches.
@@ -135,6 +138,7 @@ class QueueWorker : public DeviceWorker {
   int idle_lanes_ = 0;  // lanes not running a batch
   int memory_waiters_ = 0;  // lanes waiting for running jobs to free device memory
   std::vector<std::thread> lanes_;
+  std::vector<std::function<bool()>> lane_stops_;  // each written and read by its lane only
   // answer_threads_per_lane_ threads per lane; stopped after the lanes, so it delivers every
   // answer they post.
   std::unique_ptr<AnswerPool> answers_;

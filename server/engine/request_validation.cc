@@ -4,13 +4,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "server/engine/error_text.h"
 
 namespace attnserve::engine {
 namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  return QuoteList<int64_t>(shape);
 }
 
 // The dimensions every attention request shares, read from q and k.
@@ -87,8 +87,10 @@ absl::Status CheckOffsets(const std::vector<int32_t>& cu, const char* name, int6
 }
 
 absl::Status CheckOptions(const RequestOptions& o) {
-  if (!std::isfinite(o.softmax_scale)) {
-    return absl::InvalidArgumentError("options.softmax_scale must be finite");
+  if (!std::isfinite(o.softmax_scale) || std::fabs(o.softmax_scale) > kMaxSoftmaxScale) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.softmax_scale must be finite with magnitude at most ",
+                     kMaxSoftmaxScale, " (0 = 1/sqrt(head_dim)), got ", o.softmax_scale));
   }
   if (!std::isfinite(o.softcap) || o.softcap < 0) {
     return absl::InvalidArgumentError(

@@ -138,6 +138,15 @@ TEST_F(ValidationTest, RejectsBadOptions) {
   in = Forward();
   in.options.softmax_scale = std::numeric_limits<float>::infinity();
   ExpectInvalid(ValidateForward(in, limits_), "softmax_scale");
+  // Finite but so large that float32 scores overflow and every output is NaN.
+  for (float scale : {3.4e38f, -3.4e38f, 2 * kMaxSoftmaxScale}) {
+    in = Forward();
+    in.options.softmax_scale = scale;
+    ExpectInvalid(ValidateForward(in, limits_), "options.softmax_scale");
+  }
+  in = Forward();
+  in.options.softmax_scale = -kMaxSoftmaxScale;
+  EXPECT_TRUE(ValidateForward(in, limits_).ok());
   in = Forward();
   in.options.window_left = -2;
   ExpectInvalid(ValidateForward(in, limits_), "window_left");
@@ -166,6 +175,15 @@ TEST_F(ValidationTest, LimitsAreResourceExhausted) {
   small = Limits();
   small.max_num_heads = 2;
   EXPECT_EQ(ValidateForward(Forward(), small).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(ValidationTest, ErrorsQuoteAHugeShapeShortly) {
+  ForwardInputs in = Forward();
+  in.q.shape.assign(1'000'000, 7);
+  const absl::Status s = ValidateForward(in, limits_);
+  ExpectInvalid(s, "q.shape");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("(1000000 entries)"));
+  EXPECT_LT(s.message().size(), 200u);
 }
 
 TEST_F(ValidationTest, HugeShapesHitLimitsBeforeByteMath) {

@@ -3,13 +3,13 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "server/engine/error_text.h"
 
 namespace attnserve::engine {
 namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  return QuoteList<int64_t>(shape);
 }
 
 int64_t ByteCount(DType dtype, const std::vector<int64_t>& shape) {
@@ -72,8 +72,8 @@ absl::Status CheckOffsets(const std::vector<int32_t>& sent, const char* name,
                           const std::vector<int32_t>& saved) {
   if (sent.empty() || sent == saved) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(name, ": [", absl::StrJoin(sent, ", "), "] disagrees with the context's [",
-                   absl::StrJoin(saved, ", "), "]"));
+      absl::StrCat(name, ": ", QuoteList<int32_t>(sent), " disagrees with the context's ",
+                   QuoteList<int32_t>(saved)));
 }
 
 TensorView ViewOf(const SavedContext& context, ContextTensor tensor, DType dtype,

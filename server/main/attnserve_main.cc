@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/main/allocator_config.h"
+#include "server/main/descriptor_limit.h"
 #include "server/main/server_app.h"
 #ifdef ATTN_WITH_CUDA
 #include "server/devices/cuda_devices.h"
@@ -40,7 +41,10 @@ ABSL_FLAG(int32_t, max_head_dim, 256, "Largest head_dim accepted.");
 ABSL_FLAG(int32_t, max_num_heads, 1024, "Most query heads in one request.");
 ABSL_FLAG(int32_t, max_batch, 65536, "Most sequences in one request.");
 ABSL_FLAG(int32_t, cpu_threads, 0, "Threads of the CPU reference kernels (0 = all cores).");
-ABSL_FLAG(int32_t, http_threads, 4, "HTTP worker threads.");
+ABSL_FLAG(int32_t, http_threads, 32,
+          "HTTP worker threads. Each connection holds one until its request has arrived (at "
+          "most --http_request_timeout_ms), so silent connections can take them all and fail "
+          "the liveness probe: keep this well above the probes' and scrapers' concurrency.");
 ABSL_FLAG(bool, batching, false,
           "Merge concurrent compatible requests into one kernel launch (off by default: on the "
           "H100 it lowered throughput, see bench/RESULTS.md).");
@@ -97,6 +101,10 @@ ABSL_FLAG(int32_t, max_concurrent_streams_per_connection, 100,
 ABSL_FLAG(int32_t, max_deadline_seconds, 600,
           "Longest a call may wait for its turn: longer client deadlines are shortened to "
           "this and calls without a deadline get it (0 = no cap).");
+ABSL_FLAG(int32_t, grpc_answer_timeout_seconds, 60,
+          "A computed gRPC answer must be taken by the client within this many seconds, else "
+          "the call is cancelled; until then it counts against --max_concurrent_requests, so "
+          "clients that never read cannot hold memory without bound (0 = no limit).");
 ABSL_FLAG(int32_t, keepalive_time_seconds, 60,
           "How often the server pings each gRPC connection to detect dead clients.");
 ABSL_FLAG(int32_t, keepalive_timeout_seconds, 20,
@@ -106,7 +114,7 @@ ABSL_FLAG(int32_t, keepalive_min_client_ping_interval_seconds, 10,
           "connection is closed with GOAWAY too_many_pings.");
 ABSL_FLAG(bool, keepalive_permit_without_calls, false,
           "Allow keepalive pings on connections with no call in progress (both directions).");
-ABSL_FLAG(int32_t, http_request_timeout_ms, 5000,
+ABSL_FLAG(int32_t, http_request_timeout_ms, 2000,
           "HTTP connections that take longer to send their request or read the reply are "
           "closed.");
 ABSL_FLAG(int32_t, http_max_request_bytes, 8192,
@@ -124,7 +132,7 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "File of accepted bearer tokens, one per line ('#' comments and blank lines "
           "skipped): every AttentionService call and /v1/info must send 'authorization: Bearer "
           "<token>'. Re-read when it changes (checked every second) and on SIGHUP; a file that "
-          "cannot be read or parsed keeps the tokens in force.");
+          "is deleted or cannot be read or parsed revokes every token until it is fixed.");
 ABSL_FLAG(bool, auth_open_health_and_metrics, true,
           "With --auth_tokens_file: leave grpc.health.v1, /healthz, /readyz and /metrics open "
           "to callers without a token (false: they need one too).");
@@ -193,6 +201,10 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.call_limits.max_deadline = max_deadline_seconds == 0
                                         ? absl::InfiniteDuration()
                                         : absl::Seconds(max_deadline_seconds);
+  const int32_t answer_timeout_seconds = absl::GetFlag(FLAGS_grpc_answer_timeout_seconds);
+  config.call_limits.answer_send_timeout = answer_timeout_seconds == 0
+                                               ? absl::InfiniteDuration()
+                                               : absl::Seconds(answer_timeout_seconds);
   config.max_concurrent_streams_per_connection =
       absl::GetFlag(FLAGS_max_concurrent_streams_per_connection);
   config.keepalive_time = absl::Seconds(absl::GetFlag(FLAGS_keepalive_time_seconds));
@@ -266,7 +278,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
       {"data_max_buffered_bytes", data.max_buffered_bytes, 0, int64_t{1} << 50},
       {"data_transfer_timeout_seconds", absl::GetFlag(FLAGS_data_transfer_timeout_seconds), 1,
        86400},
-      {"http_threads", config.http_threads, 1, 256},
+      {"http_threads", config.http_threads, 1, 1024},
       {"drain_timeout_seconds", absl::GetFlag(FLAGS_drain_timeout_seconds), 0, 86400},
       {"grpc_max_connection_age_seconds", absl::GetFlag(FLAGS_grpc_max_connection_age_seconds), 0,
        86400 * 365},
@@ -276,6 +288,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
        1, 1'000'000},
       // Millisecond gRPC arguments are ints: every duration stays below 2^31 ms.
       {"max_deadline_seconds", max_deadline_seconds, 0, 86400 * 7},
+      {"grpc_answer_timeout_seconds", answer_timeout_seconds, 0, 86400},
       {"keepalive_time_seconds", absl::GetFlag(FLAGS_keepalive_time_seconds), 1, 86400 * 7},
       {"keepalive_timeout_seconds", absl::GetFlag(FLAGS_keepalive_timeout_seconds), 1, 86400},
       {"keepalive_min_client_ping_interval_seconds",
@@ -319,6 +332,8 @@ int main(int argc, char** argv) {
       "readiness, metrics and server info over HTTP.");
   absl::ParseCommandLine(argc, argv);
   attnserve::ConfigureAllocator();
+  const absl::StatusOr<attnserve::DescriptorLimit> descriptors =
+      attnserve::RaiseDescriptorLimit();
   absl::StatusOr<attnserve::ServerConfig> config = ConfigFromFlags();
   if (!config.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", std::string(config.status().message()).c_str());
@@ -349,6 +364,7 @@ int main(int argc, char** argv) {
                (*app)->http_port(), absl::StrJoin(device_names, ", ").c_str());
 
   std::fprintf(stderr, "attnserve: %s\n", (*app)->SecuritySummary().c_str());
+  std::fprintf(stderr, "attnserve: %s\n", attnserve::DescribeDescriptorLimit(descriptors).c_str());
   std::fprintf(stderr, "attnserve: %s\n", (*app)->DataChannelSummary().c_str());
   if (config->transport_ceiling) {
     std::fprintf(stderr, "attnserve: WARNING: --transport_ceiling: every answer is zeros, "

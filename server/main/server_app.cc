@@ -8,6 +8,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "server/main/grpc_abuse_limits.h"
+#include "server/transport/grpc/listener_watch.h"
 #include "server/devices/capability_emulation.h"
 #include "server/engine/transport_ceiling_engine.h"
 
@@ -91,6 +93,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   // grpc.health.v1 is app->health_, not gRPC's built-in service (which cannot check tokens).
   grpc::EnableDefaultHealthCheckService(false);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  transport::WatchGrpcListener();
   grpc::ServerBuilder builder;
   const std::string grpc_address = absl::StrCat(config.host, ":", config.grpc_port);
   builder.AddListeningPort(grpc_address, GrpcCredentials(tls), &app->grpc_port_);
@@ -115,6 +118,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
                              Milliseconds(config.keepalive_min_client_ping_interval));
   // Two strikes, then GOAWAY (gRPC's default, stated so it cannot drift to 0 = unlimited).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  ApplyGrpcAbuseLimits(config.grpc_abuse_limits, builder);
   builder.RegisterService(app->service_.get());
   builder.RegisterService(app->health_.get());
   app->grpc_server_ = builder.BuildAndStart();
@@ -133,9 +137,11 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   http_options.tls = tls;
   http_options.auth = compute_auth;
   http_options.open_health_and_metrics = config.auth_open_health_and_metrics;
+  http_options.liveness_failure = transport::GrpcListenerFailure;
   ServerApp* raw = app.get();
   absl::StatusOr<std::unique_ptr<transport::HttpServer>> http = transport::HttpServer::Start(
-      http_options, app->engine_.get(), app->metrics_.get(), [raw] { return raw->ready_.load(); });
+      http_options, app->engine_.get(), app->metrics_.get(),
+      [raw] { return raw->ready_.load() && transport::GrpcListenerFailure().empty(); });
   if (!http.ok()) {
     return http.status();
   }

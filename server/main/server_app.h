@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/devices/device_registry.h"
+#include "server/main/grpc_abuse_limits.h"
 #include "server/engine/local_engine.h"
 #include "server/metrics/server_metrics.h"
 #include "server/transport/auth/authenticator.h"
@@ -31,7 +32,7 @@ struct ServerConfig {
   std::string host = "0.0.0.0";
   int grpc_port = 8001;
   int http_port = 8000;
-  int http_threads = 4;
+  int http_threads = 32;
   std::string devices = "auto";
   std::string emulate_compute_capability;  // "7.5": GPUs route as that architecture (tests)
   engine::EngineOptions engine;
@@ -55,7 +56,9 @@ struct ServerConfig {
   // permitted) count as strikes; past two the connection is closed with too_many_pings.
   absl::Duration keepalive_min_client_ping_interval = absl::Seconds(10);
   bool keepalive_permit_without_calls = false;
-  int http_request_timeout_ms = 5000;
+  // Compression off, header block and handshake bounds (main/grpc_abuse_limits.h).
+  GrpcAbuseLimits grpc_abuse_limits;
+  int http_request_timeout_ms = 2000;
   int http_max_request_bytes = 8192;
   // TLS on both ports when tls.cert_file is set; mTLS when tls.client_ca_file is too.
   transport::TlsFiles tls;
@@ -82,8 +85,8 @@ class ServerApp {
   // drain_timeout), then everything stops. Idempotent.
   void Shutdown();
 
-  // Re-reads the tokens file now (SIGHUP); a failure keeps the tokens in force. No-op without
-  // a tokens file.
+  // Re-reads the tokens file now (SIGHUP); a failure revokes every token until the file is
+  // fixed. No-op without a tokens file.
   void ReloadTokens();
   // One line on TLS and authentication, for the startup log (names files, never secrets).
   std::string SecuritySummary() const;

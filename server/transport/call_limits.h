@@ -16,6 +16,9 @@ struct CallLimits {
   // Longest a call may stay queued: longer client deadlines are shortened to it, and calls
   // without one get it. Infinite = the client's deadline, if any.
   absl::Duration max_deadline = absl::InfiniteDuration();
+  // How long a gRPC answer may take to be written out once computed; a client that does not
+  // read it by then has its call cancelled (its memory and slot freed). Infinite: no limit.
+  absl::Duration answer_send_timeout = absl::InfiniteDuration();
   // Where the bulk data path (transport/data) listens and what it allows, reported as
   // ServerInfo.data_channel so clients can use it. port 0: the path is off.
   struct DataChannel {

@@ -9,7 +9,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import pytest
 
@@ -64,9 +64,11 @@ def _free_ports(count: int):
 class ServerProcess:
     """One attnserve process on the CPU backend; flags are extra --name=value pairs."""
 
-    def __init__(self, binary: pathlib.Path, flags: Optional[Dict[str, object]] = None):
+    def __init__(self, binary: pathlib.Path, flags: Optional[Dict[str, object]] = None,
+                 preexec_fn: Optional[Callable[[], None]] = None):
         self.binary = binary
         self.flags = dict(flags or {})
+        self.preexec_fn = preexec_fn  # run in the child before exec, e.g. to set rlimits
         # Each server its own data channel port: tests run servers side by side.
         self.grpc_port, self.http_port, self.data_port = _free_ports(3)
         self.target = f"127.0.0.1:{self.grpc_port}"
@@ -85,7 +87,8 @@ class ServerProcess:
                    f"--http_port={self.http_port}", f"--data_port={self.data_port}",
                    "--devices=cpu", "--host=127.0.0.1"]
         command += [f"--{name}={value}" for name, value in self.flags.items()]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                        preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -153,9 +156,9 @@ class ServerProcess:
             self.process.wait()
 
 
-def run_server(flags):
+def run_server(flags, preexec_fn=None):
     """Yields a started server; at teardown it must exit 0 on SIGTERM."""
-    server = ServerProcess(require_binary(), flags).start()
+    server = ServerProcess(require_binary(), flags, preexec_fn).start()
     try:
         yield server
     finally:

@@ -112,6 +112,8 @@ COMMON = [
     ("head_dim_zero", _reshape_all((12, 2, 0), (12, 2, 0)), ["head_dim"]),
     ("softcap_negative", _option("softcap", -1.0), ["options.softcap"]),
     ("softmax_scale_nan", _option("softmax_scale", float("nan")), ["options.softmax_scale"]),
+    # Finite, but float32 scores overflow: the answer was NaN everywhere (issue 19 item 8).
+    ("softmax_scale_huge", _option("softmax_scale", 3.4e38), ["options.softmax_scale"]),
     ("window_left_below_minus_one", _option("window_left", -2), ["options.window_left"]),
 ]
 
@@ -160,6 +162,18 @@ def test_backward_rejects(client, mutate, names):
     assert_serves(client)
 
 
+def test_errors_quote_a_huge_field_shortly(client):
+    # A shape of a million entries was echoed whole: a 3 MB message, which the client then saw
+    # as a metadata-size error instead of INVALID_ARGUMENT.
+    request = _forward_request(_inputs())
+    request.q.shape[:] = [7] * 1_000_000
+    assert_rejected(client.stub.Forward, request, INVALID, ["q.shape"])
+    with pytest.raises(grpc.RpcError) as caught:
+        client.stub.Forward(request, timeout=30)
+    assert len(caught.value.details()) < 1024
+    assert_serves(client)
+
+
 def test_numpy_api_raises_attention_error(client):
     inputs = _inputs()
     with pytest.raises(attnserve.AttentionError) as caught:
@@ -194,6 +208,20 @@ def test_message_size_limit(small_client):
     inputs = _inputs(Case("big", [60], [60], heads=8, heads_k=8, dim=32))
     assert_rejected(small_client.stub.Forward, _forward_request(inputs),
                     {grpc.StatusCode.RESOURCE_EXHAUSTED})
+    assert_serves(small_client)
+
+
+def test_an_answer_over_the_message_limit_is_refused_before_compute(small_server, small_client):
+    # 64 tokens x 256 heads x head_dim 1 in float16: a 32 KiB request whose answer (out 32 KiB
+    # + float32 lse 64 KiB) exceeds the 64 KiB message limit. It used to be computed and then
+    # fail in gRPC's send.
+    inputs = _inputs(Case("wide", [64], [1], heads=256, heads_k=1, dim=1), np.float16)
+    computed = small_server.metric("attnserve_compute_duration_seconds_count",
+                                   'rpc="Forward",kernel="reference",device="cpu"')
+    assert_rejected(small_client.stub.Forward, _forward_request(inputs), LIMIT,
+                    ["max_message_bytes"])
+    assert small_server.metric("attnserve_compute_duration_seconds_count",
+                               'rpc="Forward",kernel="reference",device="cpu"') == computed
     assert_serves(small_client)
 
 

@@ -87,8 +87,11 @@ absl::Status TokenFileReloader::Reload() {
   loaded_version_ = CurrentVersion();
   absl::StatusOr<std::vector<std::string>> tokens = ReadTokens(path_);
   if (!tokens.ok()) {
-    std::fprintf(stderr, "attnserve: tokens not reloaded, the previous %zu stay in force: %s\n",
-                 store_->size(), std::string(tokens.status().message()).c_str());
+    // Fail closed: a deleted or unreadable file is how an operator revokes in a hurry, and
+    // keeping old tokens in force would let a revoked one work on.
+    store_->Replace({});
+    std::fprintf(stderr, "attnserve: tokens file not loaded, every token is revoked until it "
+                 "is fixed: %s\n", std::string(tokens.status().message()).c_str());
     return tokens.status();
   }
   store_->Replace(*tokens);

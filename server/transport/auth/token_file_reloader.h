@@ -1,6 +1,7 @@
 // Keeps a TokenStore in step with its tokens file: reads it at start, again whenever the file
 // changes (polled, so edits, renames and Kubernetes secret updates are all seen), and on
-// request (SIGHUP). A reload that fails keeps the tokens in force and says why on stderr.
+// request (SIGHUP). A reload that fails (file deleted, unreadable or malformed) revokes every
+// token until the file is fixed, and says why on stderr: revocation fails closed.
 #pragma once
 
 #include <sys/types.h>
@@ -25,8 +26,8 @@ class TokenFileReloader {
       std::string path, TokenStore* store, absl::Duration poll_interval = absl::Seconds(1));
   ~TokenFileReloader();
 
-  // Reads the file now. On failure the store keeps its tokens. An empty file is accepted (it
-  // revokes every token) with a warning.
+  // Reads the file now. On failure the store is emptied (every call refused) until a later
+  // reload succeeds. An empty file is accepted (it revokes every token) with a warning.
   absl::Status Reload();
 
  private:

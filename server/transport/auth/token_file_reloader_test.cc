@@ -76,20 +76,34 @@ TEST_F(TokenFileReloaderTest, AChangedFileIsReloadedByThePoller) {
   EXPECT_TRUE(store_.Contains("gamma"));
 }
 
-TEST_F(TokenFileReloaderTest, ABadReloadKeepsThePreviousTokens) {
+TEST_F(TokenFileReloaderTest, ABadOrDeletedFileRevokesEveryToken) {
   Write("alpha\n");
   auto reloader = TokenFileReloader::Start(path_, &store_, kPoll);
   ASSERT_TRUE(reloader.ok()) << reloader.status();
   Write("alpha\nnot a token\n");
   EXPECT_FALSE((*reloader)->Reload().ok());
-  EXPECT_TRUE(store_.Contains("alpha"));
+  EXPECT_FALSE(store_.Contains("alpha")) << "a malformed file left the old tokens in force";
+  Write("alpha\n");
+  EXPECT_TRUE(WaitFor("alpha", true));
   std::remove(path_.c_str());
+  EXPECT_TRUE(WaitFor("alpha", false)) << "a deleted file left the old tokens in force";
   EXPECT_FALSE((*reloader)->Reload().ok());
-  EXPECT_TRUE(store_.Contains("alpha"));
+  EXPECT_EQ(store_.size(), 0u);
   // Fixed again: the poller picks it up.
   Write("delta\n");
   EXPECT_TRUE(WaitFor("delta", true));
   EXPECT_FALSE(store_.Contains("alpha"));
+}
+
+TEST_F(TokenFileReloaderTest, AByteOrderMarkIsNoPartOfTheFirstToken) {
+  Write("\xEF\xBB\xBF" "alpha\nbeta\n");
+  auto reloader = TokenFileReloader::Start(path_, &store_, kPoll);
+  ASSERT_TRUE(reloader.ok()) << reloader.status();
+  EXPECT_TRUE(store_.Contains("alpha"));
+  // Rewritten with a mark, revoking alpha: the rewrite takes effect.
+  Write("\xEF\xBB\xBF" "beta\n");
+  EXPECT_TRUE(WaitFor("alpha", false));
+  EXPECT_TRUE(store_.Contains("beta"));
 }
 
 TEST_F(TokenFileReloaderTest, AnExplicitReloadTakesEffectAtOnceAndAnEmptyFileRevokesAll) {

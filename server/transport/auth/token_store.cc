@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace attnserve::transport {
 namespace {
@@ -22,6 +23,10 @@ bool IsTokenChar(char c) { return c > 0x20 && c < 0x7f; }
 
 absl::StatusOr<std::vector<std::string>> ParseTokens(absl::string_view text) {
   std::vector<std::string> tokens;
+  // Editors on some systems start UTF-8 files with a byte-order mark; it is no part of the
+  // first token (left in, it made the whole file unparseable).
+  constexpr absl::string_view kUtf8Bom = "\xEF\xBB\xBF";
+  absl::ConsumePrefix(&text, kUtf8Bom);
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "attnserve/v1/data_channel.pb.h"
+#include "server/engine/error_text.h"
 
 namespace attnserve::transport::data {
 
@@ -27,7 +28,7 @@ OutFrame MessageFrame(v1::FrameType type, uint64_t request_id,
 OutFrame ErrorFrame(const absl::Status& status) {
   v1::DataError error;
   error.set_code(static_cast<int>(status.code()));
-  error.set_message(std::string(status.message()));
+  error.set_message(engine::BoundedErrorMessage(status.message()));
   OutFrame frame = MessageFrame(v1::FRAME_ERROR, 0, error);
   frame.last = true;
   return frame;
@@ -36,7 +37,7 @@ OutFrame ErrorFrame(const absl::Status& status) {
 OutFrame StatusResponseFrame(uint64_t request_id, const absl::Status& status) {
   v1::DataResponse response;
   response.set_code(static_cast<int>(status.code()));
-  response.set_message(std::string(status.message()));
+  response.set_message(engine::BoundedErrorMessage(status.message()));
   return MessageFrame(v1::FRAME_RESPONSE, request_id, response);
 }
 

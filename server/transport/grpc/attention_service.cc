@@ -6,7 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "server/engine/error_text.h"
 #include "grpcpp/support/proto_buffer_writer.h"
+#include "server/transport/grpc/answer_reactor.h"
+#include "server/transport/grpc/answer_size.h"
 #include "server/transport/grpc/call_auth.h"
 #include "server/transport/grpc/proto_codec.h"
 #include "server/transport/server_info.h"
@@ -16,7 +19,7 @@ namespace attnserve::transport {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      engine::BoundedErrorMessage(status.message()));
 }
 
 AttentionServiceImpl::AttentionServiceImpl(engine::Engine* engine,
@@ -37,6 +40,13 @@ void AttentionServiceImpl::Finish(grpc::ServerUnaryReactor* reactor, const char*
   metrics_->RecordRequest(rpc, absl::StatusCodeToString(status.code()),
                           absl::ToDoubleSeconds(absl::Now() - start));
   reactor->Finish(ToGrpcStatus(status));
+}
+
+void AttentionServiceImpl::Finish(AnswerReactor* reactor, const char* rpc, absl::Time start,
+                                  const absl::Status& status) {
+  metrics_->RecordRequest(rpc, absl::StatusCodeToString(status.code()),
+                          absl::ToDoubleSeconds(absl::Now() - start));
+  reactor->FinishCall(ToGrpcStatus(status));
 }
 
 namespace {
@@ -71,7 +81,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response_bytes,
                                                       const char* rpc, Decode decode,
                                                       Encode encode) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new AnswerReactor(context, slots_, limits_.answer_send_timeout);
   const absl::Time start = absl::Now();
   // Before anything else, so unauthenticated callers cost nothing but this check.
   if (absl::Status refusal = AuthenticateCall(auth_, *context); !refusal.ok()) {
@@ -83,7 +93,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   // runs a raw handler then; the call is closed without counting it, as a typed handler
   // would never have seen it.
   if (!request_bytes->Valid()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "no request message arrived"));
+    reactor->FinishCall(grpc::Status(grpc::StatusCode::CANCELLED, "no request message arrived"));
     return reactor;
   }
   auto messages = std::make_shared<CallMessages<Request, Response>>();
@@ -93,18 +103,22 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   }
   const Request& request = messages->request;
   metrics_->AddReceivedBytes(static_cast<double>(TensorBytes(request)));
-  if (absl::Status slot = slots_->Acquire(); !slot.ok()) {
+  // The slot is held until the answer has been written out or the call cancelled (OnDone).
+  if (absl::Status slot = reactor->AcquireSlot(); !slot.ok()) {
     Finish(reactor, rpc, start, slot);
     return reactor;
   }
-  // The slot is held until the call is answered, whichever way that happens.
   auto finish = [this, reactor, rpc, start](const absl::Status& status) {
-    slots_->Release();
     Finish(reactor, rpc, start, status);
   };
   auto inputs = decode(request);
   if (!inputs.ok()) {
     finish(inputs.status());
+    return reactor;
+  }
+  if (absl::Status fits = CheckAnswerFits(*inputs, engine_->limits().max_message_bytes);
+      !fits.ok()) {
+    finish(fits);
     return reactor;
   }
   Job job;

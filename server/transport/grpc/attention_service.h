@@ -17,6 +17,7 @@
 #include "server/transport/auth/authenticator.h"
 #include "server/transport/call_limits.h"
 #include "server/transport/call_slots.h"
+#include "server/transport/grpc/answer_reactor.h"
 
 namespace attnserve::transport {
 
@@ -61,6 +62,8 @@ class AttentionServiceImpl final : public RawComputeService {
                                   grpc::ByteBuffer* response_bytes, const char* rpc,
                                   Decode decode, Encode encode);
   void Finish(grpc::ServerUnaryReactor* reactor, const char* rpc, absl::Time start,
+              const absl::Status& status);
+  void Finish(AnswerReactor* reactor, const char* rpc, absl::Time start,
               const absl::Status& status);
 
   engine::Engine* const engine_;

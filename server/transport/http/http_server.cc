@@ -128,7 +128,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     server->handlers_.push_back(std::make_unique<FunctionHandler>(auth, std::move(respond)));
     server->server_->addHandler(uri, server->handlers_.back().get());
   };
-  add("/healthz", health_auth, [] { return HttpResponse{200, kTextPlain, "ok\n"}; });
+  add("/healthz", health_auth, [failure = options.liveness_failure] {
+    const std::string why = failure ? failure() : std::string();
+    return why.empty() ? HttpResponse{200, kTextPlain, "ok\n"}
+                       : HttpResponse{503, kTextPlain, absl::StrCat(why, "\n")};
+  });
   add("/readyz", health_auth, [is_ready] {
     return is_ready() ? HttpResponse{200, kTextPlain, "ready\n"}
                       : HttpResponse{503, kTextPlain, "not ready\n"};

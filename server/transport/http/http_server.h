@@ -1,4 +1,4 @@
-// The HTTP port (civetweb): /healthz (process alive), /readyz (accepting work), /metrics
+// The HTTP port (civetweb): /healthz (process alive and able to serve), /readyz (accepting work), /metrics
 // (Prometheus text exposition) and /v1/info (ServerInfo as JSON). Read-only; compute RPCs are
 // on gRPC. HTTPS (and mTLS) with `tls`; with an enabled Authenticator, /v1/info needs the bearer
 // token like GetServerInfo, and the other pages too unless open_health_and_metrics.
@@ -25,12 +25,12 @@ namespace attnserve::transport {
 struct HttpServerOptions {
   std::string host = "0.0.0.0";
   int port = 8000;
-  int num_threads = 4;
+  int num_threads = 32;
   std::string version;
   CallLimits call_limits;  // reported in /v1/info
   // A connection that has not sent its whole request (or taken its reply) by then is closed,
   // so slow or stalled clients cannot hold the few worker threads.
-  int request_timeout_ms = 5000;
+  int request_timeout_ms = 2000;
   // Largest request head (request line + headers) accepted; larger ones are refused. The
   // endpoints take no body, so this bounds what one connection can make the server buffer.
   int max_request_bytes = 8192;
@@ -38,6 +38,9 @@ struct HttpServerOptions {
   // Null or disabled: every page is open.
   const Authenticator* auth = nullptr;
   bool open_health_and_metrics = true;
+  // Polled by /healthz: a non-empty answer says why the process is broken beyond repair (503
+  // with that text, so the orchestrator restarts it). Unset: always alive.
+  std::function<std::string()> liveness_failure;
 };
 
 class HttpServer {
