@@ -37,7 +37,11 @@ ForwardParams MakeForwardParams(const Case& c, Tensor& out, Tensor& lse) {
   return params;
 }
 
-KernelStatus Forward(const ForwardParams& params) { return reference::Forward(params, {2}); }
+KernelStatus Forward(const ForwardParams& params) {
+  ExecutionContext ctx;
+  ctx.num_threads = 2;
+  return reference::Forward(params, ctx);
+}
 
 TEST(ReferenceErrors, NullPointers) {
   const Case c(SmallProblem(), 1);
