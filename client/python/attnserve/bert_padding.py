@@ -63,6 +63,7 @@ def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor,
 
 def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int,
               seqlen: int) -> torch.Tensor:
-    """The inverse of unpad_input: states [tokens, ...] -> [batch, seqlen, ...], zeros at padding."""
+    """The inverse of unpad_input: states [tokens, ...] -> [batch, seqlen, ...], zeros at
+    padding."""
     output = index_put_first_axis(hidden_states, indices, batch * seqlen)
     return output.reshape(batch, seqlen, *hidden_states.shape[1:])

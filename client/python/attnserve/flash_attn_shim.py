@@ -62,7 +62,7 @@ class _ShimLoader(importlib.abc.Loader):
         module.__version__ = api_version()
         module.__attnserve_shim__ = True
         if module.__name__ == PACKAGE:
-            # As flash_attn's own __init__ does, so attribute access works after `import flash_attn`.
+            # As flash_attn's own __init__ does: attribute access works after `import flash_attn`.
             module.flash_attn_interface = importlib.import_module(PACKAGE + ".flash_attn_interface")
             module.bert_padding = importlib.import_module(PACKAGE + ".bert_padding")
 
