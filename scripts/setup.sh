@@ -37,4 +37,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r scripts/requirements-dev.txt
 .venv/bin/python -m pip install -q -e client/python
+# An editable install leaves out the start-up hook that a regular one puts into site-packages
+# (client/python/setup.py): ATTNSERVE_FLASH_ATTN_SHIM=1 installs the flash_attn shim at start.
+cp client/python/attnserve_flash_attn_shim.pth \
+  "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 echo "setup: done"
