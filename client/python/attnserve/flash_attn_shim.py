@@ -122,9 +122,9 @@ def install_flash_attn_shim(unpad_input_returns=None) -> None:
     with _lock:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
-        loaded = [name for name, module in sys.modules.items()
+        loaded = [name for name, module in list(sys.modules.items())
                   if (name == PACKAGE or name.startswith(PACKAGE + "."))
-                  and not getattr(module, "__attnserve_shim__", False)]
+                  and not getattr(module, "__dict__", {}).get("__attnserve_shim__", False)]
         for name in loaded:
             del sys.modules[name]
     if loaded:
@@ -143,8 +143,10 @@ def uninstall_flash_attn_shim() -> None:
     with _lock:
         if _finder in sys.meta_path:
             sys.meta_path.remove(_finder)
-        for name in [n for n, m in sys.modules.items()
-                     if getattr(m, "__attnserve_shim__", False)]:
+        # A snapshot, read through __dict__: a lazy module's __getattr__ (transformers', on the
+        # GPU machine) imports more modules while sys.modules is being looked through.
+        for name in [n for n, m in list(sys.modules.items())
+                     if getattr(m, "__dict__", {}).get("__attnserve_shim__", False)]:
             del sys.modules[name]
 
 
