@@ -9,9 +9,11 @@ namespace {
 
 // Latency buckets from 100 us to ~100 s: attention requests span small CPU calls to long
 // multi-megabyte GPU batches.
-prometheus::Histogram::BucketBoundaries LatencyBuckets() {
-  return {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
-          0.25, 0.5,    1.0,  2.5,  5.0,    10.0, 25.0, 50.0,   100.0};
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const prometheus::Histogram::BucketBoundaries buckets = {
+      1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+      0.25, 0.5,    1.0,  2.5,  5.0,    10.0, 25.0, 50.0,   100.0};
+  return buckets;
 }
 
 prometheus::Histogram::BucketBoundaries BatchBuckets() {
@@ -131,8 +133,12 @@ ServerMetrics::ServerMetrics(const std::string& version)
 
 void ServerMetrics::RecordRequest(const std::string& rpc, const std::string& code,
                                   double duration_seconds) {
-  requests_total_.Add({{"rpc", rpc}, {"code", code}}).Increment();
-  request_duration_.Add({{"rpc", rpc}}, LatencyBuckets()).Observe(duration_seconds);
+  request_counts_.Get({rpc, code}, [&]() -> auto& {
+    return requests_total_.Add({{"rpc", rpc}, {"code", code}});
+  }).Increment();
+  request_durations_.Get({rpc}, [&]() -> auto& {
+    return request_duration_.Add({{"rpc", rpc}}, LatencyBuckets());
+  }).Observe(duration_seconds);
 }
 
 void ServerMetrics::AddReceivedBytes(double bytes) { received_bytes_.Increment(bytes); }
@@ -142,11 +148,19 @@ void ServerMetrics::AddInflight(double delta) { inflight_.Increment(delta); }
 void ServerMetrics::RecordExecution(const std::string& rpc, const std::string& kernel,
                                     const std::string& device, double queue_seconds,
                                     double compute_seconds, double tokens, double flops) {
-  queue_duration_.Add({{"rpc", rpc}}, LatencyBuckets()).Observe(queue_seconds);
-  compute_duration_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}}, LatencyBuckets())
-      .Observe(compute_seconds);
-  tokens_total_.Add({{"rpc", rpc}}).Increment(tokens);
-  flops_total_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}}).Increment(flops);
+  queue_durations_.Get({rpc}, [&]() -> auto& {
+    return queue_duration_.Add({{"rpc", rpc}}, LatencyBuckets());
+  }).Observe(queue_seconds);
+  compute_durations_.Get({rpc, kernel, device}, [&]() -> auto& {
+    return compute_duration_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}},
+                                 LatencyBuckets());
+  }).Observe(compute_seconds);
+  tokens_counts_.Get({rpc}, [&]() -> auto& {
+    return tokens_total_.Add({{"rpc", rpc}});
+  }).Increment(tokens);
+  flops_counts_.Get({rpc, kernel, device}, [&]() -> auto& {
+    return flops_total_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}});
+  }).Increment(flops);
 }
 
 void ServerMetrics::RecordBatch(int requests) { batch_requests_.Observe(requests); }
@@ -160,17 +174,25 @@ void ServerMetrics::RecordAuthFailure(const std::string& reason) {
 }
 
 void ServerMetrics::SetQueueDepth(const std::string& device, double depth) {
-  queue_depth_.Add({{"device", device}}).Set(depth);
+  queue_depths_.Get({device}, [&]() -> auto& {
+    return queue_depth_.Add({{"device", device}});
+  }).Set(depth);
 }
 
 void ServerMetrics::RecordPlacement(const std::string& device, const std::string& kernel) {
-  placements_total_.Add({{"device", device}, {"kernel", kernel}}).Increment();
+  placement_counts_.Get({device, kernel}, [&]() -> auto& {
+    return placements_total_.Add({{"device", device}, {"kernel", kernel}});
+  }).Increment();
 }
 
 void ServerMetrics::SetDeviceLoad(const std::string& device, double queued_seconds,
                                   double reserved_bytes) {
-  queued_work_.Add({{"device", device}}).Set(queued_seconds);
-  memory_reserved_.Add({{"device", device}}).Set(reserved_bytes);
+  queued_work_gauges_.Get({device}, [&]() -> auto& {
+    return queued_work_.Add({{"device", device}});
+  }).Set(queued_seconds);
+  memory_reserved_gauges_.Get({device}, [&]() -> auto& {
+    return memory_reserved_.Add({{"device", device}});
+  }).Set(reserved_bytes);
 }
 
 void ServerMetrics::RecordMemoryWait(const std::string& device) {
@@ -178,13 +200,16 @@ void ServerMetrics::RecordMemoryWait(const std::string& device) {
 }
 
 void ServerMetrics::RecordPriorityQueueDuration(const std::string& priority, double seconds) {
-  priority_queue_duration_.Add({{"priority", priority}}, LatencyBuckets()).Observe(seconds);
+  priority_queue_durations_.Get({priority}, [&]() -> auto& {
+    return priority_queue_duration_.Add({{"priority", priority}}, LatencyBuckets());
+  }).Observe(seconds);
 }
 
 void ServerMetrics::RecordLaunchPhase(const std::string& device, const std::string& phase,
                                       double seconds) {
-  launch_phase_duration_.Add({{"device", device}, {"phase", phase}}, LatencyBuckets())
-      .Observe(seconds);
+  launch_phase_durations_.Get({device, phase}, [&]() -> auto& {
+    return launch_phase_duration_.Add({{"device", device}, {"phase", phase}}, LatencyBuckets());
+  }).Observe(seconds);
 }
 
 void ServerMetrics::SetDeviceInfo(const std::string& device, const std::string& name,

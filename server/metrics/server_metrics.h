@@ -11,6 +11,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/metrics/child_cache.h"
 
 namespace attnserve::metrics {
 
@@ -82,6 +83,12 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& memory_waits_total_;
   prometheus::Family<prometheus::Histogram>& priority_queue_duration_;
   prometheus::Family<prometheus::Histogram>& launch_phase_duration_;
+  // The children recorded per request, by label values (child_cache.h).
+  ChildCache<prometheus::Counter> request_counts_, tokens_counts_, flops_counts_,
+      placement_counts_;
+  ChildCache<prometheus::Histogram> request_durations_, queue_durations_, compute_durations_,
+      priority_queue_durations_, launch_phase_durations_;
+  ChildCache<prometheus::Gauge> queue_depths_, queued_work_gauges_, memory_reserved_gauges_;
 };
 
 }  // namespace attnserve::metrics
