@@ -9,7 +9,8 @@
 # metrics and the logs go under $OUT.
 #   DURATION (default 10s per configuration), SHAPES (default "64 512"), TRANSPORTS ("grpc data"),
 #   CONFIGS: name:flags pairs, flags comma-separated (default below; the first must be the
-#   ceiling), e.g. CONFIGS="ceiling:--transport_ceiling lanes4:--batching=false,--cuda_lanes=4"
+#   ceiling), e.g. CONFIGS="ceiling:--transport_ceiling lanes4:--batching=false,--cuda_lanes=4";
+#   ROUNDS (default 1): the configurations take turns this many times; medians are reported.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attnserve-small}"
@@ -42,32 +43,39 @@ run() {  # name, seqlen, transport, server flags...
 }
 
 CONFIGS="${CONFIGS:-ceiling:--transport_ceiling batching_off:--batching=false batching_on:--batching=true,--max_queue_delay_us=500}"
+# Configurations take turns ROUNDS times (the ceiling itself moved 12% between two runs of one
+# call), and the table gives each one's median over the rounds.
+ROUNDS="${ROUNDS:-1}"
 for seqlen in ${SHAPES:-64 512}; do
   for transport in ${TRANSPORTS:-grpc data}; do
-    for config in $CONFIGS; do
-      # shellcheck disable=SC2046
-      run "${seqlen}_${transport}_${config%%:*}" "$seqlen" "$transport" $(tr , ' ' <<<"${config#*:}")
+    for round in $(seq 1 "$ROUNDS"); do
+      for config in $CONFIGS; do
+        # shellcheck disable=SC2046
+        run "${seqlen}_${transport}_${config%%:*}_r${round}" "$seqlen" "$transport" \
+          $(tr , ' ' <<<"${config#*:}")
+      done
     done
   done
 done
 
 python3 - "$OUT" $CONFIGS <<'PY'
-import json, pathlib, sys
+import json, pathlib, statistics, sys
 out = pathlib.Path(sys.argv[1])
 configs = [c.split(":", 1)[0] for c in sys.argv[2:]]
 def rps(name):
-    path = out / f"{name}.json"
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())["runs"][-1]["throughput_rps"]
-print("| tokens | transport | configuration | req/s | / ceiling |")
-print("|---|---|---|---|---|")
-for path in sorted(out.glob(f"*_{configs[0]}.json")):
-    seqlen, transport, _ = path.stem.split("_", 2)
-    ceiling = rps(path.stem)
+    values = [json.loads(p.read_text())["runs"][-1]["throughput_rps"]
+              for p in sorted(out.glob(f"{name}_r*.json"))]
+    return (statistics.median(values), values) if values else (None, [])
+print("| tokens | transport | configuration | req/s (median) | rounds | / ceiling |")
+print("|---|---|---|---|---|---|")
+cases = sorted({tuple(p.stem.split("_", 2)[:2])
+                for p in out.glob(f"*_{configs[0]}_r*.json")})
+for seqlen, transport in cases:
+    ceiling, _ = rps(f"{seqlen}_{transport}_{configs[0]}")
     for config in configs:
-        value = rps(f"{seqlen}_{transport}_{config}")
+        value, values = rps(f"{seqlen}_{transport}_{config}")
         ratio = f"{value / ceiling:.2f}" if value and ceiling else "-"
-        print(f"| {seqlen} | {transport} | {config.replace('_', ' ')} | "
-              f"{value if value is None else round(value, 1)} | {ratio} |")
+        shown = "-" if value is None else round(value, 1)
+        print(f"| {seqlen} | {transport} | {config.replace('_', ' ')} | {shown} | "
+              f"{' '.join(str(round(v)) for v in values)} | {ratio} |")
 PY
