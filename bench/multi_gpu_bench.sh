@@ -95,7 +95,7 @@ run() {  # mix, devices
   wall_after=$(date +%s.%N)
   kill "$sampler" "$queue_sampler" 2>/dev/null; wait "$sampler" "$queue_sampler" 2>/dev/null
   python3 bench/host_load_summary.py "$OUT/gpu_util_$name.csv" "$cpu_before" "$cpu_after" \
-    "$wall_before" "$wall_after" "$(getconf CLK_TCK)" >"$OUT/host_$name.txt"
+    "$wall_before" "$wall_after" "$(getconf CLK_TCK)" "${DURATION%s}" >"$OUT/host_$name.txt"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8110/metrics').read().decode())" \
     >"$OUT/metrics_$name.txt"
   kill -TERM "$server"; wait "$server"
