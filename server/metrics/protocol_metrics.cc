@@ -12,11 +12,7 @@ ProtocolMetrics::ProtocolMetrics(prometheus::Registry& registry)
                                .Name("attnserve_shared_memory_bytes_total")
                                .Help("Tensor bytes read from (in) or written to (out) "
                                      "registered shared-memory regions, by kind.")
-                               .Register(registry)),
-      shared_memory_regions_(prometheus::BuildGauge()
-                                 .Name("attnserve_shared_memory_regions")
-                                 .Help("Shared-memory regions registered now, by kind.")
-                                 .Register(registry)) {}
+                               .Register(registry)) {}
 
 void ProtocolMetrics::RecordInference(const std::string& protocol, const std::string& model,
                                       const std::string& shared_memory,
@@ -32,10 +28,6 @@ void ProtocolMetrics::RecordInference(const std::string& protocol, const std::st
 void ProtocolMetrics::AddSharedMemoryBytes(const std::string& kind,
                                            const std::string& direction, double bytes) {
   shared_memory_bytes_.Add({{"kind", kind}, {"direction", direction}}).Increment(bytes);
-}
-
-void ProtocolMetrics::SetSharedMemoryRegions(const std::string& kind, double regions) {
-  shared_memory_regions_.Add({{"kind", kind}}).Set(regions);
 }
 
 }  // namespace attnserve::metrics

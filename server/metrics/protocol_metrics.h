@@ -8,7 +8,6 @@
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
-#include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 
 namespace attnserve::metrics {
@@ -22,12 +21,10 @@ class ProtocolMetrics {
   // direction: "in" (inputs read from a region) or "out" (outputs written to one).
   void AddSharedMemoryBytes(const std::string& kind, const std::string& direction,
                             double bytes);
-  void SetSharedMemoryRegions(const std::string& kind, double regions);
 
  private:
   prometheus::Family<prometheus::Counter>& inferences_;
   prometheus::Family<prometheus::Counter>& shared_memory_bytes_;
-  prometheus::Family<prometheus::Gauge>& shared_memory_regions_;
 };
 
 }  // namespace attnserve::metrics

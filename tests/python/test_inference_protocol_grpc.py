@@ -122,7 +122,9 @@ def test_errors_name_the_field(triton, rng):
     assert "inputs[q].datatype: must be FP16, BF16 or FP32" in error.message()
 
 
-def test_statistics_count_inferences(triton, rng):
+def test_statistics_and_metrics_count_inferences(oip_server, triton, rng):
+    series = ('code="OK",model="attention_forward",protocol="grpc",shared_memory="none"')
+    counted = oip_server.metric("attnserve_inference_protocol_requests_total", series)
     before = triton.get_inference_statistics("attention_forward").model_stats[0]
     arrays = make_problem(rng, np.float32)
     triton.infer("attention_forward", inputs_for(tritonclient_grpc, arrays, FORWARD_INPUTS, None))
@@ -130,6 +132,8 @@ def test_statistics_count_inferences(triton, rng):
     assert after.inference_count == before.inference_count + 1
     assert after.inference_stats.success.count == before.inference_stats.success.count + 1
     assert after.last_inference > 0
+    assert oip_server.metric("attnserve_inference_protocol_requests_total",
+                             series) == counted + 1
     everything = triton.get_inference_statistics()
     assert {s.name for s in everything.model_stats} == {"attention_forward",
                                                         "attention_backward"}
