@@ -136,6 +136,12 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
 ABSL_FLAG(bool, auth_open_health_and_metrics, true,
           "With --auth_tokens_file: leave grpc.health.v1, /healthz, /readyz and /metrics open "
           "to callers without a token (false: they need one too).");
+ABSL_FLAG(bool, allow_shared_memory, false,
+          "Let Open Inference Protocol clients register system shared memory regions (Triton's "
+          "extension) and pass tensors through them; off, since a client then makes the server "
+          "map memory it names.");
+ABSL_FLAG(int32_t, shared_memory_idle_seconds, 600,
+          "A registered shared memory region unused this long is unregistered and unmapped.");
 ABSL_FLAG(int32_t, data_port, 8002,
           "Port of the bulk data path (raw TCP, tensors by offset over several connections; "
           "proto/attnserve/v1/data_channel.proto) on --host; 0 = off. TLS and mTLS as on the "
@@ -243,6 +249,9 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   config.auth_open_health_and_metrics = absl::GetFlag(FLAGS_auth_open_health_and_metrics);
+  config.shared_memory.allowed = absl::GetFlag(FLAGS_allow_shared_memory);
+  config.shared_memory.idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_shared_memory_idle_seconds));
   attnserve::transport::data::DataServerOptions& data = config.data_channel;
   data.host = config.host;
   data.port = absl::GetFlag(FLAGS_data_port);

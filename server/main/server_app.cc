@@ -89,6 +89,16 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
       app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, call_limits, app->slots_.get(),
       compute_auth, config.advertise_address);
   app->health_ = std::make_unique<transport::HealthService>(health_auth);
+  ServerApp* raw = app.get();
+  auto is_ready = [raw] {
+    return raw->ready_.load() && transport::GrpcListenerFailure().empty();
+  };
+  app->inference_protocol_ = std::make_unique<transport::oip::InferenceProtocol>(
+      app->engine_.get(), *app->metrics_->registry(), config.shared_memory);
+  app->inference_service_ = std::make_unique<transport::InferenceServiceImpl>(
+      app->inference_protocol_->dispatcher(), app->metrics_.get(), app->slots_.get(),
+      transport::InferenceServiceOptions{ATTNSERVE_VERSION, call_limits, compute_auth,
+                                         health_auth, is_ready});
 
   // grpc.health.v1 is app->health_, not gRPC's built-in service (which cannot check tokens).
   grpc::EnableDefaultHealthCheckService(false);
@@ -121,6 +131,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   ApplyGrpcAbuseLimits(config.grpc_abuse_limits, builder);
   builder.RegisterService(app->service_.get());
   builder.RegisterService(app->health_.get());
+  builder.RegisterService(app->inference_service_.get());
   app->grpc_server_ = builder.BuildAndStart();
   if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("gRPC server could not listen on ", grpc_address));
@@ -138,10 +149,8 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   http_options.auth = compute_auth;
   http_options.open_health_and_metrics = config.auth_open_health_and_metrics;
   http_options.liveness_failure = transport::GrpcListenerFailure;
-  ServerApp* raw = app.get();
   absl::StatusOr<std::unique_ptr<transport::HttpServer>> http = transport::HttpServer::Start(
-      http_options, app->engine_.get(), app->metrics_.get(),
-      [raw] { return raw->ready_.load() && transport::GrpcListenerFailure().empty(); });
+      http_options, app->engine_.get(), app->metrics_.get(), is_ready);
   if (!http.ok()) {
     return http.status();
   }

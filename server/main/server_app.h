@@ -19,7 +19,9 @@
 #include "server/transport/data/data_server.h"
 #include "server/transport/grpc/attention_service.h"
 #include "server/transport/grpc/health_service.h"
+#include "server/transport/grpc/inference_service.h"
 #include "server/transport/http/http_server.h"
+#include "server/transport/oip/inference_protocol.h"
 #include "server/transport/tls/tls_material.h"
 
 namespace grpc {
@@ -73,6 +75,8 @@ struct ServerConfig {
   // failing startup: clients fall back to gRPC, and servers started side by side with the
   // default port (tests, benchmarks) keep working.
   transport::data::DataServerOptions data_channel;
+  // The Open Inference Protocol's shared-memory extension (off unless allowed).
+  transport::oip::SharedMemoryOptions shared_memory;
 };
 
 class ServerApp {
@@ -117,6 +121,9 @@ class ServerApp {
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::AttentionServiceImpl> service_;
   std::unique_ptr<transport::HealthService> health_;
+  // The Open Inference Protocol (gRPC and REST share the first).
+  std::unique_ptr<transport::oip::InferenceProtocol> inference_protocol_;
+  std::unique_ptr<transport::InferenceServiceImpl> inference_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<transport::HttpServer> http_;
   int grpc_port_ = 0;

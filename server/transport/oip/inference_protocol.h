@@ -1,0 +1,34 @@
+// Everything the Open Inference Protocol frontends (gRPC InferenceServiceImpl, REST /v2) share:
+// model statistics, the shared-memory registry, the protocol metrics and the dispatcher onto
+// the engine. One per server.
+#pragma once
+
+#include <memory>
+
+#include "server/engine/engine.h"
+#include "server/metrics/protocol_metrics.h"
+#include "server/transport/oip/infer_dispatcher.h"
+#include "server/transport/oip/model_statistics.h"
+#include "server/transport/oip/system_shared_memory.h"
+
+namespace attnserve::transport::oip {
+
+class InferenceProtocol {
+ public:
+  // `engine` and `registry` must outlive this.
+  InferenceProtocol(engine::Engine* engine, prometheus::Registry& registry,
+                    SharedMemoryOptions shared_memory)
+      : metrics_(registry),
+        shared_memory_(shared_memory),
+        dispatcher_(engine, &metrics_, &shared_memory_, &statistics_) {}
+
+  InferDispatcher* dispatcher() { return &dispatcher_; }
+
+ private:
+  metrics::ProtocolMetrics metrics_;
+  ModelStatistics statistics_;
+  SystemSharedMemory shared_memory_;
+  InferDispatcher dispatcher_;
+};
+
+}  // namespace attnserve::transport::oip

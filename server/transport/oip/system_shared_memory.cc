@@ -1,0 +1,173 @@
+#include "server/transport/oip/system_shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::transport::oip {
+
+MappedRegion::MappedRegion(std::string name, std::string key, uint64_t offset,
+                           uint64_t byte_size, void* mapping, size_t mapping_bytes)
+    : name_(std::move(name)),
+      key_(std::move(key)),
+      offset_(offset),
+      byte_size_(byte_size),
+      mapping_(mapping),
+      mapping_bytes_(mapping_bytes) {}
+
+MappedRegion::~MappedRegion() {
+  if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
+}
+
+SystemSharedMemory::SystemSharedMemory(SharedMemoryOptions options) : options_(options) {
+  if (!options_.allowed) return;
+  sweeper_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Often enough that an idle region outlives its timeout by at most a quarter of it.
+    const auto period = absl::ToChronoMilliseconds(
+        std::max(absl::Milliseconds(50), options_.idle_timeout / 4));
+    while (!stop_cv_.wait_for(lock, period, [this] { return stopping_; })) {
+      lock.unlock();
+      SweepIdle();
+      lock.lock();
+    }
+  });
+}
+
+SystemSharedMemory::~SystemSharedMemory() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+}
+
+void SystemSharedMemory::SweepIdle() {
+  std::vector<std::shared_ptr<const MappedRegion>> expired;  // unmapped outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = absl::Now();
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    if (now - it->second.last_used >= options_.idle_timeout) {
+      expired.push_back(std::move(it->second.region));
+      it = regions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status SystemSharedMemory::Register(const std::string& name, const std::string& key,
+                                          uint64_t offset, uint64_t byte_size) {
+  if (!options_.allowed) {
+    return absl::FailedPreconditionError(
+        "shared memory is off on this server (start it with --allow_shared_memory)");
+  }
+  if (name.empty()) return absl::InvalidArgumentError("name: must not be empty");
+  // POSIX names one object by "/name"; anything else is not portable and may mean a path.
+  if (key.size() < 2 || key[0] != '/' || key.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: must be a POSIX shared-memory name \"/name\", got \"", key, "\""));
+  }
+  if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be positive");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (regions_.count(name) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
+    }
+    if (static_cast<int64_t>(regions_.size()) >= options_.max_regions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "name: at most ", options_.max_regions, " shared memory regions may be registered"));
+    }
+  }
+  const int fd = shm_open(key.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("key: cannot open shared memory \"", key,
+                                                   "\": ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || offset > static_cast<uint64_t>(st.st_size) ||
+      byte_size > static_cast<uint64_t>(st.st_size) - offset) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "byte_size: offset ", offset, " + byte_size ", byte_size, " exceed the ", st.st_size,
+        " bytes of shared memory \"", key, "\""));
+  }
+  const size_t mapping_bytes = static_cast<size_t>(offset + byte_size);
+  void* mapping = mmap(nullptr, mapping_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mapping == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("cannot map shared memory \"", key,
+                                            "\": ", std::strerror(errno)));
+  }
+  auto region = std::make_shared<MappedRegion>(name, key, offset, byte_size, mapping,
+                                               mapping_bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!regions_.emplace(name, Entry{std::move(region), absl::Now()}).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SystemSharedMemory::Unregister(const std::string& name) {
+  std::map<std::string, Entry> removed;  // unmapped outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (name.empty()) {
+    removed.swap(regions_);
+    return absl::OkStatus();
+  }
+  auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("name: no shared memory region \"", name, "\" is registered"));
+  }
+  removed.insert(regions_.extract(it));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> SystemSharedMemory::Status(
+    const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<const MappedRegion>> out;
+  for (const auto& [region_name, entry] : regions_) {
+    if (name.empty() || name == region_name) out.push_back(entry.region);
+  }
+  if (!name.empty() && out.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("name: no shared memory region \"", name, "\" is registered"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const MappedRegion>> SystemSharedMemory::Use(
+    const std::string& name, uint64_t offset, uint64_t byte_size, const std::string& field) {
+  if (!options_.allowed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".shared_memory_region: shared memory is off on this server (start it with "
+               "--allow_shared_memory)"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shared_memory_region: no shared memory region \"", name, "\" is registered"));
+  }
+  const MappedRegion& region = *it->second.region;
+  if (offset > region.byte_size() || byte_size > region.byte_size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shared_memory_byte_size: shared_memory_offset ", offset, " + byte size ",
+        byte_size, " exceed the ", region.byte_size(), " bytes registered as \"", name, "\""));
+  }
+  it->second.last_used = absl::Now();
+  return it->second.region;
+}
+
+}  // namespace attnserve::transport::oip

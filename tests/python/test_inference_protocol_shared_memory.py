@@ -1,0 +1,155 @@
+"""Triton's system shared memory extension through tritonclient: registration, status,
+inputs read from and outputs written to regions (checked against the float64 reference), bad
+region names, offsets and sizes, unregistering, and the extension off by default."""
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
+shm = pytest.importorskip("tritonclient.utils.shared_memory")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from attnserve import reference  # noqa: E402
+from oip_helpers import check_close, make_problem  # noqa: E402
+from server_process import MAIN_LIMITS, run_server  # noqa: E402
+
+NAMES = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"]
+
+
+@pytest.fixture(scope="module")
+def oip_server():
+    yield from run_server(dict(MAIN_LIMITS, allow_shared_memory="true"))
+
+
+@pytest.fixture(scope="module")
+def triton(oip_server):
+    with tritonclient_grpc.InferenceServerClient(oip_server.target) as client:
+        yield client
+
+
+@pytest.fixture
+def region():
+    """A fresh POSIX shared-memory object of 64 KiB; removed afterwards."""
+    key = f"/attnserve_test_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(key[1:], key, 1 << 16)
+    yield key, handle
+    shm.destroy_shared_memory_region(handle)
+
+
+def test_inputs_and_outputs_through_shared_memory(triton, region, rng):
+    key, handle = region
+    arrays = make_problem(rng, np.float16)
+    # Inputs back to back from offset 0; the outputs after them.
+    offsets, offset = {}, 0
+    for name in NAMES:
+        offsets[name] = offset
+        offset += arrays[name].nbytes
+    shm.set_shared_memory_region(handle, [arrays[n] for n in NAMES])
+    out_offset, lse_offset = offset, offset + arrays["q"].nbytes
+    total_q = arrays["q"].shape[0]
+    triton.register_system_shared_memory("attn_in", key, 1 << 16)
+    try:
+        status = triton.get_system_shared_memory_status()
+        assert [r.name for r in status.regions.values()] == ["attn_in"]
+        inputs = []
+        for name in NAMES:
+            array = arrays[name]
+            tensor = tritonclient_grpc.InferInput(name, list(array.shape),
+                                                  "INT32" if array.dtype == np.int32 else "FP16")
+            tensor.set_shared_memory("attn_in", array.nbytes, offsets[name])
+            inputs.append(tensor)
+        outputs = [tritonclient_grpc.InferRequestedOutput("out"),
+                   tritonclient_grpc.InferRequestedOutput("lse")]
+        outputs[0].set_shared_memory("attn_in", arrays["q"].nbytes, out_offset)
+        outputs[1].set_shared_memory("attn_in", 2 * total_q * 4, lse_offset)
+        result = triton.infer("attention_forward", inputs, outputs=outputs,
+                              parameters={"causal": True})
+        assert result.get_output("out").parameters["shared_memory_region"].string_param == \
+            "attn_in"
+        out = shm.get_contents_as_numpy(handle, np.float16, arrays["q"].shape, out_offset)
+        lse = shm.get_contents_as_numpy(handle, np.float32, (2, total_q), lse_offset)
+        ref_out, ref_lse = reference.attention_forward(
+            arrays["q"], arrays["k"], arrays["v"], arrays["cu_seqlens_q"],
+            arrays["cu_seqlens_k"], causal=True)
+        check_close(out, ref_out, np.float16, "out")
+        check_close(lse, ref_lse, np.float32, "lse")
+    finally:
+        triton.unregister_system_shared_memory("attn_in")
+    assert len(triton.get_system_shared_memory_status().regions) == 0
+
+
+def _shm_input(name, array, region, byte_size, offset=0):
+    tensor = tritonclient_grpc.InferInput(name, list(array.shape), "FP16")
+    tensor.set_shared_memory(region, byte_size, offset)
+    return tensor
+
+
+def test_bad_regions_are_refused(triton, region, rng):
+    key, _ = region
+    with pytest.raises(InferenceServerException, match="key: cannot open shared memory"):
+        triton.register_system_shared_memory("nowhere", "/attnserve_no_such_region", 64)
+    with pytest.raises(InferenceServerException, match="key: must be a POSIX"):
+        triton.register_system_shared_memory("path", "/etc/passwd", 64)
+    with pytest.raises(InferenceServerException, match="exceed the 65536 bytes"):
+        triton.register_system_shared_memory("too_big", key, 1 << 17)
+    with pytest.raises(InferenceServerException, match="exceed the 65536 bytes"):
+        triton.register_system_shared_memory("too_far", key, 1 << 15, offset=(1 << 15) + 1)
+    triton.register_system_shared_memory("small", key, 4096, offset=1024)
+    try:
+        with pytest.raises(InferenceServerException, match="already registered"):
+            triton.register_system_shared_memory("small", key, 64)
+        arrays = make_problem(rng, np.float16)
+        q = arrays["q"]
+        rest = [tritonclient_grpc.InferInput(n, list(arrays[n].shape), d)
+                for n, d in [("k", "FP16"), ("v", "FP16"), ("cu_seqlens_q", "INT32"),
+                             ("cu_seqlens_k", "INT32")]]
+        for tensor, name in zip(rest, NAMES[1:]):
+            tensor.set_data_from_numpy(arrays[name])
+        cases = [
+            (_shm_input("q", q, "unknown", q.nbytes),
+             'inputs[q].parameters.shared_memory_region: no shared memory region "unknown"'),
+            (_shm_input("q", q, "small", q.nbytes, offset=4000),
+             "inputs[q].parameters.shared_memory_byte_size: shared_memory_offset 4000"),
+            (_shm_input("q", q, "small", 8192),
+             "inputs[q].parameters.shared_memory_byte_size"),
+            # Inside the region, but not the byte count q's shape needs.
+            (_shm_input("q", q, "small", q.nbytes - 2), "q"),
+        ]
+        for tensor, message in cases:
+            with pytest.raises(InferenceServerException) as raised:
+                triton.infer("attention_forward", [tensor] + rest)
+            assert "INVALID_ARGUMENT" in raised.value.status(), raised.value
+            assert message in raised.value.message(), raised.value.message()
+        with pytest.raises(InferenceServerException, match="not registered|no shared memory"):
+            triton.unregister_system_shared_memory("unknown")
+    finally:
+        triton.unregister_system_shared_memory()
+    assert len(triton.get_system_shared_memory_status().regions) == 0
+
+
+def test_shared_memory_is_off_by_default(server, region):
+    key, _ = region
+    with tritonclient_grpc.InferenceServerClient(server.target) as client:
+        with pytest.raises(InferenceServerException, match="--allow_shared_memory"):
+            client.register_system_shared_memory("r", key, 64)
+
+
+def test_idle_regions_are_unmapped():
+    """A region nobody uses is dropped after --shared_memory_idle_seconds."""
+    key = f"/attnserve_test_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(key[1:], key, 4096)
+    try:
+        for server in run_server({"allow_shared_memory": "true",
+                                  "shared_memory_idle_seconds": 1}):
+            with tritonclient_grpc.InferenceServerClient(server.target) as client:
+                client.register_system_shared_memory("idle", key, 4096)
+                assert len(client.get_system_shared_memory_status().regions) == 1
+                deadline = time.monotonic() + 10
+                while client.get_system_shared_memory_status().regions and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert len(client.get_system_shared_memory_status().regions) == 0
+    finally:
+        shm.destroy_shared_memory_region(handle)
