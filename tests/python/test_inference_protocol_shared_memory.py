@@ -153,3 +153,36 @@ def test_idle_regions_are_unmapped():
                 assert len(client.get_system_shared_memory_status().regions) == 0
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_regions_belong_to_the_token_that_registered_them(tmp_path, region, rng):
+    """Another client can neither see, use nor unregister a region, and may use its name."""
+    key, handle = region
+    tokens = tmp_path / "tokens"
+    tokens.write_text("token-alice\ntoken-bob\n")
+    arrays = make_problem(rng, np.float16)
+    shm.set_shared_memory_region(handle, [arrays["q"]])
+    for server in run_server(dict(MAIN_LIMITS, allow_shared_memory="true",
+                                  auth_tokens_file=str(tokens))):
+        alice = {"authorization": "Bearer token-alice"}
+        bob = {"authorization": "Bearer token-bob"}
+        with tritonclient_grpc.InferenceServerClient(server.target) as client:
+            client.register_system_shared_memory("mine", key, 4096, headers=alice)
+            assert list(client.get_system_shared_memory_status(headers=alice).regions) == ["mine"]
+            assert len(client.get_system_shared_memory_status(headers=bob).regions) == 0
+            with pytest.raises(InferenceServerException, match="no shared memory region"):
+                client.unregister_system_shared_memory("mine", headers=bob)
+            q = tritonclient_grpc.InferInput("q", list(arrays["q"].shape), "FP16")
+            q.set_shared_memory("mine", arrays["q"].nbytes)
+            rest = [tritonclient_grpc.InferInput(n, list(arrays[n].shape),
+                                                 "INT32" if arrays[n].dtype == np.int32 else "FP16")
+                    for n in NAMES[1:]]
+            for tensor, name in zip(rest, NAMES[1:]):
+                tensor.set_data_from_numpy(arrays[name])
+            with pytest.raises(InferenceServerException, match="no shared memory region \"mine\""):
+                client.infer("attention_forward", [q, *rest], headers=bob)
+            # Bob's own "mine" is another region; Alice's stays registered.
+            client.register_system_shared_memory("mine", key, 4096, headers=bob)
+            client.unregister_system_shared_memory(headers=bob)
+            assert list(client.get_system_shared_memory_status(headers=alice).regions) == ["mine"]
+            client.unregister_system_shared_memory(headers=alice)

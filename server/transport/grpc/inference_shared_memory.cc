@@ -2,6 +2,7 @@
 // unregister system shared memory; CUDA shared memory answers UNAVAILABLE in builds without it.
 #include "absl/strings/str_cat.h"
 #include "server/transport/grpc/attention_service.h"
+#include "server/transport/grpc/call_auth.h"
 #include "server/transport/grpc/inference_service.h"
 
 namespace attnserve::transport {
@@ -11,7 +12,8 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::SystemSharedMemoryStatus(
     const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
   return Unary(context, "SystemSharedMemoryStatus", options_.auth, [&]() -> absl::Status {
-    auto regions = dispatcher_->shared_memory().Status(request->name());
+    auto regions = dispatcher_->shared_memory().Status(CallPrincipal(options_.auth, *context),
+                                                       request->name());
     if (!regions.ok()) return regions.status();
     for (const auto& region : *regions) {
       auto& status = (*response->mutable_regions())[region->name()];
@@ -29,7 +31,8 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::SystemSharedMemoryRegister(
     const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
   return Unary(context, "SystemSharedMemoryRegister", options_.auth, [&]() -> absl::Status {
-    return dispatcher_->shared_memory().Register(request->name(), request->key(),
+    return dispatcher_->shared_memory().Register(CallPrincipal(options_.auth, *context),
+                                                 request->name(), request->key(),
                                                  request->offset(), request->byte_size());
   });
 }
@@ -38,8 +41,10 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
-  return Unary(context, "SystemSharedMemoryUnregister", options_.auth,
-               [&]() -> absl::Status { return dispatcher_->shared_memory().Unregister(request->name()); });
+  return Unary(context, "SystemSharedMemoryUnregister", options_.auth, [&]() -> absl::Status {
+    return dispatcher_->shared_memory().Unregister(CallPrincipal(options_.auth, *context),
+                                                   request->name());
+  });
 }
 
 namespace {

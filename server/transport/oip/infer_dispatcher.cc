@@ -81,6 +81,7 @@ struct InferDispatcher::Call {
   // Per requested output (by name): where to write it; absent: into the answer.
   std::map<std::string, std::pair<std::shared_ptr<const MappedRegion>, RegionRef>> output_regions;
   bool uses_shared_memory = false;
+  std::string principal;  // whose shared-memory regions the request may name
 };
 
 InferDispatcher::InferDispatcher(engine::Engine* engine, metrics::ProtocolMetrics* metrics,
@@ -101,7 +102,8 @@ absl::Status InferDispatcher::Prepare(Call& call) {
           "inputs[", input.name, "]: has both contents and ", kRegion, "; send one of them"));
     }
     absl::StatusOr<std::shared_ptr<const MappedRegion>> region =
-        shared_memory_->Use((*ref)->region, (*ref)->offset, (*ref)->byte_size, field);
+        shared_memory_->Use(call.principal, (*ref)->region, (*ref)->offset, (*ref)->byte_size,
+                            field);
     if (!region.ok()) return region.status();
     input.external = absl::string_view((*region)->data() + (*ref)->offset, (*ref)->byte_size);
     metrics_->AddSharedMemoryBytes("system", "in", static_cast<double>((*ref)->byte_size));
@@ -114,7 +116,8 @@ absl::Status InferDispatcher::Prepare(Call& call) {
     if (!ref.ok()) return ref.status();
     if (!ref->has_value()) continue;
     absl::StatusOr<std::shared_ptr<const MappedRegion>> region =
-        shared_memory_->Use((*ref)->region, (*ref)->offset, (*ref)->byte_size, field);
+        shared_memory_->Use(call.principal, (*ref)->region, (*ref)->offset, (*ref)->byte_size,
+                            field);
     if (!region.ok()) return region.status();
     call.output_regions[output.name] = {*std::move(region), **ref};
     call.uses_shared_memory = true;
@@ -130,6 +133,7 @@ absl::Status InferDispatcher::Dispatch(std::shared_ptr<InferRequest> request,
   call->protocol = protocol;
   call->done = std::move(done);
   call->start = absl::Now();
+  call->principal = control.principal;
   const InferRequest& req = *call->request;
   auto refuse = [&](absl::Status status) {
     metrics_->RecordInference(protocol, req.model_name,

@@ -63,8 +63,9 @@ void SystemSharedMemory::SweepIdle() {
   }
 }
 
-absl::Status SystemSharedMemory::Register(const std::string& name, const std::string& key,
-                                          uint64_t offset, uint64_t byte_size) {
+absl::Status SystemSharedMemory::Register(const std::string& principal, const std::string& name,
+                                          const std::string& key, uint64_t offset,
+                                          uint64_t byte_size) {
   if (!options_.allowed) {
     return absl::FailedPreconditionError(
         "shared memory is off on this server (start it with --allow_shared_memory)");
@@ -78,7 +79,7 @@ absl::Status SystemSharedMemory::Register(const std::string& name, const std::st
   if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be positive");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (regions_.count(name) != 0) {
+    if (regions_.count({principal, name}) != 0) {
       return absl::AlreadyExistsError(
           absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
     }
@@ -110,21 +111,27 @@ absl::Status SystemSharedMemory::Register(const std::string& name, const std::st
   auto region = std::make_shared<MappedRegion>(name, key, offset, byte_size, mapping,
                                                mapping_bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  if (!regions_.emplace(name, Entry{std::move(region), absl::Now()}).second) {
+  if (!regions_.emplace(RegionKey{principal, name}, Entry{std::move(region), absl::Now()})
+           .second) {
     return absl::AlreadyExistsError(
         absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
   }
   return absl::OkStatus();
 }
 
-absl::Status SystemSharedMemory::Unregister(const std::string& name) {
-  std::map<std::string, Entry> removed;  // unmapped outside the lock
+absl::Status SystemSharedMemory::Unregister(const std::string& principal,
+                                            const std::string& name) {
+  std::map<RegionKey, Entry> removed;  // unmapped outside the lock (declared before it)
   std::lock_guard<std::mutex> lock(mu_);
   if (name.empty()) {
-    removed.swap(regions_);
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      const auto next = std::next(it);
+      if (it->first.first == principal) removed.insert(regions_.extract(it));
+      it = next;
+    }
     return absl::OkStatus();
   }
-  auto it = regions_.find(name);
+  auto it = regions_.find({principal, name});
   if (it == regions_.end()) {
     return absl::NotFoundError(
         absl::StrCat("name: no shared memory region \"", name, "\" is registered"));
@@ -134,11 +141,13 @@ absl::Status SystemSharedMemory::Unregister(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> SystemSharedMemory::Status(
-    const std::string& name) {
+    const std::string& principal, const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<const MappedRegion>> out;
-  for (const auto& [region_name, entry] : regions_) {
-    if (name.empty() || name == region_name) out.push_back(entry.region);
+  for (const auto& [region_key, entry] : regions_) {
+    if (region_key.first == principal && (name.empty() || name == region_key.second)) {
+      out.push_back(entry.region);
+    }
   }
   if (!name.empty() && out.empty()) {
     return absl::NotFoundError(
@@ -148,14 +157,15 @@ absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> SystemSharedMem
 }
 
 absl::StatusOr<std::shared_ptr<const MappedRegion>> SystemSharedMemory::Use(
-    const std::string& name, uint64_t offset, uint64_t byte_size, const std::string& field) {
+    const std::string& principal, const std::string& name, uint64_t offset, uint64_t byte_size,
+    const std::string& field) {
   if (!options_.allowed) {
     return absl::FailedPreconditionError(absl::StrCat(
         field, ".shared_memory_region: shared memory is off on this server (start it with "
                "--allow_shared_memory)"));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = regions_.find(name);
+  auto it = regions_.find({principal, name});
   if (it == regions_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".shared_memory_region: no shared memory region \"", name, "\" is registered"));

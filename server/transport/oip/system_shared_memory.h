@@ -3,7 +3,10 @@
 // Off unless the server was started with --allow_shared_memory, since registering makes the
 // server map memory a client chose. A region unused for `idle_timeout` is unmapped, so a
 // client that goes away without unregistering leaves nothing mapped for long. A region in use
-// by a call stays mapped until that call is done, even when unregistered meanwhile.
+// by a call stays mapped until that call is done, even when unregistered meanwhile. Regions
+// belong to the principal that registered them (the SHA-256 of its bearer token, as saved
+// contexts do): another client can neither see, use nor unregister them, and two clients may
+// each name a region "input".
 #pragma once
 
 #include <condition_variable>
@@ -58,19 +61,21 @@ class SystemSharedMemory {
   ~SystemSharedMemory();
 
   bool allowed() const { return options_.allowed; }
-  // Maps `byte_size` bytes of the object `key` from `offset`. FAILED_PRECONDITION when shared
-  // memory is off; ALREADY_EXISTS for a name in use; INVALID_ARGUMENT for a key that is not
-  // "/name", an object that does not exist or is smaller than offset + byte_size.
-  absl::Status Register(const std::string& name, const std::string& key, uint64_t offset,
-                        uint64_t byte_size);
-  // Empty `name`: every region. NOT_FOUND for an unknown name.
-  absl::Status Unregister(const std::string& name);
-  // Empty `name`: every region; NOT_FOUND for an unknown name.
+  // Maps `byte_size` bytes of the object `key` from `offset` as `principal`'s region `name`.
+  // FAILED_PRECONDITION when shared memory is off; ALREADY_EXISTS for a name in use;
+  // INVALID_ARGUMENT for a key that is not "/name", an object that does not exist or is
+  // smaller than offset + byte_size.
+  absl::Status Register(const std::string& principal, const std::string& name,
+                        const std::string& key, uint64_t offset, uint64_t byte_size);
+  // Empty `name`: every region of `principal`. NOT_FOUND for an unknown name.
+  absl::Status Unregister(const std::string& principal, const std::string& name);
+  // Empty `name`: every region of `principal`; NOT_FOUND for an unknown name.
   absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> Status(
-      const std::string& name);
-  // `byte_size` bytes at `offset` of region `name`, which the returned holder keeps mapped.
-  // Errors name `field` (e.g. "inputs[q].parameters") and say what did not fit.
-  absl::StatusOr<std::shared_ptr<const MappedRegion>> Use(const std::string& name,
+      const std::string& principal, const std::string& name);
+  // `byte_size` bytes at `offset` of `principal`'s region `name`, which the returned holder
+  // keeps mapped. Errors name `field` (e.g. "inputs[q].parameters") and say what did not fit.
+  absl::StatusOr<std::shared_ptr<const MappedRegion>> Use(const std::string& principal,
+                                                          const std::string& name,
                                                           uint64_t offset, uint64_t byte_size,
                                                           const std::string& field);
 
@@ -85,7 +90,8 @@ class SystemSharedMemory {
   std::mutex mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;
-  std::map<std::string, Entry> regions_;
+  using RegionKey = std::pair<std::string, std::string>;  // principal, name
+  std::map<RegionKey, Entry> regions_;
   std::thread sweeper_;  // only when allowed
 };
 
