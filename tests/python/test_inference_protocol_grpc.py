@@ -120,6 +120,11 @@ def test_errors_name_the_field(triton, rng):
     error = error_of(triton, "attention_forward", inputs_for(
         tritonclient_grpc, dict(arrays, q=arrays["q"].astype(np.float64)), FORWARD_INPUTS, None))
     assert "inputs[q].datatype: must be FP16, BF16 or FP32" in error.message()
+    # The native API's priority metadata applies here too.
+    error = error_of(triton, "attention_forward", good, headers={"x-attnserve-priority": "urgent"})
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "x-attnserve-priority" in error.message()
+    triton.infer("attention_forward", good, headers={"x-attnserve-priority": "low"})
 
 
 def test_statistics_and_metrics_count_inferences(oip_server, triton, rng):

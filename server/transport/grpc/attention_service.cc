@@ -11,6 +11,7 @@
 #include "server/transport/grpc/answer_reactor.h"
 #include "server/transport/grpc/answer_size.h"
 #include "server/transport/grpc/call_auth.h"
+#include "server/transport/grpc/call_control.h"
 #include "server/transport/grpc/proto_codec.h"
 #include "server/transport/server_info.h"
 
@@ -123,27 +124,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(grpc::CallbackServerContex
   }
   Job job;
   job.inputs = *std::move(inputs);
-  // A client deadline (capped by max_deadline) or cancellation makes the engine drop the job
-  // if it has not run yet.
-  absl::Time deadline = start + limits_.max_deadline;
-  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-    deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  absl::StatusOr<engine::JobControl> control =
+      CallControl(context, auth_, start, limits_.max_deadline);
+  if (!control.ok()) {
+    finish(control.status());
+    return reactor;
   }
-  job.control.deadline = deadline;
-  job.control.cancelled = [context] { return context->IsCancelled(); };
-  job.control.principal = CallPrincipal(auth_, *context);
-  // Optional x-attnserve-priority metadata (engine/priority.h); a value it does not know is
-  // the caller's mistake, named in the answer.
-  if (auto it = context->client_metadata().find(engine::kPriorityMetadataKey);
-      it != context->client_metadata().end()) {
-    absl::StatusOr<engine::Priority> priority =
-        engine::ParsePriority(absl::string_view(it->second.data(), it->second.size()));
-    if (!priority.ok()) {
-      finish(priority.status());
-      return reactor;
-    }
-    job.control.priority = *priority;
-  }
+  job.control = *std::move(control);
   job.done = [this, messages, response_bytes, encode, finish](auto result) {
     if (!result.ok()) {
       finish(result.status());

@@ -8,6 +8,7 @@
 #include "server/transport/grpc/answer_reactor.h"
 #include "server/transport/grpc/attention_service.h"
 #include "server/transport/grpc/call_auth.h"
+#include "server/transport/grpc/call_control.h"
 #include "server/transport/grpc/inference_codec.h"
 #include "server/transport/oip/model_codec.h"
 #include "server/transport/oip/server_metadata.h"
@@ -157,18 +158,16 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
     finish(decoded.status());
     return reactor;
   }
-  engine::JobControl control;
-  absl::Time deadline = start + options_.limits.max_deadline;
-  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-    deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  absl::StatusOr<engine::JobControl> control =
+      CallControl(context, options_.auth, start, options_.limits.max_deadline);
+  if (!control.ok()) {
+    finish(control.status());
+    return reactor;
   }
-  control.deadline = deadline;
-  control.cancelled = [context] { return context->IsCancelled(); };
-  control.principal = CallPrincipal(options_.auth, *context);
   // The request message belongs to gRPC until the reactor finishes, which is after `done`.
   auto shared = std::make_shared<oip::InferRequest>(*std::move(decoded));
   absl::Status status = dispatcher_->Dispatch(
-      shared, std::move(control), "grpc",
+      shared, *std::move(control), "grpc",
       [this, response, finish](absl::StatusOr<oip::InferAnswer> answer) {
         if (!answer.ok()) return finish(answer.status());
         metrics_->AddSentBytes(
