@@ -46,6 +46,17 @@ class HandleTable {
     return KernelStatus::Ok();
   }
 
+  // Forgets `device`'s handles without destroying them: they belong to a context that a reset
+  // destroyed (destroying them now could touch a newer context); each leaks a few KB.
+  void Forget(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<Key, cublasHandle_t>> kept;
+    for (const auto& entry : handles_) {
+      if (entry.first.first != device) kept.push_back(entry);
+    }
+    handles_ = std::move(kept);
+  }
+
  private:
   using Key = std::pair<int, std::thread::id>;
   std::mutex mu_;
@@ -60,11 +71,18 @@ const void* Advance(const void* data, cudaDataType_t type, int64_t elements) {
   return static_cast<const char*>(data) + elements * static_cast<int64_t>(ElementBytes(type));
 }
 
+HandleTable* Handles() {
+  static HandleTable* const table = new HandleTable();  // never destroyed, see HandleTable
+  return table;
+}
+
 }  // namespace
+
+void ForgetHandles(int device) { Handles()->Forget(device); }
 
 KernelStatus BindHandle(cudaStream_t stream, void* workspace, size_t workspace_bytes,
                         cublasHandle_t* handle) {
-  static HandleTable* const table = new HandleTable();  // never destroyed, see HandleTable
+  HandleTable* const table = Handles();
   int device = 0;
   const cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) {

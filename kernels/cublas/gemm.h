@@ -18,6 +18,10 @@ namespace attnserve::kernels::cublas {
 KernelStatus BindHandle(cudaStream_t stream, void* workspace, size_t workspace_bytes,
                         cublasHandle_t* handle);
 
+// Drops the cached handles of `device` after a reset of its context (cudaDeviceReset), so
+// the next calls there create fresh ones.
+void ForgetHandles(int device);
+
 cudaDataType_t CudaType(DType dtype);
 // CUBLAS_COMPUTE_32F, pedantic (no TF32 or other reduced-precision paths) for fp32 inputs.
 cublasComputeType_t ComputeType(DType dtype);

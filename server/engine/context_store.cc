@@ -127,6 +127,19 @@ void ContextStore::Sweep() {
   }
 }
 
+void ContextStore::DropDevice(const std::string& device) {
+  std::vector<std::shared_ptr<const SavedContext>> dropped;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    auto next = std::next(it);
+    if (it->context->device == device) {
+      if (metrics_ != nullptr) metrics_->RecordEviction(device, "device_fault");
+      dropped.push_back(RemoveLocked(it));
+    }
+    it = next;
+  }
+}
+
 int64_t ContextStore::BytesOn(const std::string& device) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = held_.find(device);

@@ -68,6 +68,10 @@ class ContextStore {
   // Frees the contexts unused for the TTL.
   void Sweep();
 
+  // Frees every context `device` holds (its memory is about to go with a reset of the device
+  // after a fault); later lookups of them are NOT_FOUND, and clients resend in full.
+  void DropDevice(const std::string& device);
+
   int64_t BytesOn(const std::string& device) const;
   int64_t CountOn(const std::string& device) const;
   absl::Duration ttl() const { return options_.ttl; }

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/engine/cuda_fault.h"
+#include "server/engine/device_fault.h"
 
 namespace attnserve::engine {
 namespace {
@@ -96,6 +98,11 @@ void CUDART_CB RunDone(void* done) { (*static_cast<std::function<void()>*>(done)
 
 absl::Status CudaStatus(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return absl::OkStatus();
+  if (IsStickyCudaError(err)) {
+    // Every later call on this device fails too: the worker takes it out of service.
+    return DeviceFaultError(absl::StrCat(what, ": ", cudaGetErrorString(err),
+                                         " (sticky: the device needs a reset)"));
+  }
   cudaGetLastError();  // clear a non-sticky error so the next request starts clean
   if (err == cudaErrorMemoryAllocation) {
     return absl::ResourceExhaustedError(absl::StrCat(what, ": device out of memory"));

@@ -23,7 +23,8 @@
 namespace attnserve::engine {
 
 // A CUDA error as a status naming the call; out-of-memory is RESOURCE_EXHAUSTED, so only the
-// request that hit it fails and its client can tell why.
+// request that hit it fails and its client can tell why; a sticky error is a device fault
+// (device_fault.h: UNAVAILABLE, and the device goes out of service until it is reset).
 absl::Status CudaStatus(cudaError_t err, const char* what);
 
 // One device input: the concatenation of its pieces (one tensor, or a batch's parts' tensors).

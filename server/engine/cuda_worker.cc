@@ -101,6 +101,7 @@ CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& o
                        std::vector<std::unique_ptr<CudaLane>> lanes)
     : QueueWorker(device, options, metrics, contexts),
       lanes_(std::move(lanes)),
+      stage_threads_per_lane_(options.stage_threads_per_lane),
       cpu_context_{options.cpu_threads},
       compute_capability_(ParseComputeCapability(device.compute_capability)),
       catalog_(options.forced_kernel_family.empty()

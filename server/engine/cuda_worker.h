@@ -38,6 +38,10 @@ class CudaWorker : public QueueWorker {
              std::vector<std::unique_ptr<CudaLane>> lanes);
 
   void OnLaneStart(int lane) override;
+  // Device faults (cuda_worker_faults.cc): a real trapped kernel for --inject_device_fault,
+  // and the reset of the device's context that puts it back in service.
+  absl::Status InjectFault(int lane) override;
+  absl::Status ResetDevice() override;
   // A forward still arriving runs group by group as its groups arrive (cuda_grouped_forward.h),
   // and so does one that runs on the host (kernel_runner.cc).
   bool RunsArrivingGroups() const override { return true; }
@@ -75,6 +79,7 @@ class CudaWorker : public QueueWorker {
   void PublishMemoryUse();
 
   std::vector<std::unique_ptr<CudaLane>> lanes_;
+  const int stage_threads_per_lane_;  // to make the lanes again after a reset
   const kernels::ExecutionContext cpu_context_;
   const int compute_capability_;  // major * 10 + minor, as routed (possibly emulated)
   const KernelCatalog catalog_;    // built families, or the one --kernel forces

@@ -4,10 +4,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "server/devices/device_registry.h"
+#include "server/engine/device_health.h"
 #include "server/engine/engine.h"
 #include "server/engine/kernel_routing.h"
 
@@ -26,6 +29,10 @@ struct WorkerLoad {
   int64_t reserved_bytes = 0;  // memory held by running jobs
 };
 
+// A job taken off a device that faulted, for the engine to place elsewhere (its `done` still
+// owed an answer).
+using EvictedJob = std::variant<ForwardJob, BackwardJob>;
+
 class DeviceWorker {
  public:
   virtual ~DeviceWorker() = default;
@@ -43,6 +50,11 @@ class DeviceWorker {
   virtual void Submit(BackwardJob job, JobCost cost) = 0;
   virtual WorkerLoad Load() const = 0;
   size_t QueueDepth() const { return Load().queue_depth; }
+  // Whether the device serves (device_health.h); placement passes over one that does not.
+  virtual DeviceHealthReport Health() const { return {}; }
+  // Where the jobs queued on this device go when it faults; unset, they are answered
+  // UNAVAILABLE. Set before the first Submit.
+  virtual void SetEvictionHandler(std::function<void(EvictedJob)> /*handler*/) {}
   // Runs every queued job to completion, then joins the worker's threads. Idempotent.
   virtual void Stop() = 0;
 };

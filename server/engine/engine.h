@@ -54,6 +54,12 @@ struct ContextLimits {
   absl::Duration ttl = absl::ZeroDuration();
 };
 
+// Whether a device serves requests (device_health.h).
+struct DeviceHealthReport {
+  bool healthy = true;
+  std::string fault;  // what took it out of service (a device fault); empty while healthy
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -96,6 +102,9 @@ class Engine {
   virtual std::vector<CoverageRow> DeviceCoverage(const std::string& /*device*/) const {
     return {};
   }
+  virtual DeviceHealthReport DeviceHealth(const std::string& /*device*/) const { return {}; }
+  // Whether some device serves: readiness fails while every one is out of service.
+  virtual bool AnyDeviceHealthy() const { return true; }
 };
 
 }  // namespace attnserve::engine

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/time/time.h"
+#include "server/engine/fault_injection.h"
 #include "server/engine/limits.h"
 
 namespace attnserve::engine {
@@ -63,6 +65,11 @@ struct EngineOptions {
   // Page-locked receive buffers kept for reuse after their requests (GPU hosts; see
   // pinned_host_buffers.h), so steady traffic pins nothing new (--pinned_host_cache_bytes).
   size_t pinned_host_cache_bytes = size_t{16} << 30;
+  // After a device fault, the first reset of the device is tried at once, then again after
+  // this, doubling up to kMaxDeviceResetInterval (device_health.h).
+  absl::Duration device_reset_interval = absl::Seconds(1);
+  // Test-only (--inject_device_fault): launches that fail as device faults, by device name.
+  std::map<std::string, InjectedFault> injected_faults;
 };
 
 }  // namespace attnserve::engine

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/devices/capability_emulation.h"
 #include "server/engine/cpu_worker.h"
@@ -9,6 +10,7 @@
 #include "server/engine/cuda_worker.h"
 #include "server/engine/pinned_host_buffers.h"
 #endif
+#include "server/engine/error_text.h"
 #include "server/engine/request_cost.h"
 #include "server/engine/request_validation.h"
 
@@ -52,6 +54,18 @@ int64_t ContextBudget(const ContextOptions& options, int64_t device_budget) {
     return device_budget > 0 ? std::min(options.memory_bytes, device_budget) : options.memory_bytes;
   }
   return device_budget / 4;
+}
+
+// The rejection metric's reason for a status ChooseLocked returned.
+const char* RejectionReason(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+      return "device_fault";
+    case absl::StatusCode::kFailedPrecondition:
+      return "no_kernel";
+    default:
+      return absl::StrContains(status.message(), "queue is full") ? "queue_full" : "memory";
+  }
 }
 
 }  // namespace
@@ -98,7 +112,11 @@ LocalEngine::LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metric
       host_buffers_(std::move(host_buffers)),
       limits_(options.limits),
       max_queue_size_(options.max_queue_size),
-      metrics_(metrics) {}
+      metrics_(metrics) {
+  for (const auto& worker : workers_) {
+    worker->SetEvictionHandler([this](EvictedJob job) { Reroute(std::move(job)); });
+  }
+}
 
 LocalEngine::~LocalEngine() { Stop(); }
 
@@ -168,6 +186,38 @@ absl::Status LocalEngine::Reject(absl::Status status, const char* reason) {
   return status;
 }
 
+absl::StatusOr<LocalEngine::Choice> LocalEngine::ChooseLocked(
+    const RequestProfile& profile, std::optional<size_t> only_device) {
+  std::vector<DeviceState> all = DeviceStates();
+  std::vector<DeviceState> states;
+  std::vector<size_t> worker_of;
+  std::string faults;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (only_device && i != *only_device) continue;
+    // A device out of service after a fault takes nothing until a reset of it succeeds.
+    if (const DeviceHealthReport health = workers_[i]->Health(); !health.healthy) {
+      absl::StrAppend(&faults, faults.empty() ? "" : "; ", all[i].name, ": ", health.fault);
+      continue;
+    }
+    states.push_back(std::move(all[i]));
+    worker_of.push_back(i);
+  }
+  if (states.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no device that could run the request is in service (", faults, "); retry later"));
+  }
+  // A request that could not fit even on an idle device is refused now, with the numbers,
+  // instead of failing later with an out-of-memory error.
+  if (absl::Status s = CheckPlaceable(profile, states); !s.ok()) return s;
+  const std::optional<Placement> placement = Place(profile, states, max_queue_size_);
+  if (!placement) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "every device queue is full (", max_queue_size_,
+        " requests waiting on each device that can run it); retry later"));
+  }
+  return Choice{workers_[worker_of[placement->device]].get(), *placement};
+}
+
 template <typename Job>
 absl::Status LocalEngine::Admit(Job job, const RequestProfile& profile,
                                 std::optional<size_t> only_device) {
@@ -177,27 +227,10 @@ absl::Status LocalEngine::Admit(Job job, const RequestProfile& profile,
   }
   std::lock_guard<std::mutex> lock(admit_mu_);
   if (stopping_) return Reject(absl::UnavailableError("server is shutting down"), "shutting_down");
-  std::vector<DeviceState> states = DeviceStates();
-  std::vector<size_t> worker_of(states.size());
-  for (size_t i = 0; i < worker_of.size(); ++i) worker_of[i] = i;
-  if (only_device) {
-    states = {states[*only_device]};
-    worker_of = {*only_device};
-  }
-  // A request that could not fit even on an idle device is refused now, with the numbers,
-  // instead of failing later with an out-of-memory error.
-  if (absl::Status s = CheckPlaceable(profile, states); !s.ok()) {
-    return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "memory" : "no_kernel");
-  }
-  const std::optional<Placement> placement = Place(profile, states, max_queue_size_);
-  if (!placement) {
-    return Reject(absl::ResourceExhaustedError(absl::StrCat(
-                      "every device queue is full (", max_queue_size_,
-                      " requests waiting on each device that can run it); retry later")),
-                  "queue_full");
-  }
-  DeviceWorker& worker = *workers_[worker_of[placement->device]];
-  if (metrics_ != nullptr) metrics_->RecordPlacement(worker.device().name, placement->family);
+  absl::StatusOr<Choice> choice = ChooseLocked(profile, only_device);
+  if (!choice.ok()) return Reject(choice.status(), RejectionReason(choice.status()));
+  DeviceWorker& worker = *choice->worker;
+  if (metrics_ != nullptr) metrics_->RecordPlacement(worker.device().name, choice->placement.family);
   AddInflight(1);
   // The in-flight count drops only after the answer has been handed to the transport.
   job.done = [this, done = std::move(job.done)](auto result) {
@@ -211,8 +244,44 @@ absl::Status LocalEngine::Admit(Job job, const RequestProfile& profile,
     done(std::move(result));
     AddInflight(-1);
   };
-  worker.Submit(std::move(job), JobCost{placement->device_bytes, placement->seconds});
+  worker.Submit(std::move(job),
+                JobCost{choice->placement.device_bytes, choice->placement.seconds});
   return absl::OkStatus();
+}
+
+void LocalEngine::Reroute(EvictedJob evicted) {
+  std::visit([this](auto& job) { Resubmit(std::move(job)); }, evicted);
+}
+
+template <typename Job>
+void LocalEngine::Resubmit(Job job) {
+  absl::Status status;
+  if constexpr (std::is_same_v<Job, BackwardJob>) {
+    if (job.context != nullptr) {
+      status = absl::NotFoundError(absl::StrCat(
+          "context ", QuoteString(job.inputs.context_id), " was lost: its device, ",
+          job.context->device, ", faulted; send the backward in full"));
+    }
+  }
+  if (status.ok()) {
+    const RequestProfile profile = ProfileOf(job.inputs);
+    std::unique_lock<std::mutex> lock(admit_mu_);
+    absl::StatusOr<Choice> choice =
+        stopping_ ? absl::UnavailableError("server is shutting down") : ChooseLocked(profile, {});
+    if (choice.ok()) {
+      if (metrics_ != nullptr) {
+        metrics_->RecordPlacement(choice->worker->device().name, choice->placement.family);
+      }
+      // Its `done` already counts it in flight (Admit).
+      choice->worker->Submit(std::move(job), JobCost{choice->placement.device_bytes,
+                                                     choice->placement.seconds});
+      return;
+    }
+    status = choice.status();
+  }
+  // Outside the admission lock: `done` takes it when the last job in flight is answered.
+  if (metrics_ != nullptr) metrics_->RecordRejection("device_fault");
+  job.done(status);
 }
 
 std::vector<DeviceState> LocalEngine::DeviceStates() const {
@@ -272,6 +341,20 @@ std::vector<std::string> LocalEngine::DeviceKernelFamilies(const std::string& de
     if (worker->device().name == device) return worker->kernel_families();
   }
   return {};
+}
+
+DeviceHealthReport LocalEngine::DeviceHealth(const std::string& device) const {
+  for (const auto& worker : workers_) {
+    if (worker->device().name == device) return worker->Health();
+  }
+  return {};
+}
+
+bool LocalEngine::AnyDeviceHealthy() const {
+  for (const auto& worker : workers_) {
+    if (worker->Health().healthy) return true;
+  }
+  return false;
 }
 
 std::vector<CoverageRow> LocalEngine::DeviceCoverage(const std::string& device) const {

@@ -43,6 +43,8 @@ class LocalEngine : public Engine {
   std::vector<std::string> KernelFamilies() const override;
   std::vector<std::string> DeviceKernelFamilies(const std::string& device) const override;
   std::vector<CoverageRow> DeviceCoverage(const std::string& device) const override;
+  DeviceHealthReport DeviceHealth(const std::string& device) const override;
+  bool AnyDeviceHealthy() const override;
 
  private:
   LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metrics,
@@ -54,6 +56,19 @@ class LocalEngine : public Engine {
   // Places the job among all devices, or only on `only_device` (an index into workers_).
   template <typename Job>
   absl::Status Admit(Job job, const RequestProfile& profile, std::optional<size_t> only_device);
+  struct Choice {
+    DeviceWorker* worker = nullptr;
+    Placement placement;
+  };
+  // The device (in service) the request goes to, or why none; under admit_mu_.
+  absl::StatusOr<Choice> ChooseLocked(const RequestProfile& profile,
+                                      std::optional<size_t> only_device);
+  // A job taken off a device that faulted: placed on another device in service, else answered
+  // UNAVAILABLE (a backward on a context that was in the faulted device's memory: NOT_FOUND,
+  // so the client resends it in full).
+  void Reroute(EvictedJob evicted);
+  template <typename Job>
+  void Resubmit(Job job);
   // Fills a backward on a context in from it and holds the context in the job.
   absl::Status ResolveContext(BackwardJob& job);
   absl::Status Reject(absl::Status status, const char* reason);

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -11,9 +12,32 @@ namespace {
 
 // Sizes are rounded up to this, so requests of nearly the same size share cached buffers.
 constexpr size_t kGranuleBytes = size_t{2} << 20;
+constexpr size_t kPageBytes = 4096;
 
 size_t RoundUp(size_t bytes) {
   return (bytes + kGranuleBytes - 1) / kGranuleBytes * kGranuleBytes;
+}
+
+// Host memory of our own, page-locked by registering it (portable: any device's lane may read
+// it; multi-GPU hosts place requests anywhere), or null. Not cudaHostAlloc: that memory belongs
+// to the context current on the allocating thread, and resetting that device after a fault
+// (cuda_worker_faults.cc) would free it under the transports; registered memory stays ours and
+// is at worst no longer page-locked (lanes then stage it, as any pageable request).
+char* PinNew(size_t bytes) {
+  void* memory = std::aligned_alloc(kPageBytes, bytes);
+  if (memory == nullptr) return nullptr;
+  if (cudaHostRegister(memory, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();  // out of page-locked memory is not sticky
+    std::free(memory);
+    return nullptr;
+  }
+  return static_cast<char*>(memory);
+}
+
+void Unpin(char* memory) {
+  // Fails harmlessly when a reset of the registering context already dropped the registration.
+  if (cudaHostUnregister(memory) != cudaSuccess) cudaGetLastError();
+  std::free(memory);
 }
 
 }  // namespace
@@ -21,7 +45,7 @@ size_t RoundUp(size_t bytes) {
 struct PinnedHostBuffers::Pool {
   explicit Pool(size_t cache_bytes) : cache_bytes(cache_bytes) {}
   ~Pool() {
-    for (auto& [size, memory] : free_buffers) cudaFreeHost(memory);
+    for (auto& [size, memory] : free_buffers) Unpin(memory);
   }
 
   // A cached buffer of at least `bytes` and at most a quarter more (a larger one would hold
@@ -50,7 +74,7 @@ struct PinnedHostBuffers::Pool {
         free_buffers.erase(largest);
       }
     }
-    for (auto& [size, buffer] : to_free) cudaFreeHost(buffer);
+    for (auto& [size, buffer] : to_free) Unpin(buffer);
   }
 
   const size_t cache_bytes;
@@ -87,14 +111,8 @@ PinnedHostBuffers::~PinnedHostBuffers() = default;
 absl::StatusOr<std::unique_ptr<HostBuffer>> PinnedHostBuffers::Allocate(size_t bytes) {
   const size_t capacity = RoundUp(bytes == 0 ? 1 : bytes);
   char* memory = pool_->Take(capacity);
-  if (memory == nullptr) {
-    // Portable: any device's lane may read it (multi-GPU hosts place requests anywhere).
-    if (cudaHostAlloc(reinterpret_cast<void**>(&memory), capacity, cudaHostAllocPortable) !=
-        cudaSuccess) {
-      cudaGetLastError();  // out of page-locked memory is not sticky; serve it pageable
-      return fallback_.Allocate(bytes);
-    }
-  }
+  if (memory == nullptr) memory = PinNew(capacity);
+  if (memory == nullptr) return fallback_.Allocate(bytes);  // serve it pageable
   return std::make_unique<PinnedBuffer>(pool_, memory, capacity, bytes);
 }
 

@@ -1,4 +1,4 @@
-// Page-locked host buffers (cudaHostAlloc) for the bytes transports receive on a GPU host, kept
+// Page-locked host buffers (registered with cudaHostRegister) for the bytes transports receive on a GPU host, kept
 // for reuse: pinning costs the driver about as long as moving the bytes over PCIe, so a fresh
 // allocation per request would spend on pinning what it saves on staging.
 #pragma once

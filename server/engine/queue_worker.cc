@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/batching.h"
+#include "server/engine/device_fault.h"
 #include "server/engine/request_cost.h"
 #include "server/engine/sequence_groups.h"
 
@@ -13,6 +14,13 @@ namespace {
 
 // A lane waiting for memory also wakes this often to notice callers that left.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+// Resets of a faulted device are retried at most this far apart.
+constexpr absl::Duration kMaxDeviceResetInterval = absl::Seconds(60);
+
+InjectedFault InjectedFaultOn(const std::string& device, const EngineOptions& options) {
+  auto it = options.injected_faults.find(device);
+  return it == options.injected_faults.end() ? InjectedFault{} : it->second;
+}
 
 template <typename Job>
 const auto& InputsOf(const std::variant<ForwardJob, BackwardJob>& job) {
@@ -98,7 +106,9 @@ QueueWorker::QueueWorker(devices::DeviceDescription device, const EngineOptions&
                                                                      : absl::Milliseconds(1)),
       answer_threads_per_lane_(std::max(1, options.answer_threads_per_lane)),
       metrics_(metrics),
-      contexts_(contexts) {}
+      contexts_(contexts),
+      reset_interval_(std::max(options.device_reset_interval, absl::Milliseconds(1))),
+      health_(device_.name, InjectedFaultOn(device_.name, options), metrics) {}
 
 QueueWorker::~QueueWorker() { Stop(); }
 
@@ -125,10 +135,27 @@ void QueueWorker::Submit(BackwardJob job, JobCost cost) {
   Push({std::move(job), cost, absl::Now()});
 }
 
+void QueueWorker::SetEvictionHandler(std::function<void(EvictedJob)> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  eviction_handler_ = std::move(handler);
+}
+
 void QueueWorker::Push(Queued queued) {
   bool wake_all;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // Placement passes over a device out of service; a job placed just before the fault (or
+    // after a stop, which the engine never does) is answered at once, retryably.
+    const DeviceHealthReport health = health_.Report();
+    if (stopping_ || !health.healthy) {
+      lock.unlock();
+      std::vector<Queued> refused;
+      refused.push_back(std::move(queued));
+      // Answered on an answer thread: the engine calls Submit holding its admission lock,
+      // which a `done` may take.
+      Evict(std::move(refused), stopping_ ? "it is stopping" : health.fault, /*reroute=*/false);
+      return;
+    }
     queued_seconds_ += queued.cost.seconds;
     queue_.push_back(std::move(queued));
     // One idle lane takes a new job; every lane must look when one may be gathering a batch
@@ -193,8 +220,9 @@ std::vector<QueueWorker::Queued> QueueWorker::NextBatch() {
       lock.lock();
       continue;
     }
-    if (queue_.empty()) {
-      if (stopping_) return batch;  // empty: the lane ends
+    if (queue_.empty() || !health_.healthy()) {
+      // Out of service: the queue went elsewhere, and nothing runs until the device is reset.
+      if (stopping_ && queue_.empty()) return batch;  // empty: the lane ends
       cv_.wait(lock);
       continue;
     }
@@ -427,8 +455,19 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
     }
     return true;
   };
-  auto answers = Launch(batch, parts, lane);
+  decltype(Launch(batch, parts, lane)) answers;
+  if (health_.CountLaunchIsInjectedFault()) {
+    absl::Status fault = InjectFault(lane);
+    if (!IsDeviceFault(fault)) {
+      fault = DeviceFaultError(absl::StrCat("injected fault on ", device_.name,
+                                            " did not fault the device: ", fault.ToString()));
+    }
+    answers.assign(batch.size(), fault);
+  } else {
+    answers = Launch(batch, parts, lane);
+  }
   lane_stops_[lane] = nullptr;
+  const bool faulted = CheckForFault(answers);
   for (size_t i = 0; i < answers.size() && i < controls.size(); ++i) {
     // Stopped part way (ExecutionContext::should_stop): say which of the two it was.
     if (!answers[i].ok() && answers[i].status().code() == absl::StatusCode::kCancelled &&
@@ -443,9 +482,10 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Queued& queued : batch) FinishLocked(queued, /*reserved=*/true);
-    memory_waiters = memory_waiters_ > 0;
+    // A job waiting for memory may fit now; a lane resetting the device waits for idle lanes.
+    memory_waiters = memory_waiters_ > 0 || recovering_;
   }
-  if (memory_waiters) cv_.notify_all();  // a job waiting for memory may fit now
+  if (memory_waiters) cv_.notify_all();
   PublishLoad();
 
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -467,6 +507,77 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
       }
     }
     Deliver(std::move(job.done), std::move(answer));
+  }
+  if (faulted) RecoverDevice();
+}
+
+absl::Status QueueWorker::InjectFault(int /*lane*/) {
+  return DeviceFaultError(
+      absl::StrCat(device_.name, ": injected device fault (--inject_device_fault)"));
+}
+
+template <typename Answers>
+bool QueueWorker::CheckForFault(const Answers& answers) {
+  for (const auto& answer : answers) {
+    if (answer.ok() || !IsDeviceFault(answer.status())) continue;
+    std::vector<Queued> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!health_.MarkFaulted(answer.status())) return true;  // another lane saw it first
+      for (Queued& queued : queue_) {
+        queued_seconds_ -= queued.cost.seconds;
+        evicted.push_back(std::move(queued));
+      }
+      queue_.clear();
+    }
+    // Contexts in its memory go with the reset; clients resend them in full (NOT_FOUND).
+    if (contexts_ != nullptr) contexts_->DropDevice(device_.name);
+    PublishLoad();
+    Evict(std::move(evicted), std::string(answer.status().message()), /*reroute=*/true);
+    return true;
+  }
+  return false;
+}
+
+void QueueWorker::RecoverDevice() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (recovering_) return;
+  recovering_ = true;
+  // Reset only while no lane uses the device (this lane's batch is finished already).
+  cv_.wait(lock, [this] { return running_jobs_ == 0 || stopping_; });
+  absl::Duration interval = reset_interval_;
+  while (!stopping_) {
+    lock.unlock();
+    const absl::Status reset = health_.RecordReset(ResetDevice());
+    lock.lock();
+    if (reset.ok()) break;
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(interval), [this] { return stopping_; });
+    interval = std::min(2 * interval, kMaxDeviceResetInterval);
+  }
+  recovering_ = false;
+  lock.unlock();
+  cv_.notify_all();  // lanes take jobs again
+}
+
+void QueueWorker::Evict(std::vector<Queued> jobs, const std::string& why, bool reroute) {
+  std::function<void(EvictedJob)> handler;
+  if (reroute) {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler = eviction_handler_;
+  }
+  for (Queued& queued : jobs) {
+    if (handler) {
+      handler(std::move(queued.job));
+      continue;
+    }
+    const absl::Status unavailable = absl::UnavailableError(
+        absl::StrCat(device_.name, " cannot run the request (", why, "); retry later"));
+    if (auto* forward = std::get_if<ForwardJob>(&queued.job)) {
+      Deliver(std::move(forward->done), absl::StatusOr<ForwardResult>(unavailable));
+    } else {
+      Deliver(std::move(std::get<BackwardJob>(queued.job).done),
+              absl::StatusOr<BackwardResult>(unavailable));
+    }
   }
 }
 

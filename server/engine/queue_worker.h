@@ -9,9 +9,14 @@
 // next launch. Subclasses say how a request (or a batch of them) executes on their device.
 // Saved-context jobs (a keep_context forward, a backward on a context) always run alone, and
 // the contexts a device holds count against its memory budget beside the running jobs.
+// A device fault in a launch (device_fault.h) takes the device out of service: the launch's
+// requests are answered UNAVAILABLE, queued jobs go to the eviction handler, lanes take no
+// jobs, and the lane that saw it resets the device once the others are idle (retrying with a
+// doubling interval) before the device serves again.
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -22,6 +27,7 @@
 #include "absl/time/time.h"
 #include "server/engine/answer_pool.h"
 #include "server/engine/context_store.h"
+#include "server/engine/device_health.h"
 #include "server/engine/device_worker.h"
 #include "server/engine/engine_options.h"
 #include "server/metrics/server_metrics.h"
@@ -37,6 +43,8 @@ class QueueWorker : public DeviceWorker {
   void Submit(ForwardJob job, JobCost cost) override;
   void Submit(BackwardJob job, JobCost cost) override;
   WorkerLoad Load() const override;
+  DeviceHealthReport Health() const override { return health_.Report(); }
+  void SetEvictionHandler(std::function<void(EvictedJob)> handler) override;
   void Stop() override;
 
  protected:
@@ -56,6 +64,12 @@ class QueueWorker : public DeviceWorker {
   virtual bool RunsArrivingGroups() const { return false; }
   // Called on each lane's thread once, before its first job (e.g. to bind a CUDA device).
   virtual void OnLaneStart(int /*lane*/) {}
+  // The launch --inject_device_fault makes fail: a device fault (a GPU worker traps a real
+  // kernel on the lane's stream).
+  virtual absl::Status InjectFault(int lane);
+  // Resets the device after a fault; called with no lane running anything. OK: it serves
+  // again. The host CPU has nothing to reset.
+  virtual absl::Status ResetDevice() { return absl::OkStatus(); }
   // One request on lane `lane` (lanes run concurrently). Results carry kernel, device and
   // compute time.
   virtual absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) = 0;
@@ -118,6 +132,16 @@ class QueueWorker : public DeviceWorker {
   template <typename Done, typename Answer>
   void Deliver(Done done, Answer answer);
   void PublishLoad();
+  // A launch's answers; on a device fault among them, takes the device out of service and
+  // hands its queue to the eviction handler. Returns whether the device faulted.
+  template <typename Answers>
+  bool CheckForFault(const Answers& answers);
+  // On the lane that saw the fault: waits for the other lanes' launches, then resets the
+  // device until a reset succeeds (or the worker stops).
+  void RecoverDevice();
+  // Hands jobs to the eviction handler when `reroute` (and one is set), else answers them
+  // UNAVAILABLE on an answer thread.
+  void Evict(std::vector<Queued> jobs, const std::string& why, bool reroute);
 
   const devices::DeviceDescription device_;
   const BatchingOptions batching_;
@@ -126,6 +150,8 @@ class QueueWorker : public DeviceWorker {
   const int answer_threads_per_lane_;
   metrics::ServerMetrics* const metrics_;
   ContextStore* const contexts_;
+  const absl::Duration reset_interval_;
+  DeviceHealth health_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -137,6 +163,8 @@ class QueueWorker : public DeviceWorker {
   int lane_count_ = 1;  // set before the lanes start
   int idle_lanes_ = 0;  // lanes not running a batch
   int memory_waiters_ = 0;  // lanes waiting for running jobs to free device memory
+  bool recovering_ = false;  // a lane is resetting the device after a fault
+  std::function<void(EvictedJob)> eviction_handler_;
   std::vector<std::thread> lanes_;
   std::vector<std::function<bool()>> lane_stops_;  // each written and read by its lane only
   // answer_threads_per_lane_ threads per lane; stopped after the lanes, so it delivers every

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -83,6 +84,14 @@ ABSL_FLAG(int64_t, pinned_host_cache_bytes, -1,
           "GPU hosts: bytes of page-locked receive buffers kept for reuse after their requests, "
           "so steady traffic pins no new memory (-1: twice --data_max_buffered_bytes, at most "
           "a quarter of the host's memory).");
+ABSL_FLAG(double, device_reset_interval_seconds, 1.0,
+          "After a device fault (a sticky CUDA error) the device is out of service until a "
+          "reset of its context succeeds: tried at once, then again after this, doubling up to "
+          "60 s.");
+ABSL_FLAG(std::string, inject_device_fault, "",
+          "TEST ONLY: DEVICE@LAUNCH[/FAILED_RESETS],... makes that launch on the device fail as "
+          "a device fault (a trapped kernel on a GPU) and that many resets after it fail, e.g. "
+          "cpu@3 or cuda:0@5/1.");
 ABSL_FLAG(int32_t, stage_threads_per_lane, 4,
           "Threads per GPU lane that copy a request's inputs of 8 MB and more into pinned "
           "memory (1: the lane's own thread alone).");
@@ -238,6 +247,17 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.engine.stage_threads_per_lane = absl::GetFlag(FLAGS_stage_threads_per_lane);
   config.engine.pinned_host_cache_bytes = PinnedHostCacheBytes(
       absl::GetFlag(FLAGS_pinned_host_cache_bytes), absl::GetFlag(FLAGS_data_max_buffered_bytes));
+  config.engine.device_reset_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_device_reset_interval_seconds));
+  if (config.engine.device_reset_interval < absl::Milliseconds(1) ||
+      config.engine.device_reset_interval > absl::Seconds(3600)) {
+    return absl::InvalidArgumentError(
+        "--device_reset_interval_seconds is out of range [0.001, 3600]");
+  }
+  absl::StatusOr<std::map<std::string, attnserve::engine::InjectedFault>> injected =
+      attnserve::engine::ParseInjectedFaults(absl::GetFlag(FLAGS_inject_device_fault));
+  if (!injected.ok()) return injected.status();
+  config.engine.injected_faults = *std::move(injected);
   attnserve::engine::Limits& limits = config.engine.limits;
   limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   limits.max_total_tokens = absl::GetFlag(FLAGS_max_total_tokens);
@@ -375,6 +395,10 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "attnserve: %s\n", (*app)->SecuritySummary().c_str());
   std::fprintf(stderr, "attnserve: %s\n", attnserve::DescribeDescriptorLimit(descriptors).c_str());
   std::fprintf(stderr, "attnserve: %s\n", (*app)->DataChannelSummary().c_str());
+  if (!config->engine.injected_faults.empty()) {
+    std::fprintf(stderr, "attnserve: WARNING: --inject_device_fault=%s: launches will fail on "
+                 "purpose (tests only)\n", absl::GetFlag(FLAGS_inject_device_fault).c_str());
+  }
   if (config->transport_ceiling) {
     std::fprintf(stderr, "attnserve: WARNING: --transport_ceiling: every answer is zeros, "
                          "nothing is computed (benchmarks only)\n");

@@ -90,8 +90,11 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
       compute_auth, config.advertise_address);
   app->health_ = std::make_unique<transport::HealthService>(health_auth);
   ServerApp* raw = app.get();
+  // Not ready while every device is out of service after a fault: the orchestrator sends the
+  // traffic to replicas that can serve it until a reset brings one back.
   auto is_ready = [raw] {
-    return raw->ready_.load() && transport::GrpcListenerFailure().empty();
+    return raw->ready_.load() && transport::GrpcListenerFailure().empty() &&
+           raw->engine_->AnyDeviceHealthy();
   };
   app->inference_protocol_ = std::make_unique<transport::oip::InferenceProtocol>(
       app->engine_.get(), *app->metrics_->registry(), config.shared_memory);

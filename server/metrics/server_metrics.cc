@@ -122,7 +122,20 @@ ServerMetrics::ServerMetrics(const std::string& version)
                                  .Help("Time of each phase of a launch: stage_in, device and "
                                        "stage_out on a GPU lane; answer (encoding, "
                                        "serializing and finishing the call) off the lane.")
-                                 .Register(*registry_)) {
+                                 .Register(*registry_)),
+      device_healthy_(prometheus::BuildGauge()
+                          .Name("attnserve_device_healthy")
+                          .Help("1 while a device serves requests; 0 after a device fault "
+                                "(sticky CUDA error) until a reset of its context succeeds.")
+                          .Register(*registry_)),
+      device_faults_total_(prometheus::BuildCounter()
+                               .Name("attnserve_device_faults_total")
+                               .Help("Device faults that took a device out of service.")
+                               .Register(*registry_)),
+      device_resets_total_(prometheus::BuildCounter()
+                               .Name("attnserve_device_resets_total")
+                               .Help("Attempts to reset a faulted device, by result.")
+                               .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("attnserve_build_info")
       .Help("Build of this server (value is always 1).")
@@ -210,6 +223,18 @@ void ServerMetrics::RecordLaunchPhase(const std::string& device, const std::stri
   launch_phase_durations_.Get({device, phase}, [&]() -> auto& {
     return launch_phase_duration_.Add({{"device", device}, {"phase", phase}}, LatencyBuckets());
   }).Observe(seconds);
+}
+
+void ServerMetrics::SetDeviceHealthy(const std::string& device, bool healthy) {
+  device_healthy_.Add({{"device", device}}).Set(healthy ? 1 : 0);
+}
+
+void ServerMetrics::RecordDeviceFault(const std::string& device) {
+  device_faults_total_.Add({{"device", device}}).Increment();
+}
+
+void ServerMetrics::RecordDeviceReset(const std::string& device, bool ok) {
+  device_resets_total_.Add({{"device", device}, {"result", ok ? "ok" : "failed"}}).Increment();
 }
 
 void ServerMetrics::SetDeviceInfo(const std::string& device, const std::string& name,

@@ -53,6 +53,11 @@ class ServerMetrics {
                      const std::string& compute_capability);
   void SetDeviceMemoryUsed(const std::string& device, double bytes);
   void SetDeviceMemoryTotal(const std::string& device, double bytes);
+  // Device health (engine/device_health.h): 1 while a device serves, 0 after a fault until a
+  // reset of it succeeds; faults seen; reset attempts by result ("ok", "failed").
+  void SetDeviceHealthy(const std::string& device, bool healthy);
+  void RecordDeviceFault(const std::string& device);
+  void RecordDeviceReset(const std::string& device, bool ok);
 
   // Prometheus text exposition format (version 0.0.4) of every metric.
   std::string Serialize() const;
@@ -89,6 +94,9 @@ class ServerMetrics {
   ChildCache<prometheus::Histogram> request_durations_, queue_durations_, compute_durations_,
       priority_queue_durations_, launch_phase_durations_;
   ChildCache<prometheus::Gauge> queue_depths_, queued_work_gauges_, memory_reserved_gauges_;
+  prometheus::Family<prometheus::Gauge>& device_healthy_;
+  prometheus::Family<prometheus::Counter>& device_faults_total_;
+  prometheus::Family<prometheus::Counter>& device_resets_total_;
 };
 
 }  // namespace attnserve::metrics

@@ -50,6 +50,9 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
       out->add_kernel_families(family);
     }
     AddRoutes(engine.DeviceCoverage(device.name), out);
+    const engine::DeviceHealthReport health = engine.DeviceHealth(device.name);
+    out->set_out_of_service(!health.healthy);
+    out->set_fault(health.fault);
   }
   for (const std::string& family : families) info.add_kernel_families(family);
   const engine::Limits& limits = engine.limits();
