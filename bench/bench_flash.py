@@ -15,8 +15,8 @@ inputs and PyTorch's memory-efficient attention (the kernel PyTorch runs on Turi
 Several --lib give one column per build (e.g. tile-size variants); the first is "ours" in the
 ratio columns. NAME=PATH@CC runs that library's code path for compute capability CC (e.g.
 ours-sm80=PATH@80 times the sm80 kernel on a Hopper GPU beside the sm90 one);
-NAME=PATH+VAR=VALUE sets an environment variable around that column's calls (e.g.
-ours-sm80bwd=PATH+ATTN_FLASH_BWD_SM90=0 times the sm80 backward on a Hopper GPU). Prints a markdown
+NAME=PATH+OFF disables a code path for that column's calls (OFF: a key of attn_capi.PATH_NAMES,
+e.g. ours-sm80bwd=PATH+no-sm90-bwd times the sm80 backward on a Hopper GPU). Prints a markdown
 table; --markdown also writes it to FILE.
 """
 
@@ -281,9 +281,9 @@ def table(rows, names, kind="fwd"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", action="append", default=[],
-                        help="NAME=PATH[@CC][+VAR=VALUE...] of a libattn_capi.so, optionally run "
-                             "as compute capability CC and with environment variables set "
-                             "around its calls (default: ours=<found>)")
+                        help="NAME=PATH[@CC][+OFF...] of a libattn_capi.so, optionally run "
+                             "as compute capability CC and with code paths OFF disabled "
+                             "(no-sm90-fwd, no-sm90-bwd) (default: ours=<found>)")
     parser.add_argument("--backward", action="store_true",
                         help="time the backward (dq, dk, dv) instead of the forward")
     parser.add_argument("--warmup", type=int, default=5)
@@ -306,10 +306,10 @@ def main():
     libs = {}
     for spec in specs:
         name, _, path = spec.partition("=")
-        path, *variables = path.split("+")
+        path, *paths_off = path.split("+")
         path, _, cc = path.partition("@")
-        environment = dict(v.split("=", 1) for v in variables)
-        libs[name] = attn_capi.AttnLibrary(path).family("flash", int(cc or 0), environment)
+        disabled = sum(attn_capi.PATH_NAMES[p] for p in set(paths_off))
+        libs[name] = attn_capi.AttnLibrary(path).family("flash", int(cc or 0), disabled)
     head_dims = {int(x) for x in args.head_dims.split(",")}
 
     rows = []

@@ -5,14 +5,14 @@
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
 #                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
-#                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-env-column NAME=VAR=VALUE]...
+#                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-path-column NAME=OFF]...
 #                    [--bwd-atomic-only] [--bwd-variant-tests EXPR] [--ref-tree DIR]
 #
 # --tests PATH runs only that part of tests/kernels/gpu (a file or a pytest node id);
 # --bwd-head-dims LIST (default 64,128,192,256) limits the backward benchmark's rows.
 # --head-dims LIST (e.g. "192;256") builds only those head dims (ATTN_HEAD_DIMS; a shorter build).
-# --bwd-env-column NAME=VAR=VALUE (repeatable) adds a backward benchmark column NAME: the same
-# build with VAR=VALUE set around its calls (e.g. ours-sm80bwd=ATTN_FLASH_BWD_SM90=0).
+# --bwd-path-column NAME=OFF (repeatable) adds a backward benchmark column NAME: the same
+# build with code path OFF disabled (bench_flash.py --lib; e.g. ours-sm80bwd=no-sm90-bwd).
 # --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
 # only, in the background while the tests run) and benchmarks them as extra columns.
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128, or --head-dims) with FLAGS
@@ -41,7 +41,7 @@ test_path=tests/kernels/gpu
 bwd_head_dims=64,128,192,256
 build_head_dims=()
 variant_head_dims="64;128"
-bwd_env_columns=()
+bwd_path_columns=()
 bwd_bench_flags=()
 variant_tests=""
 ref_tree=""
@@ -60,7 +60,7 @@ while (($#)); do
       variant_head_dims="$2"
       shift
       ;;
-    --bwd-env-column) value_of "$1" $#; bwd_env_columns+=("$2"); shift ;;
+    --bwd-path-column) value_of "$1" $#; bwd_path_columns+=("$2"); shift ;;
     --bwd-variant-tests) value_of "$1" $#; variant_tests="$2"; shift ;;
     --ref-tree) value_of "$1" $#; ref_tree="$2"; shift ;;
     --bwd-atomic-only) bwd_bench_flags+=("--no-deterministic") ;;
@@ -133,7 +133,7 @@ done
 
 status=0
 export ATTN_CAPI="$PWD/build-gpu/lib/libattn_capi.so"
-for spec in "${bwd_env_columns[@]}"; do
+for spec in "${bwd_path_columns[@]}"; do
   bwd_variant_libs+=("--lib" "${spec%%=*}=$ATTN_CAPI+${spec#*=}")
 done
 if ((run_tests)); then

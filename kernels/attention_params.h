@@ -87,7 +87,9 @@ struct BackwardParams {
 // in device memory, and may use `workspace` (device scratch of workspace_bytes).
 // compute_capability (major * 10 + minor) selects the code path a GPU family runs, so an
 // older architecture's path (Turing flash, the fallback's sm70/sm75 paths) can be run and tested
-// on a newer GPU; 0 = the current device's own.
+// on a newer GPU; 0 = the current device's own. disabled_paths (kPath* bits) switches off a
+// path within one architecture, so tests and benchmarks can run the next one down on the same
+// device (flash's sm80 kernels on a Hopper GPU); 0 = every path where it is built and fits.
 struct ExecutionContext {
   int num_threads = 0;
   void* stream = nullptr;
@@ -98,7 +100,12 @@ struct ExecutionContext {
   // true stops the launch with KernelStatus::Stopped(), so a request whose deadline passed or
   // whose caller left stops within one item's time instead of running to the end. Empty: never.
   std::function<bool()> should_stop;
+  unsigned disabled_paths = 0;
 };
+
+// ExecutionContext::disabled_paths bits (the C ABI's ATTN_PATH_* have the same values).
+inline constexpr unsigned kPathSm90Forward = 1u << 0;   // flash's wgmma forward: sm80 runs instead
+inline constexpr unsigned kPathSm90Backward = 1u << 1;  // flash's wgmma dK/dV: sm80 runs instead
 
 // Kernels report failure as a message; the engine turns it into absl::Status.
 struct KernelStatus {

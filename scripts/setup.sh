@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
 # Installs every dependency attnserve needs on a fresh Debian 12 machine, idempotently:
 # Debian packages for the C++ build, and a project virtualenv (.venv) with the Python ones.
+# `scripts/setup.sh --demo` installs only what scripts/demo.sh needs (the compiler and the
+# libraries of attnserve and attnctl; no test tools, no virtualenv), so a first run is quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+demo_only=0
+[ "${1:-}" = "--demo" ] && demo_only=1
 
+# Building attnserve and attnctl (scripts/demo.sh needs nothing more).
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libcivetweb-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  gnuplot-nox  # draws attnload --sweep's latency/throughput PNG
-  prometheus  # prometheus and promtool for tests/deploy (rule checks, rule unit tests, e2e scrape)
-  clang libclang-rt-14-dev  # sanitizer and libFuzzer builds (scripts/test_hardening.sh)
   libssl-dev  # OpenSSL headers; and libssl.so/libcrypto.so, which civetweb opens for HTTPS
-  openssl  # the tests make throwaway TLS certificates with it
   libgoogle-perftools-dev  # tcmalloc: the server's allocator (CMakeLists.txt, ATTN_TCMALLOC)
 )
+# Testing and benchmarking (scripts/test.sh).
+if ((!demo_only)); then
+  APT_PACKAGES+=(
+    libgtest-dev libgmock-dev libbenchmark-dev
+    gnuplot-nox  # draws attnload --sweep's latency/throughput PNG
+    prometheus  # prometheus and promtool for tests/deploy (rule checks, rule unit tests, e2e scrape)
+    clang libclang-rt-14-dev  # sanitizer and libFuzzer builds (scripts/test_hardening.sh)
+    openssl  # the tests make throwaway TLS certificates with it
+  )
+fi
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -27,6 +37,10 @@ if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if ((demo_only)); then
+  echo "setup: done (demo only)"
+  exit 0
 fi
 
 PYTHON="${PYTHON:-python3}"

@@ -6,6 +6,10 @@
 #include "kernels/attention_params.h"
 #include "kernels/kernel_families.h"
 
+// disabled_paths passes through unchanged, so the two sets of bits must agree.
+static_assert(ATTN_PATH_SM90_FORWARD == attnserve::kernels::kPathSm90Forward);
+static_assert(ATTN_PATH_SM90_BACKWARD == attnserve::kernels::kPathSm90Backward);
+
 namespace {
 
 using attnserve::kernels::DType;
@@ -103,6 +107,7 @@ attnserve::kernels::ExecutionContext ContextOf(const AttnFwdArgs* a, void* works
   ctx.workspace = workspace;
   ctx.workspace_bytes = workspace_bytes;
   ctx.compute_capability = a->compute_capability;
+  ctx.disabled_paths = a->disabled_paths;
   return ctx;
 }
 

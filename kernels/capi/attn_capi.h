@@ -12,7 +12,12 @@
 extern "C" {
 #endif
 
-#define ATTN_CAPI_VERSION 3
+#define ATTN_CAPI_VERSION 4
+
+/* AttnFwdArgs.disabled_paths bits: code paths a family must not take even where built and
+   fitting, so a test or benchmark runs the next path down on the same device. */
+#define ATTN_PATH_SM90_FORWARD 1u  /* flash's wgmma forward on Hopper: sm80 runs instead */
+#define ATTN_PATH_SM90_BACKWARD 2u /* flash's wgmma dK/dV backward on Hopper: sm80 runs instead */
 
 enum AttnDType { ATTN_DTYPE_FLOAT16 = 0, ATTN_DTYPE_BFLOAT16 = 1, ATTN_DTYPE_FLOAT32 = 2 };
 
@@ -44,6 +49,7 @@ typedef struct AttnFwdArgs {
   int32_t compute_capability; /* code path to run (major*10+minor), 0 = the device's own */
   void* workspace;            /* forward scratch of attn_forward_workspace_bytes() bytes */
   size_t workspace_bytes;
+  uint32_t disabled_paths; /* ATTN_PATH_* bits; 0 = every path */
 } AttnFwdArgs;
 
 /* The backward: the forward's shape and options (fwd.out is the forward's output, fwd.lse its

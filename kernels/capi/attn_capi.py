@@ -6,18 +6,20 @@ PyTorch's current stream, reading and writing the tensors' device memory directl
     lib = AttnLibrary(find_library())
     flash = lib.family("flash")                       # the device's own code path
     turing = lib.family("flash", compute_capability=75)
-    sm80bwd = lib.family("flash", environment={"ATTN_FLASH_BWD_SM90": "0"})  # switches
+    sm80bwd = lib.family("flash", disabled_paths=PATH_SM90_BACKWARD)  # Hopper's sm80 path
     out, lse = flash.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
 """
 
-import contextlib
 import ctypes
 import math
 import os
 import pathlib
 
-CAPI_VERSION = 3
+CAPI_VERSION = 4
 DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32 = 0, 1, 2
+# disabled_paths bits (ATTN_PATH_* in attn_capi.h), and their names in bench specs.
+PATH_SM90_FORWARD, PATH_SM90_BACKWARD = 1, 2
+PATH_NAMES = {"no-sm90-fwd": PATH_SM90_FORWARD, "no-sm90-bwd": PATH_SM90_BACKWARD}
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _DEFAULT_PATHS = [
@@ -55,6 +57,7 @@ class AttnFwdArgs(ctypes.Structure):
         ("compute_capability", ctypes.c_int32),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("disabled_paths", ctypes.c_uint32),
     ]
 
 
@@ -108,34 +111,20 @@ class AttnLibrary:
         """Names of the GPU kernel families built into the library."""
         return [f for f in self._lib.attn_capi_families().decode().split(",") if f]
 
-    def family(self, name, compute_capability=0, environment=None):
+    def family(self, name, compute_capability=0, disabled_paths=0):
         """One family's entry points; compute_capability (major*10+minor, 0 = the device's own)
-        picks the code path, e.g. 75 runs Turing's on a newer GPU. environment: variables set
-        in the process environment for the duration of each call (the library reads
-        switches such as ATTN_FLASH_BWD_SM90 per call), restored afterwards."""
-        return KernelFamily(self._lib, name, compute_capability, environment)
+        picks the code path, e.g. 75 runs Turing's on a newer GPU; disabled_paths (PATH_* bits)
+        switches paths off within it, e.g. PATH_SM90_BACKWARD runs the sm80 backward on Hopper."""
+        return KernelFamily(self._lib, name, compute_capability, disabled_paths)
 
 
 class KernelFamily:
-    def __init__(self, lib, name, compute_capability, environment=None):
+    def __init__(self, lib, name, compute_capability, disabled_paths=0):
         self._lib = lib
         self.name = name
         self.compute_capability = compute_capability
-        self.environment = dict(environment or {})
+        self.disabled_paths = disabled_paths
         self._name = name.encode()
-
-    @contextlib.contextmanager
-    def _environment(self):
-        saved = {key: os.environ.get(key) for key in self.environment}
-        os.environ.update(self.environment)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                 softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, out=None,
@@ -154,15 +143,14 @@ class KernelFamily:
         args = _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, softmax_scale, causal, window, softcap,
                          cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code,
-                         self.compute_capability)
+                         self.compute_capability, self.disabled_paths)
         if workspace is None:
             size = self._lib.attn_forward_workspace_bytes(self._name, ctypes.byref(args))
             workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
         args.workspace = workspace.data_ptr()
         args.workspace_bytes = workspace.numel()
         err = ctypes.create_string_buffer(512)
-        with self._environment():
-            failed = self._lib.attn_forward(self._name, ctypes.byref(args), err, len(err)) != 0
+        failed = self._lib.attn_forward(self._name, ctypes.byref(args), err, len(err)) != 0
         if failed:
             raise KernelError(err.value.decode())
         return out, lse
@@ -185,7 +173,7 @@ class KernelFamily:
             fwd=_fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, softmax_scale, causal, window, softcap,
                           cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code,
-                          self.compute_capability),
+                          self.compute_capability, self.disabled_paths),
             dout=dout.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(), dv=dv.data_ptr(),
             deterministic=int(bool(deterministic)))
         if workspace is None:
@@ -194,8 +182,7 @@ class KernelFamily:
         args.workspace = workspace.data_ptr()
         args.workspace_bytes = workspace.numel()
         err = ctypes.create_string_buffer(512)
-        with self._environment():
-            failed = self._lib.attn_backward(self._name, ctypes.byref(args), err, len(err)) != 0
+        failed = self._lib.attn_backward(self._name, ctypes.byref(args), err, len(err)) != 0
         if failed:
             raise KernelError(err.value.decode())
         return dq, dk, dv
@@ -206,14 +193,15 @@ class KernelFamily:
         args = AttnBwdArgs(fwd=AttnFwdArgs(
             dtype=dtype_code, batch=cu_seqlens_q.numel() - 1, total_q=q.shape[0],
             total_k=k.shape[0], num_heads=q.shape[1], num_heads_k=k.shape[1],
-            head_dim=q.shape[2], compute_capability=self.compute_capability),
+            head_dim=q.shape[2], compute_capability=self.compute_capability,
+            disabled_paths=self.disabled_paths),
             deterministic=int(bool(deterministic)))
         return self._lib.attn_backward_workspace_bytes(self._name, ctypes.byref(args))
 
 
 def _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal, window, softcap, cu_seqlens_q_host, cu_seqlens_k_host,
-              stream, dtype_code, compute_capability):
+              stream, dtype_code, compute_capability, disabled_paths):
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("cu_seqlens_q", cu_seqlens_q),
@@ -240,7 +228,8 @@ def _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         cu_seqlens_q_host=_host_ptr(cu_seqlens_q_host),
         cu_seqlens_k_host=_host_ptr(cu_seqlens_k_host),
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
-        lse=lse.data_ptr(), stream=stream, compute_capability=compute_capability)
+        lse=lse.data_ptr(), stream=stream, compute_capability=compute_capability,
+        disabled_paths=disabled_paths)
 
 
 def _host_ptr(tensor):

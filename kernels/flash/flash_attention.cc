@@ -6,7 +6,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -107,15 +106,6 @@ const BackwardKernelEntry* FindSm90BackwardKernel(int head_dim) {
     if (entry.head_dim == head_dim) return &entry;
   }
   return nullptr;
-}
-
-// An environment switch over a Hopper kernel: "0" never runs it; anything else (unset) runs it
-// wherever it is built and fits. For operators, and for the GPU tests and benchmarks, which run
-// every path on one device. Read per call (one getenv, no allocation) rather than once, so one
-// process can set and clear it between calls.
-bool Sm90Allowed(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr || value[0] != '0' || value[1] != '\0';
 }
 
 const TuringKernelEntry* FindTuringKernel(int head_dim) {
@@ -356,14 +346,14 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     kernel_head_dim = kernel->head_dim;
     smem = ForwardSmemBytes<Sm80>(kernel_head_dim);
     // Hopper: the wgmma kernel where one is built for this head dim and fits the block's shared
-    // memory (every feature is supported there; ATTN_FLASH_FWD_SM90=0 switches it off);
+    // memory (every feature is supported there), unless the context disables kPathSm90Forward;
     // otherwise the sm80 kernel. Its sm_90a code runs on compute capability 9.x devices only
     // (arch-specific features are not forward compatible), so newer GPUs keep the sm80 kernel.
     const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
     if (target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 && sm90 != nullptr &&
         Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
-        Sm90Allowed("ATTN_FLASH_FWD_SM90")) {
+        (ctx.disabled_paths & kPathSm90Forward) == 0) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90ForwardSmemBytes(kernel_head_dim);
     }
@@ -411,15 +401,15 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper, unless ATTN_FLASH_BWD_SM90=0: the wgmma dK/dV kernel where one is built
-    // for this head dim and fits the block's shared memory, in the atomic-dQ mode only (the
-    // deterministic mode keeps the sm80 path); 9.x devices only, as for the sm90 forward.
+    // Hopper, unless the context disables kPathSm90Backward: the wgmma dK/dV kernel where one
+    // is built for this head dim and fits the block's shared memory, in the atomic-dQ mode only
+    // (the deterministic mode keeps the sm80 path); 9.x devices only, as for the sm90 forward.
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
     if (!params.deterministic && sm90 != nullptr &&
         target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 &&
         Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
-        Sm90Allowed("ATTN_FLASH_BWD_SM90")) {
+        (ctx.disabled_paths & kPathSm90Backward) == 0) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);
     }

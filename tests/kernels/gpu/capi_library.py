@@ -8,7 +8,8 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "kernels" / "capi"))
 import attn_capi  # noqa: E402
-from attn_capi import KernelError  # noqa: E402,F401  (re-exported for the tests)
+# Re-exported for the tests.
+from attn_capi import KernelError, PATH_SM90_BACKWARD, PATH_SM90_FORWARD  # noqa: E402,F401
 
 _library = None
 
@@ -24,11 +25,11 @@ def library():
     return _library
 
 
-def load_family(name, compute_capability=0, environment=None):
-    """One kernel family's entry points (with `environment` set around each call, for
-    switches such as ATTN_FLASH_BWD_SM90), or a module-level skip when it is not built."""
+def load_family(name, compute_capability=0, disabled_paths=0):
+    """One kernel family's entry points (disabled_paths: attn_capi.PATH_* bits, e.g.
+    PATH_SM90_BACKWARD), or a module-level skip when it is not built."""
     lib = library()
     if name not in lib.families():
         pytest.skip(f"kernel family {name!r} is not built into {lib.path}",
                     allow_module_level=True)
-    return lib.family(name, compute_capability, environment)
+    return lib.family(name, compute_capability, disabled_paths)

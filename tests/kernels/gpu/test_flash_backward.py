@@ -11,7 +11,7 @@ than sm80 every case also runs the sm80 code path as an A100 would (compute_capa
 at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU the device path runs the
 Hopper (wgmma) dK/dV kernels (atomic mode; the deterministic mode is the sm80 kernels'; head dims
 64 / 128: bwd_sm90_kernel.cuh, 192 / 256: bwd_sm90_wide_kernel.cuh), so every case also runs with
-ATTN_FLASH_BWD_SM90=0, the sm80 kernels on the same device, and test_sm90_backward_runs checks
+PATH_SM90_BACKWARD disabled, the sm80 kernels on the same device, and test_sm90_backward_runs checks
 which kernel ran.
 Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from capi_library import KernelError, load_family  # noqa: E402
+from capi_library import PATH_SM90_BACKWARD, KernelError, load_family  # noqa: E402
 from oracle import Options, relative_error, visible_mask  # noqa: E402
 from oracle_backward import pytorch_low_precision_grads, reference_grads  # noqa: E402
 from test_flash_forward import (DTYPES, LIB, MASKS, VARLEN_K, VARLEN_Q, make_inputs,  # noqa: E402
@@ -38,7 +38,7 @@ if torch.cuda.get_device_capability() > (8, 0):
     BACKWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
 # The sm80 kernels on a Hopper GPU (its own path runs the wgmma dK/dV kernel at 64 and 128).
 SM80_ON_HOPPER = ("sm90 backward off",
-                  load_family("flash", environment={"ATTN_FLASH_BWD_SM90": "0"}))
+                  load_family("flash", disabled_paths=PATH_SM90_BACKWARD))
 if torch.cuda.get_device_capability()[0] == 9:
     BACKWARD_LIBS.append(SM80_ON_HOPPER)
 
@@ -232,8 +232,8 @@ def test_error_workspace_too_small():
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_sm90_backward_runs(head_dim):
     """On a 9.x GPU the wgmma dK/dV kernel is the one that runs (when this build has it: sm_90 in
-    CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS), and ATTN_FLASH_BWD_SM90=0
-    switches it off."""
+    CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS), and disabling
+    PATH_SM90_BACKWARD switches it off."""
     from torch.profiler import ProfilerActivity, profile
 
     kwargs = _backward_call(head_dim=head_dim)

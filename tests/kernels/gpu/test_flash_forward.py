@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from capi_library import KernelError, load_family  # noqa: E402
+from capi_library import PATH_SM90_FORWARD, KernelError, load_family  # noqa: E402
 from oracle import Options, pytorch_low_precision, reference, relative_error  # noqa: E402
 
 LIB = load_family("flash")
@@ -29,7 +29,7 @@ LIB = load_family("flash")
 FORWARD_LIBS = [("device", LIB)]
 if torch.cuda.get_device_capability() > (8, 0):
     FORWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
-SM80_ON_HOPPER = load_family("flash", environment={"ATTN_FLASH_FWD_SM90": "0"})
+SM80_ON_HOPPER = load_family("flash", disabled_paths=PATH_SM90_FORWARD)
 
 BASE_SEED = int(os.environ["ATTN_TEST_SEED"])  # conftest.py draws one when unset
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -260,7 +260,7 @@ def _forward_kernels(lib, head_dim, max_seqlen_k):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_sm90_forward_choice(head_dim):
     """Hopper: the wgmma forward runs whatever the lengths (when this build has it: sm_90
-    targeted, the head dim in ATTN_HEAD_DIMS); ATTN_FLASH_FWD_SM90=0 switches it off."""
+    targeted, the head dim in ATTN_HEAD_DIMS); disabling PATH_SM90_FORWARD switches it off."""
     def ran_sm90(lib, max_seqlen_k):
         names = _forward_kernels(lib, head_dim, max_seqlen_k)
         assert any("FlashForward" in name for name in names), names
