@@ -1,5 +1,7 @@
 #include "server/engine/device_health.h"
 
+#include <cstdio>
+
 
 namespace attnserve::engine {
 
@@ -45,7 +47,16 @@ absl::Status DeviceHealth::RecordReset(absl::Status result) {
       --injected_.failed_resets;
       result = absl::InternalError("injected reset failure (--inject_device_fault)");
     }
-    if (result.ok()) report_ = DeviceHealthReport{};
+    if (result.ok()) {
+      report_ = DeviceHealthReport{};
+    } else {
+      ++report_.failed_resets;
+      report_.reset_error = std::string(result.message());
+    }
+  }
+  if (!result.ok()) {
+    std::fprintf(stderr, "attnserve: %s: reset after a device fault failed: %s\n",
+                 device_.c_str(), std::string(result.message()).c_str());
   }
   if (metrics_ != nullptr) {
     metrics_->RecordDeviceReset(device_, result.ok());

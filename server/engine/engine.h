@@ -58,7 +58,15 @@ struct ContextLimits {
 struct DeviceHealthReport {
   bool healthy = true;
   std::string fault;  // what took it out of service (a device fault); empty while healthy
+  // Resets tried since the fault that all failed, and why the last one did.
+  int failed_resets = 0;
+  std::string reset_error;
 };
+
+// Failed resets after which a device counts as lost to this process: on the GPU machine a
+// sticky error (a trapped kernel) survived cudaDeviceReset every time, so only a new process
+// brings the GPU back.
+inline constexpr int kFailedResetsBeforeRestart = 3;
 
 class Engine {
  public:
@@ -105,6 +113,9 @@ class Engine {
   virtual DeviceHealthReport DeviceHealth(const std::string& /*device*/) const { return {}; }
   // Whether some device serves: readiness fails while every one is out of service.
   virtual bool AnyDeviceHealthy() const { return true; }
+  // Non-empty when no device serves and none could be reset kFailedResetsBeforeRestart times
+  // in a row: why the process should be restarted (liveness fails with it).
+  virtual std::string NeedsRestart() const { return ""; }
 };
 
 }  // namespace attnserve::engine

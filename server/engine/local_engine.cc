@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/devices/capability_emulation.h"
 #include "server/engine/cpu_worker.h"
 #ifdef ATTN_WITH_CUDA
@@ -355,6 +356,20 @@ bool LocalEngine::AnyDeviceHealthy() const {
     if (worker->Health().healthy) return true;
   }
   return false;
+}
+
+std::string LocalEngine::NeedsRestart() const {
+  std::vector<std::string> lost;
+  for (const auto& worker : workers_) {
+    const DeviceHealthReport health = worker->Health();
+    if (health.healthy || health.failed_resets < kFailedResetsBeforeRestart) return "";
+    lost.push_back(absl::StrCat(worker->device().name, ": ", health.fault, "; ",
+                                health.failed_resets, " resets failed, the last with ",
+                                health.reset_error));
+  }
+  if (lost.empty()) return "";
+  return absl::StrCat("no device can serve and none could be reset (", absl::StrJoin(lost, "; "),
+                      "): restart the process");
 }
 
 std::vector<CoverageRow> LocalEngine::DeviceCoverage(const std::string& device) const {

@@ -45,6 +45,7 @@ class LocalEngine : public Engine {
   std::vector<CoverageRow> DeviceCoverage(const std::string& device) const override;
   DeviceHealthReport DeviceHealth(const std::string& device) const override;
   bool AnyDeviceHealthy() const override;
+  std::string NeedsRestart() const override;
 
  private:
   LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metrics,

@@ -151,7 +151,12 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   http_options.tls = tls;
   http_options.auth = compute_auth;
   http_options.open_health_and_metrics = config.auth_open_health_and_metrics;
-  http_options.liveness_failure = transport::GrpcListenerFailure;
+  // Not alive when the gRPC listener gave up, or when every device is lost to this process
+  // (faulted, and resets keep failing): only a restart brings either back.
+  http_options.liveness_failure = [raw] {
+    std::string why = transport::GrpcListenerFailure();
+    return why.empty() ? raw->engine_->NeedsRestart() : why;
+  };
   absl::StatusOr<std::unique_ptr<transport::HttpServer>> http = transport::HttpServer::Start(
       http_options, app->engine_.get(), app->metrics_.get(), is_ready);
   if (!http.ok()) {

@@ -3,6 +3,8 @@ faults is answered UNAVAILABLE (retryable), the device is reported out of servic
 GetServerInfo, /readyz while no device can serve), later calls are refused UNAVAILABLE, and the
 device serves again only after a reset of it succeeds. tests/gpu/test_device_faults_gpu.py does
 the same with a real trapped kernel."""
+import urllib.error
+
 import grpc
 import numpy as np
 import pytest
@@ -96,3 +98,17 @@ def test_a_device_comes_back_only_after_a_reset_succeeds(recovering_server, rng)
     assert info.out_of_service is False and info.fault == ""
     for _ in range(3):
         expect_correct(recovering_server, rng)
+
+
+def test_a_device_that_cannot_be_reset_fails_liveness(rng):
+    """Resets that keep failing (as a trapped kernel's sticky error does on a real GPU) leave
+    no device that can serve: liveness fails too, naming why, so the orchestrator restarts."""
+    for server in run_server({"devices": "cpu", "inject_device_fault": "cpu@1/1000000",
+                              "device_reset_interval_seconds": 0.01}):
+        expect_unavailable(server, rng, "injected device fault")
+        server.wait_for_metric("attnserve_device_resets_total", 3, 'device="cpu",result="failed"')
+        assert server.http_status("/healthz") == 503
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            server.http_get("/healthz")
+        body = failed.value.read().decode()
+        assert "restart the process" in body and "injected reset failure" in body
