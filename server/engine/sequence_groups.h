@@ -20,8 +20,10 @@ namespace attnserve::engine {
 class SequenceGroups {
  public:
   // `ends`: each group's end sequence index, increasing, the last one the batch size.
-  // `finished(g)` (may be empty) runs on the worker's thread once group g's outputs are at
-  // their destinations; `cancelled` (may be empty) and `deadline` end a wait early.
+  // `finished(g)` (may be empty) runs once group g's outputs are at their destinations, in
+  // group order: on the CPU worker's thread, or on a CUDA host-function thread for a GPU lane
+  // (so it must neither block nor call CUDA). `cancelled` (may be empty) and `deadline` end a
+  // wait early.
   SequenceGroups(std::vector<int32_t> ends, absl::Time deadline,
                  std::function<bool()> cancelled, std::function<void(int)> finished);
 
