@@ -2,6 +2,8 @@
 
 #include <grpcpp/server_context.h>
 
+#include "common/grpc_tsan_handoff.h"
+
 namespace attnserve::transport {
 
 AnswerReactor::AnswerReactor(grpc::CallbackServerContext* context, CallSlots* slots,
@@ -28,10 +30,14 @@ void AnswerReactor::FinishCall(const grpc::Status& status) {
                         if (watch->context != nullptr) watch->context->TryCancel();
                       });
   }
+  // What this call's threads wrote (watch_, holds_slot_) reaches OnDone through gRPC's core,
+  // which TSan cannot see (common/grpc_tsan_handoff.h).
+  HandOffToGrpc(this);
   Finish(status);
 }
 
 void AnswerReactor::OnDone() {
+  TakeBackFromGrpc(this);
   {
     std::lock_guard<std::recursive_mutex> lock(watch_->mu);
     watch_->context = nullptr;
