@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from attnserve import UnsupportedOptionError  # noqa: E402
 from attnserve import flash_attn as fa  # noqa: E402
 from torch_reference import attention_varlen  # noqa: E402
+from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
 
 _V2_TAIL = ["dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes",
             "deterministic", "return_attn_probs"]
@@ -42,14 +43,6 @@ SIGNATURES = {
                                           _V1_DEFAULTS),
 }
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # As in test_torch_dropin: torch's spinning OpenMP workers would starve the local server.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _rel(actual, expected):

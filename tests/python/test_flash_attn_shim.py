@@ -20,18 +20,11 @@ import attnserve  # noqa: E402
 from attnserve import flash_attn_shim  # noqa: E402
 from server_process import REPO_ROOT  # noqa: E402
 from torch_reference import attention_varlen  # noqa: E402
+from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
 
 CLIENT_DIR = REPO_ROOT / "client" / "python"
 SHIM_MODULES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # As in test_torch_dropin: torch's spinning OpenMP workers would starve the local server.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -10,15 +10,8 @@ torch = pytest.importorskip("torch")
 
 import attnserve  # noqa: E402
 from attnserve.flash_attn import flash_attn_func, flash_attn_varlen_kvpacked_func  # noqa: E402
+from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # As in test_torch_dropin: torch's spinning OpenMP workers would starve the local server.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

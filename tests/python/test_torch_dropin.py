@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 import attnserve  # noqa: E402
 from attnserve import UnsupportedOptionError, connections, flash_attn_varlen_func  # noqa: E402
 from torch_reference import attention_varlen  # noqa: E402
+from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative Frobenius error against float64 from the same rounded inputs (shared/DESIGN.md).
@@ -27,15 +28,6 @@ CASES = {
     "mqa_window": ([11, 6], [11, 6], 4, 1, 16, {"window_size": (3, 0)}, 1.0),
 }
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # The server runs on this machine's few cores, and torch's OpenMP workers busy-wait
-    # between ops: with more than one they starve it and every call takes seconds.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _cu(lengths):

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from server_process import REPO_ROOT  # noqa: E402
+from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
 
 
 def _load_example():
@@ -19,14 +20,6 @@ def _load_example():
 
 example = _load_example()
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # As in test_torch_dropin: torch's spinning OpenMP workers would starve the local server.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -15,6 +15,7 @@ import attnserve  # noqa: E402
 from attnserve import UnsupportedOptionError  # noqa: E402
 from attnserve.transformers_attention import attnserve_attention  # noqa: E402
 from torch_reference import attention_varlen  # noqa: E402
+from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
 
 VOCAB = 64
 TOLERANCE = 1e-4  # float32 end to end, over a few layers and optimizer steps
@@ -22,14 +23,6 @@ SMALL = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # As in test_torch_dropin: torch's spinning OpenMP workers would starve the local server.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", autouse=True)
