@@ -1,6 +1,7 @@
 """Builds Open Inference Protocol requests with tritonclient (its gRPC and HTTP clients share
 one API) for the attention models, and checks answers against the float64 reference."""
 import numpy as np
+import pytest
 from ml_dtypes import bfloat16
 
 from cases import TOLERANCE, rel_error
@@ -44,3 +45,20 @@ def as_dtype(array, dtype):
 def check_close(actual, expected, dtype, name):
     error = rel_error(actual, expected)
     assert error <= TOLERANCE[np.dtype(dtype)], f"{name}: relative error {error}"
+
+
+# Fixtures the inference-protocol test modules import: a server with shared memory allowed,
+# and tritonclient's gRPC client of it.
+@pytest.fixture(scope="module")
+def oip_server():
+    from server_process import MAIN_LIMITS, run_server
+
+    yield from run_server(dict(MAIN_LIMITS, allow_shared_memory="true"))
+
+
+@pytest.fixture(scope="module")
+def triton(oip_server):
+    import tritonclient.grpc
+
+    with tritonclient.grpc.InferenceServerClient(oip_server.target) as client:
+        yield client

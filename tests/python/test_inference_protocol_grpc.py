@@ -11,22 +11,12 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from attnserve import reference  # noqa: E402
-from oip_helpers import as_dtype, check_close, inputs_for, make_problem  # noqa: E402
-from server_process import MAIN_LIMITS, run_server  # noqa: E402
+from oip_helpers import (as_dtype, check_close, inputs_for, make_problem,  # noqa: E402,F401
+                         oip_server, triton)
 
 FORWARD_INPUTS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"]
 BACKWARD_INPUTS = ["dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k"]
 
-
-@pytest.fixture(scope="module")
-def oip_server():
-    yield from run_server(dict(MAIN_LIMITS, allow_shared_memory="true"))
-
-
-@pytest.fixture(scope="module")
-def triton(oip_server):
-    with tritonclient_grpc.InferenceServerClient(oip_server.target) as client:
-        yield client
 
 
 def test_health_and_metadata(triton):

@@ -12,21 +12,11 @@ shm = pytest.importorskip("tritonclient.utils.shared_memory")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from attnserve import reference  # noqa: E402
-from oip_helpers import check_close, make_problem  # noqa: E402
+from oip_helpers import check_close, make_problem, oip_server, triton  # noqa: E402,F401
 from server_process import MAIN_LIMITS, run_server  # noqa: E402
 
 NAMES = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"]
 
-
-@pytest.fixture(scope="module")
-def oip_server():
-    yield from run_server(dict(MAIN_LIMITS, allow_shared_memory="true"))
-
-
-@pytest.fixture(scope="module")
-def triton(oip_server):
-    with tritonclient_grpc.InferenceServerClient(oip_server.target) as client:
-        yield client
 
 
 @pytest.fixture
