@@ -26,7 +26,6 @@ class CpuWorker : public QueueWorker {
   }
 
  private:
-  bool RunsArrivingGroups() const override { return true; }  // every path is RunForward's
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
   // OK when the catalog's families run this request here; under --kernel=<a GPU family>,

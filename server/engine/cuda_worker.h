@@ -42,9 +42,6 @@ class CudaWorker : public QueueWorker {
   // and the reset of the device's context that puts it back in service.
   absl::Status InjectFault(int lane) override;
   absl::Status ResetDevice() override;
-  // A forward still arriving runs group by group as its groups arrive (cuda_grouped_forward.h),
-  // and so does one that runs on the host (kernel_runner.cc).
-  bool RunsArrivingGroups() const override { return true; }
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
   std::vector<absl::StatusOr<ForwardResult>> ExecuteBatch(

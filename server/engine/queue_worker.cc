@@ -7,7 +7,6 @@
 #include "server/engine/batching.h"
 #include "server/engine/device_fault.h"
 #include "server/engine/request_cost.h"
-#include "server/engine/sequence_groups.h"
 
 namespace attnserve::engine {
 namespace {
@@ -406,12 +405,9 @@ absl::StatusOr<BackwardResult> QueueWorker::ExecuteOnContext(const BackwardInput
 
 std::vector<absl::StatusOr<ForwardResult>> QueueWorker::Launch(
     const std::vector<Queued>& batch, const std::vector<const ForwardInputs*>& parts, int lane) {
+  // A forward still arriving (inputs.groups) is waited for group by group by the worker's own
+  // paths: RunForward on the host, cuda_grouped_forward.h on GPUs.
   const ForwardJob& job = std::get<ForwardJob>(batch[0].job);
-  if (job.inputs.groups != nullptr && !RunsArrivingGroups()) {
-    if (absl::Status arrived = job.inputs.groups->WaitForAll(); !arrived.ok()) {
-      return {arrived};
-    }
-  }
   if (!job.inputs.keep_context || contexts_ == nullptr) return ExecuteBatch(parts, lane);
   std::unique_ptr<ContextMemory> kept;
   std::vector<absl::StatusOr<ForwardResult>> answers;

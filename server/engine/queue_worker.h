@@ -59,9 +59,6 @@ class QueueWorker : public DeviceWorker {
   // been cancelled by its caller, for ExecutionContext::should_stop. Safe from any thread.
   const std::function<bool()>& LaneStop(int lane) const { return lane_stops_[lane]; }
 
-  // Whether this worker's Execute paths wait for a forward's arriving groups themselves
-  // (RunForward does); otherwise the lane waits for all of them before it launches.
-  virtual bool RunsArrivingGroups() const { return false; }
   // Called on each lane's thread once, before its first job (e.g. to bind a CUDA device).
   virtual void OnLaneStart(int /*lane*/) {}
   // The launch --inject_device_fault makes fail: a device fault (a GPU worker traps a real
