@@ -1,6 +1,7 @@
 """Grouped data channel calls on the GPU (issue 24 item 3), against a running server: checks
-that a large multi-sequence forward (grouped on the server; chunks in group order or not) and
-its backward, plain and by a kept context, equal the gRPC path within bf16 tolerance, then
+that a large multi-sequence forward and its backward, plain and by a kept context (each grouped
+on the server; chunks in group order or not; even groups, and uneven ones with a group of keys
+only), equal the gRPC path bitwise or within bf16 tolerance, then
 prints the torch drop-in step time (transport_bench.dropin_step) and a large numpy forward's
 time with the clients' group_chunks on and off. Run by bench/overlap_gpu.sh."""
 import argparse
@@ -22,10 +23,18 @@ def _error(actual, expected) -> float:
     return float(np.linalg.norm(a - e) / max(np.linalg.norm(e), 1e-30))
 
 
-def check(fast, slow, rng) -> bool:
-    cu = np.array([0, *np.cumsum(SEQLENS)], np.int32)
-    q, k, v, dout = (rng.standard_normal((int(cu[-1]), HEADS, DIM)).astype(bfloat16)
-                     for _ in range(4))
+# Uneven groups (cross-attention lengths): the server's split makes each sequence a group, and
+# group 1 has keys but no queries, so its dk and dv are zeros without a launch.
+UNEVEN_Q = [3000, 0, 1500, 1500]
+UNEVEN_K = [3000, 6000, 1500, 1500]
+
+
+def check(fast, slow, rng, seqlens_q=SEQLENS, seqlens_k=SEQLENS, causal=True) -> bool:
+    cu_q = np.array([0, *np.cumsum(seqlens_q)], np.int32)
+    cu_k = np.array([0, *np.cumsum(seqlens_k)], np.int32)
+    q, dout = (rng.standard_normal((int(cu_q[-1]), HEADS, DIM)).astype(bfloat16)
+               for _ in range(2))
+    k, v = (rng.standard_normal((int(cu_k[-1]), HEADS, DIM)).astype(bfloat16) for _ in range(2))
     ok = True
 
     def report(name, actual, expected):
@@ -36,17 +45,17 @@ def check(fast, slow, rng) -> bool:
         ok = ok and (bitwise or error <= BF16_TOLERANCE)
         print(f"  {name}: {'bitwise equal' if bitwise else f'rel. error {error:.2e}'}")
 
-    forward = fast.forward(q, k, v, cu, cu, causal=True, keep_context=True)
-    expected = slow.forward(q, k, v, cu, cu, causal=True)
+    forward = fast.forward(q, k, v, cu_q, cu_k, causal=causal, keep_context=True)
+    expected = slow.forward(q, k, v, cu_q, cu_k, causal=causal)
     report("forward out", forward.out, expected.out)
     report("forward lse", forward.lse, expected.lse)
-    args = (dout, q, k, v, expected.out, expected.lse, cu, cu)
-    want = slow.backward(*args, causal=True, deterministic=True)
-    got = fast.backward(*args, causal=True, deterministic=True)
+    args = (dout, q, k, v, expected.out, expected.lse, cu_q, cu_k)
+    want = slow.backward(*args, causal=causal, deterministic=True)
+    got = fast.backward(*args, causal=causal, deterministic=True)
     for name in ("dq", "dk", "dv"):
         report(f"backward {name}", getattr(got, name), getattr(want, name))
     if forward.context_id:
-        got = fast.backward(*args, causal=True, deterministic=True,
+        got = fast.backward(*args, causal=causal, deterministic=True,
                             context_id=forward.context_id)
         for name in ("dq", "dk", "dv"):
             report(f"context backward {name}", getattr(got, name), getattr(want, name))
@@ -71,6 +80,8 @@ def main() -> int:
         with attnserve.Client(args.target, timeout=600, group_chunks=group_chunks) as fast:
             print(f"{label} ({fast.active_transport()}):")
             ok = check(fast, slow, rng) and ok
+            print(f"{label}, uneven groups, one with keys only:")
+            ok = check(fast, slow, rng, UNEVEN_Q, UNEVEN_K, causal=False) and ok
             times[label] = (dropin_step(fast, args.repeats),
                             _median_time(lambda: fast.forward(q, k, v, cu, cu, causal=True),
                                          args.repeats))

@@ -1,12 +1,14 @@
 // What the data channel's two ends must compute alike (proto/attnserve/v1/data_channel.proto):
-// the 32-byte frame header's byte layout, and how a large forward is split into groups of
-// sequences (the server runs them as they arrive, clients send them in that order). Header-only
+// the 32-byte frame header's byte layout, and how a large call is split into groups of
+// sequences and which payload bytes each group needs (the server runs the groups as they
+// arrive, clients send them in that order). Header-only
 // and free of both sides' types, so the server and the C++ client share one definition.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace attnserve::data_channel_wire {
@@ -60,11 +62,11 @@ inline RawHeader DecodeHeader(const char bytes[kHeaderBytes]) {
   return header;
 }
 
-// Forwards with smaller payloads, or one sequence, run whole.
+// Calls with smaller payloads, or one sequence, run whole.
 inline constexpr int64_t kMinGroupedPayloadBytes = int64_t{16} << 20;
 inline constexpr int kMaxGroups = 4;
 
-// Each group's end sequence index (the last is the batch), or empty when the forward runs
+// Each group's end sequence index (the last is the batch), or empty when the call runs
 // whole: up to kMaxGroups runs of consecutive sequences of about equal q + k tokens, the cut
 // before group g at the first sequence b (after the previous cut) with
 // cu_q[b] + cu_k[b] >= (total_q + total_k) * g / groups.
@@ -86,6 +88,46 @@ inline std::vector<int32_t> GroupEnds(const std::vector<int32_t>& cu_q,
   ends.push_back(batch);
   if (ends.size() < 2) return {};
   return ends;
+}
+
+// Which rows of a payload tensor a group needs: its query rows (q, out, dout), its key rows
+// (k, v), or, for a backward's lse ([heads, total_q]: a group's part is a column of every
+// head, so small and spread over the whole tensor), all of it, with the first group.
+enum class GroupRows { kQuery, kKey, kAllWithFirstGroup };
+
+struct PayloadTensor {
+  int64_t offset = 0;     // where the tensor starts in the payload
+  int64_t bytes = 0;      // its size
+  int64_t row_bytes = 0;  // one row's bytes (unused for kAllWithFirstGroup)
+  GroupRows rows = GroupRows::kQuery;
+};
+
+using ByteRanges = std::vector<std::pair<int64_t, int64_t>>;  // [begin, end) payload offsets
+
+// Each group's payload ranges, tensor by tensor in the order given, empty ranges left out. A
+// group has arrived when every chunk overlapping its ranges has; clients send the chunks in
+// this order, group by group.
+inline std::vector<ByteRanges> GroupRanges(const std::vector<PayloadTensor>& tensors,
+                                           const std::vector<int32_t>& cu_q,
+                                           const std::vector<int32_t>& cu_k,
+                                           const std::vector<int32_t>& ends) {
+  std::vector<ByteRanges> ranges(ends.size());
+  int32_t first = 0;
+  for (size_t g = 0; g < ends.size(); ++g) {
+    for (const PayloadTensor& t : tensors) {
+      int64_t begin = t.offset, end = t.offset;
+      if (t.rows == GroupRows::kAllWithFirstGroup) {
+        if (g == 0) end += t.bytes;
+      } else {
+        const std::vector<int32_t>& cu = t.rows == GroupRows::kQuery ? cu_q : cu_k;
+        begin += cu[first] * t.row_bytes;
+        end += cu[ends[g]] * t.row_bytes;
+      }
+      if (end > begin) ranges[g].emplace_back(begin, end);
+    }
+    first = ends[g];
+  }
+  return ranges;
 }
 
 }  // namespace attnserve::data_channel_wire

@@ -92,6 +92,9 @@ struct BackwardInputs {
   std::string context_id;
   bool keep_context = false;  // keep the context after this backward (default: release it)
   OutputSpace output_space;   // dq, dk, dv
+  // As a forward's: the inputs (dout, and q, k, v, out by rows and lse whole with the first
+  // group when they travel) still arrive group by group. Such a job runs alone.
+  std::shared_ptr<SequenceGroups> groups;
 };
 
 // Where and how a request ran (the wire's Execution message).

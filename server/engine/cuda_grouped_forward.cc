@@ -4,28 +4,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/engine/group_launch.h"
 #include "server/engine/kernel_runner.h"
-#include "server/engine/sequence_groups.h"
 
 namespace attnserve::engine {
-namespace {
-
-size_t RowBytes(const TensorView& t) {
-  return static_cast<size_t>(t.shape[1] * t.shape[2] * kernels::DTypeSize(t.dtype));
-}
-
-size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
-
-// One group's rows and its own launch's parameters (host offsets rebased to its first
-// sequence; device pointers are filled in at launch).
-struct GroupLaunch {
-  int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;
-  std::vector<int32_t> cu_q, cu_k;
-  size_t cu_q_at = 0, cu_k_at = 0;  // where they start in the offsets input, in int32s
-  kernels::ForwardParams params;
-};
-
-}  // namespace
 
 absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& family,
                                            const ForwardInputs& in, CudaLane& lane,
@@ -33,53 +15,44 @@ absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& fam
                                            std::unique_ptr<KeptDeviceMemory>* keep) {
   SequenceGroups& groups = *in.groups;
   const int64_t heads = in.q.shape[1], total_q = in.q.shape[0];
-  const size_t q_row = RowBytes(in.q), k_row = RowBytes(in.k), lse_row = sizeof(float);
-  // Every group's rebased offsets, back to back in one small input.
-  std::vector<int32_t> group_offsets;
-  std::vector<GroupLaunch> launches(groups.count());
+  const size_t q_row = RowBytesOf(in.q), k_row = RowBytesOf(in.k), lse_row = sizeof(float);
+  const GroupLaunches plan =
+      PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  const kernels::AttentionOptions options = ResolveOptions(in.options, in.q.shape[2]);
   size_t kernel_workspace = 0, lse_scratch = 0;
-  for (int g = 0; g < groups.count(); ++g) {
-    GroupLaunch& launch = launches[g];
-    const int32_t b0 = groups.first_sequence(g), b1 = groups.end_sequence(g);
-    launch.q0 = in.cu_seqlens_q[b0];
-    launch.q1 = in.cu_seqlens_q[b1];
-    launch.k0 = in.cu_seqlens_k[b0];
-    launch.k1 = in.cu_seqlens_k[b1];
-    launch.cu_q = Rebased(in.cu_seqlens_q, b0, b1);
-    launch.cu_k = Rebased(in.cu_seqlens_k, b0, b1);
-    launch.cu_q_at = group_offsets.size();
-    group_offsets.insert(group_offsets.end(), launch.cu_q.begin(), launch.cu_q.end());
-    launch.cu_k_at = group_offsets.size();
-    group_offsets.insert(group_offsets.end(), launch.cu_k.begin(), launch.cu_k.end());
-    launch.params.shape = ShapeOf(RowsOfView(in.q, launch.q0, launch.q1),
-                                  RowsOfView(in.k, launch.k0, launch.k1), launch.cu_q, launch.cu_k);
-    launch.params.options = ResolveOptions(in.options, launch.params.shape.head_dim);
-    kernel_workspace = std::max(kernel_workspace, family.forward_workspace_bytes(launch.params));
+  for (const GroupLaunch& launch : plan.groups) {
+    kernels::ForwardParams params;
+    params.shape = launch.shape;
+    params.options = options;
+    kernel_workspace = std::max(kernel_workspace, family.forward_workspace_bytes(params));
     lse_scratch =
         std::max(lse_scratch, static_cast<size_t>(heads * (launch.q1 - launch.q0)) * lse_row);
   }
   // Workspace: [a group's lse, [heads, rows] as its launch writes it | the kernel's own].
-  const size_t scratch_bytes = AlignUp(lse_scratch);
+  const size_t scratch_bytes = AlignedScratch(lse_scratch);
   const auto whole = [](size_t bytes) { return ByteRange{0, bytes}; };
-  const size_t offsets_bytes = group_offsets.size() * sizeof(int32_t);
   const size_t cu_q_bytes = in.cu_seqlens_q.size() * sizeof(int32_t);
   const size_t cu_k_bytes = in.cu_seqlens_k.size() * sizeof(int32_t);
 
   std::vector<LaneStep> steps(groups.count());
   for (int g = 0; g < groups.count(); ++g) {
-    const GroupLaunch& group = launches[g];
+    const GroupLaunch& group = plan.groups[g];
     const int64_t rows = group.q1 - group.q0;
     LaneStep& step = steps[g];
     step.ready = [&groups, g] { return groups.WaitFor(g); };
     // The offsets (the whole forward's too, for a kept context) cross with the first group.
-    step.inputs = {
-        {group.q0 * q_row, group.q1 * q_row},     {group.k0 * k_row, group.k1 * k_row},
-        {group.k0 * k_row, group.k1 * k_row},     g == 0 ? whole(cu_q_bytes) : ByteRange{},
-        g == 0 ? whole(cu_k_bytes) : ByteRange{}, g == 0 ? whole(offsets_bytes) : ByteRange{}};
+    step.inputs = {{group.q0 * q_row, group.q1 * q_row},
+                   {group.k0 * k_row, group.k1 * k_row},
+                   {group.k0 * k_row, group.k1 * k_row},
+                   g == 0 ? whole(cu_q_bytes) : ByteRange{},
+                   g == 0 ? whole(cu_k_bytes) : ByteRange{},
+                   g == 0 ? whole(plan.offsets_bytes()) : ByteRange{}};
     step.launch = [&, launch = &group, rows](const DeviceBuffers& d,
                                              cudaStream_t stream) -> absl::Status {
       if (rows == 0) return absl::OkStatus();
-      kernels::ForwardParams params = launch->params;
+      kernels::ForwardParams params;
+      params.shape = launch->shape;
+      params.options = options;
       params.q = d.inputs[0] + launch->q0 * q_row;
       params.k = d.inputs[1] + launch->k0 * k_row;
       params.v = d.inputs[2] + launch->k0 * k_row;
@@ -113,7 +86,7 @@ absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& fam
        v,
        {{in.cu_seqlens_q.data(), cu_q_bytes}},
        {{in.cu_seqlens_k.data(), cu_k_bytes}},
-       {{group_offsets.data(), offsets_bytes}}},
+       {{plan.offsets.data(), plan.offsets_bytes()}}},
       {static_cast<size_t>(total_q) * q_row, static_cast<size_t>(heads * total_q) * lse_row},
       scratch_bytes + kernel_workspace, steps, keep, in.output_space.destinations);
 }

@@ -7,6 +7,7 @@
 #include "server/engine/batching.h"
 #include "server/engine/cpu_worker.h"
 #include "server/engine/cuda_context.h"
+#include "server/engine/cuda_grouped_backward.h"
 #include "server/engine/cuda_grouped_forward.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/kernel_runner.h"
@@ -212,6 +213,12 @@ kernels::ExecutionContext CudaWorker::DeviceContext(cudaStream_t stream, void* w
   return ctx;
 }
 
+DeviceContextFn CudaWorker::DeviceContextMaker() const {
+  return [this](cudaStream_t stream, void* workspace, size_t bytes) {
+    return DeviceContext(stream, workspace, bytes);
+  };
+}
+
 std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
     const std::vector<const ForwardInputs*>& parts, int lane) {
   // Parts of a batch share dtype and head_dim, so they share a route.
@@ -258,12 +265,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
   absl::StatusOr<LaneRun> run;
   if (first.groups != nullptr) {
     // A forward still arriving (it runs alone: one part) runs group by group as it arrives.
-    run = RunForwardInGroups(
-        family, first, lane,
-        [this](cudaStream_t stream, void* workspace, size_t bytes) {
-          return DeviceContext(stream, workspace, bytes);
-        },
-        keep);
+    run = RunForwardInGroups(family, first, lane, DeviceContextMaker(), keep);
   } else {
     run = lane.Run(
         {Gathered(RowPieces(parts, &ForwardInputs::q)),
@@ -322,6 +324,11 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
   const int64_t q_row_bytes = RowBytes(first.q), k_row_bytes = RowBytes(first.k);
   const size_t workspace_bytes = family.backward_workspace_bytes(params);
   const std::vector<char*> destinations = DestinationsOf(parts);
+  if (first.groups != nullptr) {
+    // A backward still arriving (it runs alone: one part) runs group by group as it arrives.
+    return {BackwardAnswer(
+        family, first, RunBackwardInGroups(family, first, lane, DeviceContextMaker(), nullptr))};
+  }
   absl::StatusOr<LaneRun> run = lane.Run(
       {Gathered(RowPieces(parts, &BackwardInputs::dout)),
        Gathered(RowPieces(parts, &BackwardInputs::q)),
@@ -379,6 +386,11 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
                                                         const BackwardInputs& inputs,
                                                         const ContextMemory& context,
                                                         CudaLane& lane) {
+  if (inputs.groups != nullptr) {
+    // dout still arriving: it runs group by group as it arrives.
+    return BackwardAnswer(
+        family, inputs, RunBackwardInGroups(family, inputs, lane, DeviceContextMaker(), &context));
+  }
   kernels::BackwardParams params;
   // Host offsets (the context's spec, filled in) for the shape's maxima; device ones below.
   params.shape = ShapeOf(inputs.q, inputs.k, inputs.cu_seqlens_q, inputs.cu_seqlens_k);
@@ -408,13 +420,20 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
                                                                 workspace_bytes)));
       },
       /*keep=*/nullptr, destinations);
+  return BackwardAnswer(family, inputs, run);
+}
+
+absl::StatusOr<BackwardResult> CudaWorker::BackwardAnswer(const kernels::KernelFamilyEntry& family,
+                                                          const BackwardInputs& inputs,
+                                                          const absl::StatusOr<LaneRun>& run) {
   if (!run.ok()) return run.status();
   const absl::Time split_start = absl::Now();
   BackwardResult result;
   result.dq = {inputs.q.dtype, inputs.q.shape, ""};
   result.dk = {inputs.k.dtype, inputs.k.shape, ""};
   result.dv = {inputs.v.dtype, inputs.v.shape, ""};
-  const size_t sizes[] = {q_bytes, k_bytes, k_bytes};
+  const std::vector<char*>& destinations = inputs.output_space.destinations;
+  const size_t sizes[] = {inputs.q.size_bytes, inputs.k.size_bytes, inputs.v.size_bytes};
   OwnedTensor* tensors[] = {&result.dq, &result.dk, &result.dv};
   for (size_t i = 0; i < 3; ++i) {
     if (!Given(destinations, i)) tensors[i]->data.assign(run->outputs[i], sizes[i]);

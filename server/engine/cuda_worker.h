@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernel_families.h"
+#include "server/engine/cuda_grouped_forward.h"
 #include "server/engine/cuda_lane.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/kernel_routing.h"
@@ -67,10 +68,16 @@ class CudaWorker : public QueueWorker {
   std::vector<absl::StatusOr<BackwardResult>> RunOnDevice(
       const kernels::KernelFamilyEntry& family, const std::vector<const BackwardInputs*>& parts,
       CudaLane& lane);
+  // One backward's answer from its run: dq, dk, dv at their destinations or in the lane's
+  // pinned memory (copied into the result).
+  absl::StatusOr<BackwardResult> BackwardAnswer(const kernels::KernelFamilyEntry& family,
+                                                const BackwardInputs& inputs,
+                                                const absl::StatusOr<LaneRun>& run);
   ExecutionReport Report(const kernels::KernelFamilyEntry& family, const LaneRun& run) const;
   void RecordPhases(const LaneRun& run, absl::Duration stage_out);
   kernels::ExecutionContext DeviceContext(cudaStream_t stream, void* workspace,
                                           size_t workspace_bytes) const;
+  DeviceContextFn DeviceContextMaker() const;
   // The routing table's choice for a request of q's dtype and head_dim on this device.
   Route RouteFor(Direction direction, const TensorView& q) const;
   void PublishMemoryUse();

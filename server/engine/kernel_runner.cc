@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/engine/group_launch.h"
 #include "server/engine/sequence_groups.h"
 
 namespace attnserve::engine {
@@ -100,24 +101,21 @@ absl::StatusOr<ForwardResult> RunForwardByGroups(const KernelFamily& family,
   result.out = {in.q.dtype, in.q.shape, ""};
   result.lse = {DType::kFloat32, {heads, total_q}, ""};
   float* const lse = reinterpret_cast<float*>(in.output_space.at(1));
+  const GroupLaunches plan =
+      PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   std::vector<float> group_lse;
   absl::Duration compute;
   for (int g = 0; g < groups.count(); ++g) {
     if (absl::Status arrived = groups.WaitFor(g); !arrived.ok()) return arrived;
-    const int32_t b0 = groups.first_sequence(g), b1 = groups.end_sequence(g);
-    const int32_t q0 = in.cu_seqlens_q[b0], q1 = in.cu_seqlens_q[b1];
-    const int32_t k0 = in.cu_seqlens_k[b0], k1 = in.cu_seqlens_k[b1];
+    const GroupLaunch& launch = plan.groups[g];
+    const int64_t q0 = launch.q0, q1 = launch.q1, k0 = launch.k0;
     if (q1 > q0) {
-      const std::vector<int32_t> cu_q = Rebased(in.cu_seqlens_q, b0, b1);
-      const std::vector<int32_t> cu_k = Rebased(in.cu_seqlens_k, b0, b1);
-      const TensorView q = RowsOfView(in.q, q0, q1), k = RowsOfView(in.k, k0, k1),
-                       v = RowsOfView(in.v, k0, k1);
       kernels::ForwardParams params;
-      params.shape = ShapeOf(q, k, cu_q, cu_k);
+      params.shape = launch.shape;
       params.options = ResolveOptions(in.options, params.shape.head_dim);
-      params.q = q.data;
-      params.k = k.data;
-      params.v = v.data;
+      params.q = RowsOfView(in.q, q0, q1).data;
+      params.k = RowsOfView(in.k, k0, launch.k1).data;
+      params.v = RowsOfView(in.v, k0, launch.k1).data;
       params.out = in.output_space.at(0) + q0 * q_row_bytes;
       group_lse.resize(static_cast<size_t>(heads * (q1 - q0)));
       params.lse = group_lse.data();
@@ -129,6 +127,68 @@ absl::StatusOr<ForwardResult> RunForwardByGroups(const KernelFamily& family,
       for (int64_t h = 0; h < heads; ++h) {
         std::copy_n(group_lse.data() + h * (q1 - q0), q1 - q0, lse + h * total_q + q0);
       }
+    }
+    groups.Finished(g);
+  }
+  result.execution.kernel = family.name;
+  result.execution.compute_us = absl::ToInt64Microseconds(compute);
+  return result;
+}
+
+// A backward whose inputs arrive by groups of sequences: each group runs as its own varlen
+// launch once it is in, into scratch, and its dq, dk, dv rows are then copied to their
+// destinations: over the group's own rows of dout, k and v where they overlay them (which no
+// later group reads: sequences are independent), else into the result's own bytes.
+absl::StatusOr<BackwardResult> RunBackwardByGroups(const KernelFamily& family,
+                                                   const BackwardInputs& in,
+                                                   const kernels::ExecutionContext& ctx) {
+  SequenceGroups& groups = *in.groups;
+  const int64_t heads = in.q.shape[1], total_q = in.q.shape[0];
+  const size_t q_row = in.q.size_bytes / std::max<int64_t>(1, total_q);
+  const size_t k_row = in.k.size_bytes / std::max<int64_t>(1, in.k.shape[0]);
+  BackwardResult result;
+  char* const dq = Output(in.q, in.output_space.at(0), result.dq);
+  char* const dk = Output(in.k, in.output_space.at(1), result.dk);
+  char* const dv = Output(in.v, in.output_space.at(2), result.dv);
+  const float* const lse = reinterpret_cast<const float*>(in.lse.data);
+  const GroupLaunches plan =
+      PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  std::vector<float> group_lse;
+  std::string group_dq, group_dk, group_dv;
+  absl::Duration compute;
+  for (int g = 0; g < groups.count(); ++g) {
+    if (absl::Status arrived = groups.WaitFor(g); !arrived.ok()) return arrived;
+    const GroupLaunch& launch = plan.groups[g];
+    const int64_t q0 = launch.q0, q1 = launch.q1, k0 = launch.k0, k1 = launch.k1;
+    if (q1 > q0 || k1 > k0) {
+      kernels::BackwardParams params;
+      params.shape = launch.shape;
+      params.options = ResolveOptions(in.options, params.shape.head_dim);
+      params.deterministic = in.deterministic;
+      params.q = RowsOfView(in.q, q0, q1).data;
+      params.k = RowsOfView(in.k, k0, k1).data;
+      params.v = RowsOfView(in.v, k0, k1).data;
+      params.out = RowsOfView(in.out, q0, q1).data;
+      params.dout = RowsOfView(in.dout, q0, q1).data;
+      // lse is [heads, total_q]: the group's rows are a column range of every head.
+      group_lse.resize(static_cast<size_t>(heads * (q1 - q0)));
+      for (int64_t h = 0; h < heads; ++h) {
+        std::copy_n(lse + h * total_q + q0, q1 - q0, group_lse.data() + h * (q1 - q0));
+      }
+      params.lse = group_lse.data();
+      group_dq.resize((q1 - q0) * q_row);
+      group_dk.resize((k1 - k0) * k_row);
+      group_dv.resize((k1 - k0) * k_row);
+      params.dq = group_dq.data();
+      params.dk = group_dk.data();
+      params.dv = group_dv.data();
+      const absl::Time start = absl::Now();
+      kernels::KernelStatus status = family.backward(params, ctx);
+      compute += absl::Now() - start;
+      if (!status.ok) return KernelError(family, status);
+      std::copy(group_dq.begin(), group_dq.end(), dq + q0 * q_row);
+      std::copy(group_dk.begin(), group_dk.end(), dk + k0 * k_row);
+      std::copy(group_dv.begin(), group_dv.end(), dv + k0 * k_row);
     }
     groups.Finished(g);
   }
@@ -171,6 +231,7 @@ absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const Forwa
 
 absl::StatusOr<BackwardResult> RunBackward(const KernelFamily& family, const BackwardInputs& in,
                                            const kernels::ExecutionContext& ctx) {
+  if (in.groups != nullptr) return RunBackwardByGroups(family, in, ctx);
   kernels::BackwardParams params;
   params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   params.options = ResolveOptions(in.options, params.shape.head_dim);

@@ -40,6 +40,23 @@ struct Request {
     in.options.causal = true;
     return in;
   }
+
+  // The backward of Forward(), whose results `forward` holds.
+  BackwardInputs Backward(const ForwardResult& forward) const {
+    BackwardInputs in;
+    const ForwardInputs f = Forward();
+    in.q = f.q;
+    in.k = f.k;
+    in.v = f.v;
+    in.dout = View(dout, rows);
+    in.out = {DType::kBFloat16, forward.out.shape, forward.out.data.data(),
+              forward.out.data.size()};
+    in.lse = {DType::kFloat32, forward.lse.shape, forward.lse.data.data(),
+              forward.lse.data.size()};
+    in.cu_seqlens_q = in.cu_seqlens_k = cu;
+    in.options = f.options;
+    return in;
+  }
 };
 
 TEST(KernelRunnerTest, ForwardWritesOutOverQAndLseIntoTheOutputSpace) {
@@ -91,18 +108,7 @@ TEST(KernelRunnerTest, BackwardIgnoresOverlaysButFillsOtherDestinations) {
   Request request;
   absl::StatusOr<ForwardResult> forward = RunForward(kReferenceFamily, request.Forward(), {});
   ASSERT_TRUE(forward.ok());
-  BackwardInputs in;
-  const ForwardInputs f = request.Forward();
-  in.q = f.q;
-  in.k = f.k;
-  in.v = f.v;
-  in.dout = View(request.dout, request.rows);
-  in.out = {DType::kBFloat16, forward->out.shape, forward->out.data.data(),
-            forward->out.data.size()};
-  in.lse = {DType::kFloat32, forward->lse.shape, forward->lse.data.data(),
-            forward->lse.data.size()};
-  in.cu_seqlens_q = in.cu_seqlens_k = request.cu;
-  in.options = f.options;
+  BackwardInputs in = request.Backward(*forward);
   absl::StatusOr<BackwardResult> owned = RunBackward(kReferenceFamily, in, {});
   ASSERT_TRUE(owned.ok()) << owned.status();
 
@@ -118,6 +124,51 @@ TEST(KernelRunnerTest, BackwardIgnoresOverlaysButFillsOtherDestinations) {
   EXPECT_TRUE(placed->dv.data.empty());
   EXPECT_EQ(dv, owned->dv.data);
   EXPECT_EQ(dout, request.dout);  // untouched
+}
+
+TEST(KernelRunnerTest, BackwardByArrivingGroupsEqualsTheWholeRunAndWritesOverlaysPerGroup) {
+  Request request;
+  absl::StatusOr<ForwardResult> forward = RunForward(kReferenceFamily, request.Forward(), {});
+  ASSERT_TRUE(forward.ok());
+  BackwardInputs in = request.Backward(*forward);
+  absl::StatusOr<BackwardResult> whole = RunBackward(kReferenceFamily, in, {});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+
+  // The data channel's receive buffer: dq over dout, dk over k, dv over v, each group's rows
+  // written once that group has read its own.
+  std::string dout = request.dout, k = request.k, v = request.v;
+  in.dout.data = dout.data();
+  in.k.data = k.data();
+  in.v.data = v.data();
+  in.output_space.destinations = {dout.data(), k.data(), v.data()};
+  std::vector<int> finished;
+  in.groups = std::make_shared<SequenceGroups>(std::vector<int32_t>{1, 3, 4},
+                                               absl::InfiniteFuture(), nullptr,
+                                               [&](int g) { finished.push_back(g); });
+  for (int g = 0; g < 3; ++g) in.groups->MarkArrived(g);
+  absl::StatusOr<BackwardResult> grouped = RunBackward(kReferenceFamily, in, {});
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_EQ(finished, (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(grouped->dq.data.empty());
+  EXPECT_EQ(grouped->dk.shape, whole->dk.shape);
+  EXPECT_EQ(dout, whole->dq.data);
+  EXPECT_EQ(k, whole->dk.data);
+  EXPECT_EQ(v, whole->dv.data);
+}
+
+TEST(KernelRunnerTest, ABackwardWaitingForAGroupStopsAtItsDeadline) {
+  Request request;
+  absl::StatusOr<ForwardResult> forward = RunForward(kReferenceFamily, request.Forward(), {});
+  ASSERT_TRUE(forward.ok());
+  BackwardInputs in = request.Backward(*forward);
+  std::vector<int> finished;
+  in.groups = std::make_shared<SequenceGroups>(std::vector<int32_t>{1, 4},
+                                               absl::Now() + absl::Milliseconds(50), nullptr,
+                                               [&](int g) { finished.push_back(g); });
+  in.groups->MarkArrived(0);  // group 1 never arrives
+  absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, in, {});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(finished, (std::vector<int>{0}));
 }
 
 }  // namespace

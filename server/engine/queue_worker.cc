@@ -33,7 +33,8 @@ bool UsesContext(const std::variant<ForwardJob, BackwardJob>& job) {
   if (const auto* forward = std::get_if<ForwardJob>(&job)) {
     return forward->inputs.keep_context || forward->inputs.groups != nullptr;
   }
-  return std::get<BackwardJob>(job).context != nullptr;
+  const BackwardJob& backward = std::get<BackwardJob>(job);
+  return backward.context != nullptr || backward.inputs.groups != nullptr;
 }
 
 bool SameKindAndCompatible(const std::variant<ForwardJob, BackwardJob>& a,
@@ -406,7 +407,7 @@ absl::StatusOr<BackwardResult> QueueWorker::ExecuteOnContext(const BackwardInput
 std::vector<absl::StatusOr<ForwardResult>> QueueWorker::Launch(
     const std::vector<Queued>& batch, const std::vector<const ForwardInputs*>& parts, int lane) {
   // A forward still arriving (inputs.groups) is waited for group by group by the worker's own
-  // paths: RunForward on the host, cuda_grouped_forward.h on GPUs.
+  // paths: RunForward on the host, cuda_grouped_forward.h on GPUs (backwards likewise).
   const ForwardJob& job = std::get<ForwardJob>(batch[0].job);
   if (!job.inputs.keep_context || contexts_ == nullptr) return ExecuteBatch(parts, lane);
   std::unique_ptr<ContextMemory> kept;

@@ -293,14 +293,27 @@ def test_chunk_order_sends_group_by_group():
     mib = 1 << 20
     cu = [0, 10, 20, 30, 40]
     row = mib // 4  # each tensor 10 MiB, each sequence 2.5 MiB of it; 1 MiB chunks
-    offsets = [o // mib for o in groups.chunk_offsets(cu, cu, [row] * 3, 30 * mib, mib)]
+    tensors = [(40 * row, rows) for rows in groups.FORWARD_ROWS]
+    offsets = [o // mib for o in groups.chunk_offsets(cu, cu, tensors, 30 * mib, mib)]
     assert sorted(offsets) == list(range(30))
     # Group g is sequence g: its q, k and v chunks, less those an earlier group sent.
     assert offsets[:9] == [0, 1, 2, 10, 11, 12, 20, 21, 22]
     assert offsets[9:15] == [3, 4, 13, 14, 23, 24]
     # One sequence: payload order.
-    assert groups.chunk_offsets([0, 40], [0, 40], [row] * 3, 30 * mib, mib) == \
+    assert groups.chunk_offsets([0, 40], [0, 40], tensors, 30 * mib, mib) == \
         [c * mib for c in range(30)]
+
+
+def test_a_backward_s_chunks_go_by_group_with_all_of_lse_in_the_first():
+    mib = 1 << 20
+    cu = [0, 10, 20, 30, 40]
+    row = mib // 4  # dout, q, k, v, out 10 MiB each; lse 2 MiB at the end; 1 MiB chunks
+    tensors = [(40 * row, rows) for rows in groups.BACKWARD_ROWS[:5]]
+    tensors.append((2 * mib, groups.ALL_WITH_FIRST))
+    offsets = [o // mib for o in groups.chunk_offsets(cu, cu, tensors, 52 * mib, mib)]
+    assert sorted(offsets) == list(range(52))
+    # Group 0: the first 2.5 MiB of each of dout, q, k, v, out, then every chunk of lse.
+    assert offsets[:17] == [0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42, 50, 51]
 
 
 @pytest.mark.parametrize("group_chunks", [True, False])

@@ -1,8 +1,9 @@
 """Overlap on the data channel against the real server (CPU reference): a large multi-sequence
-forward runs by groups of sequences as they arrive, and each group's out rows come back before
-the rest of the request has been sent. A raw protocol client sends only group 0's chunks and
-waits for group 0's out rows, which arrive only if the server streams them (no timing involved);
-results equal gRPC's bitwise; a client that leaves mid-way leaves nothing behind."""
+forward or backward runs by groups of sequences as they arrive, and each group's output rows
+come back before the rest of the request has been sent. A raw protocol client sends only group
+0's chunks and waits for group 0's out (dq, dk, dv) rows, which arrive only if the server streams
+them (no timing involved); results equal gRPC's bitwise; a client that leaves mid-way leaves
+nothing behind."""
 import os
 import time
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import attnserve
-from attnserve import frames, groups
+from attnserve import frames, groups, reference
 from attnserve._proto.attnserve.v1 import attention_pb2 as pb2
 from attnserve._proto.attnserve.v1 import data_channel_pb2 as dc_pb2
 from attnserve.data_channel import _connect
@@ -36,41 +37,49 @@ def _problem(rng):
     return q, k, v, cu
 
 
-class _RawCall:
-    """One grouped forward over one raw connection, sent chunk by chunk as the test says."""
+def _shape(a):
+    return pb2.Tensor(dtype=pb2.DTYPE_FLOAT32, shape=a.shape)
 
-    def __init__(self, server, grpc_client, q, k, v, cu):
+
+def _chunks(begin, end):
+    return set(range(begin // CHUNK, (end - 1) // CHUNK + 1)) if end > begin else set()
+
+
+class _RawCall:
+    """One grouped call over one raw connection, sent chunk by chunk as the test says.
+    `tensors`: the payload's arrays in field order; `group0_rows`: for each, the bytes of group
+    0's rows from its start (None: all of it goes with group 0, as a backward's lse)."""
+
+    def __init__(self, grpc_client, kind, message, tensors, group0_rows, group0_out_bytes):
         port = grpc_client.server_info().data_channel.port
         self.sock, _ = _connect("127.0.0.1", port, os.urandom(16), None, 10, None)
         self.sock.settimeout(CALL_TIMEOUT_S)
-        self.payload = b"".join(bytes(memoryview(a).cast("B")) for a in (q, k, v))
-        shape = lambda a: pb2.Tensor(dtype=pb2.DTYPE_FLOAT32, shape=a.shape)  # noqa: E731
-        forward = pb2.ForwardRequest(q=shape(q), k=shape(k), v=shape(v), cu_seqlens_q=cu,
-                                     cu_seqlens_k=cu)
-        request = dc_pb2.DataRequest(forward=forward, payload_bytes=len(self.payload),
-                                     chunk_bytes=CHUNK)
+        self.payload = b"".join(bytes(memoryview(a).cast("B")) for a in tensors)
+        request = dc_pb2.DataRequest(payload_bytes=len(self.payload), chunk_bytes=CHUNK)
+        getattr(request, kind).CopyFrom(message)
         frames.send_views(self.sock, [frames.message_frame(frames.REQUEST, request, 1)])
         header = frames.recv_header(self.sock)
         assert header.type == frames.ACCEPTED, header.name()
         frames.recv_message(self.sock, header, dc_pb2.DataAccepted)
-        self.ends = groups.group_ends(cu, cu, len(self.payload))
-        assert len(self.ends) == 4
-        self.out = np.zeros_like(q)
-        self.lse = np.zeros((HEADS, int(cu[-1])), np.float32)
-        self.received = bytearray(self.out.nbytes + self.lse.nbytes)
+        self.received = None
         self.got = 0
         self.response = None
-        row = q.nbytes // q.shape[0]
-        # Group 0's chunks: those overlapping its rows of q, k and v.
-        self.group0 = sorted({c for t in range(3) for c in range(
-            t * q.nbytes // CHUNK, (t * q.nbytes + int(cu[self.ends[0]]) * row - 1) // CHUNK + 1)})
-        self.group0_out_bytes = int(cu[self.ends[0]]) * row
+        # Group 0's chunks: those overlapping its rows of each tensor (all of lse).
+        self.group0, start = set(), 0
+        for array, rows in zip(tensors, group0_rows):
+            self.group0 |= _chunks(start, start + (array.nbytes if rows is None else rows))
+            start += array.nbytes
+        self.group0 = sorted(self.group0)
+        self.group0_out_bytes = group0_out_bytes
 
     def send(self, chunks):
         for c in chunks:
             data = self.payload[c * CHUNK:(c + 1) * CHUNK]
             frames.send_views(self.sock, [frames.pack_header(frames.CHUNK, 1, c * CHUNK,
                                                              len(data)), data])
+
+    def send_the_rest(self):
+        self.send(c for c in range(-(-len(self.payload) // CHUNK)) if c not in self.group0)
 
     def receive_until(self, done):
         while not done():
@@ -87,26 +96,102 @@ class _RawCall:
     def group0_in(self):
         return self.got >= self.group0_out_bytes
 
+    def all_in(self):
+        return self.response is not None and self.got == len(self.received)
+
+    def run_group0_first(self, output_bytes):
+        """Sends group 0, receives its output rows (only if the server streams them before
+        it has the rest: no timing involved), then the rest; returns the response's bytes."""
+        self.received = bytearray(output_bytes)
+        try:
+            self.send(self.group0)
+            self.receive_until(self.group0_in)
+            assert self.response is None  # the RESPONSE waits for every group
+            self.send_the_rest()
+            self.receive_until(self.all_in)
+        finally:
+            self.sock.close()
+        return self.received
+
+
+def _forward_call(grpc_client, q, k, v, cu):
+    forward = pb2.ForwardRequest(q=_shape(q), k=_shape(k), v=_shape(v), cu_seqlens_q=cu,
+                                 cu_seqlens_k=cu)
+    ends = groups.group_ends(cu, cu, 3 * q.nbytes)
+    assert len(ends) == 4
+    row = q.nbytes // q.shape[0]
+    rows0 = int(cu[ends[0]]) * row
+    return _RawCall(grpc_client, "forward", forward, (q, k, v), (rows0,) * 3, rows0)
+
+
+def _same_bits(got, want):
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
 
 def test_group_0_comes_back_before_the_rest_is_sent(server, grpc_client, rng):
     overlap_before = server.metric("attnserve_data_overlap_seconds_sum")
     q, k, v, cu = _problem(rng)
-    call = _RawCall(server, grpc_client, q, k, v, cu)
-    try:
-        call.send(call.group0)
-        call.receive_until(call.group0_in)
-        assert call.response is None  # the RESPONSE waits for every group
-        call.send(c for c in range(-(-len(call.payload) // CHUNK)) if c not in call.group0)
-        call.receive_until(lambda: call.response is not None and call.got == len(call.received))
-    finally:
-        call.sock.close()
+    call = _forward_call(grpc_client, q, k, v, cu)
+    received = call.run_group0_first(q.nbytes + 4 * HEADS * q.shape[0])
     expected = grpc_client.forward(q, k, v, cu, cu)
-    out = np.frombuffer(call.received, np.float32, q.size).reshape(q.shape)
-    lse = np.frombuffer(call.received, np.float32, offset=q.nbytes).reshape(expected.lse.shape)
-    np.testing.assert_array_equal(out.view(np.uint32), expected.out.view(np.uint32))
-    np.testing.assert_array_equal(lse.view(np.uint32), expected.lse.view(np.uint32))
+    out = np.frombuffer(received, np.float32, q.size).reshape(q.shape)
+    lse = np.frombuffer(received, np.float32, offset=q.nbytes).reshape(expected.lse.shape)
+    _same_bits(out, expected.out)
+    _same_bits(lse, expected.lse)
     # The engine had the call while groups 1..3 were still to be sent.
     assert server.metric("attnserve_data_overlap_seconds_sum") > overlap_before
+
+
+def _gradients(received, q):
+    return [np.frombuffer(received, np.float32, q.size, offset=i * q.nbytes).reshape(q.shape)
+            for i in range(3)]
+
+
+def test_a_backward_s_group_0_gradients_come_back_before_the_rest_is_sent(server, grpc_client,
+                                                                          rng):
+    q, k, v, cu = _problem(rng)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    forward = grpc_client.forward(q, k, v, cu, cu, causal=True)
+    tensors = (dout, q, k, v, forward.out, forward.lse)
+    backward = pb2.BackwardRequest(**{name: _shape(a) for name, a in zip(
+        ("dout", "q", "k", "v", "out", "lse"), tensors)}, cu_seqlens_q=cu, cu_seqlens_k=cu,
+        options=pb2.AttentionOptions(causal=True))
+    ends = groups.group_ends(cu, cu, sum(a.nbytes for a in tensors))
+    assert len(ends) == 4
+    rows0 = int(cu[ends[0]]) * (q.nbytes // q.shape[0])
+    call = _RawCall(grpc_client, "backward", backward, tensors, (rows0,) * 5 + (None,),
+                    3 * rows0)  # group 0's rows of dq, dk and dv
+    received = call.run_group0_first(3 * q.nbytes)
+    want = grpc_client.backward(dout, q, k, v, forward.out, forward.lse, cu, cu, causal=True)
+    for got, name in zip(_gradients(received, q), ("dq", "dk", "dv")):
+        _same_bits(got, getattr(want, name))
+
+
+# A context backward sends dout alone: 4096 tokens (the test server's limit) of 8 heads x 128
+# fp32 make it just large enough to be grouped (16 MiB), in short sequences to keep it quick.
+CONTEXT_SEQLENS = (128,) * 32
+CONTEXT_HEADS = 8
+
+
+def test_a_context_backward_s_group_0_dq_comes_back_before_the_rest_of_dout(server, grpc_client,
+                                                                             rng):
+    cu = np.array([0, *np.cumsum(CONTEXT_SEQLENS)], np.int32)
+    q, k, v, dout = (rng.standard_normal((int(cu[-1]), CONTEXT_HEADS, DIM)).astype(np.float32)
+                     for _ in range(4))
+    assert groups.group_ends(cu, cu, dout.nbytes)
+    with attnserve.Client(server.target, timeout=CALL_TIMEOUT_S, chunk_bytes=CHUNK) as fast:
+        forward = fast.forward(q, k, v, cu, cu, keep_context=True)
+    assert forward.context_id
+    backward = pb2.BackwardRequest(dout=_shape(dout), cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                   context_id=forward.context_id)
+    ends = groups.group_ends(cu, cu, dout.nbytes)
+    rows0 = int(cu[ends[0]]) * (q.nbytes // q.shape[0])
+    call = _RawCall(grpc_client, "backward", backward, (dout,), (rows0,), rows0)
+    received = call.run_group0_first(3 * q.nbytes)
+    # Against the float64 reference: a full backward this large exceeds a gRPC message.
+    want = reference.attention_backward(dout, q, k, v, forward.out, forward.lse, cu, cu)
+    for got, expected in zip(_gradients(received, q), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def _wait_for(server, name, value, timeout=30.0):
@@ -121,7 +206,8 @@ def test_a_client_leaving_mid_call_leaves_nothing_behind(server, grpc_client, rn
     # The server is shared with other modules, whose cached clients may keep sessions open.
     sessions_before = server.metric("attnserve_data_sessions")
     q, k, v, cu = _problem(rng)
-    call = _RawCall(server, grpc_client, q, k, v, cu)
+    call = _forward_call(grpc_client, q, k, v, cu)
+    call.received = bytearray(q.nbytes + 4 * HEADS * q.shape[0])
     call.send(call.group0)
     call.receive_until(call.group0_in)
     call.sock.close()  # groups 1..3 never arrive

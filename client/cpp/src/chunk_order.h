@@ -1,7 +1,7 @@
-// The order a data channel request's payload chunks go in: a large multi-sequence forward's
-// group by group, as the server computes them (data_channel.proto, "Groups"; the split is
-// common/data_channel_wire.h's, shared with the server), so the server starts on group 0 after
-// about a quarter of the payload; anything else in payload order.
+// The order a data channel request's payload chunks go in: a large multi-sequence call's
+// group by group, as the server computes them (data_channel.proto, "Groups"; the split and
+// each group's bytes are common/data_channel_wire.h's, shared with the server), so the server
+// starts on group 0 after about a quarter of the payload; anything else in payload order.
 #pragma once
 
 #include <cstdint>

@@ -231,17 +231,22 @@ absl::StatusOr<v1::BackwardResponse> Client::BackwardOnContext(
   return BackwardOnContext(
       answer.context_id(), answer.context_address(), dout, options,
       [&] { return FullBackwardRequest(forward, answer, dout, options); },
-      std::vector<int64_t>(forward.k().shape().begin(), forward.k().shape().end()));
+      std::vector<int64_t>(forward.k().shape().begin(), forward.k().shape().end()),
+      std::vector<int32_t>(forward.cu_seqlens_q().begin(), forward.cu_seqlens_q().end()),
+      std::vector<int32_t>(forward.cu_seqlens_k().begin(), forward.cu_seqlens_k().end()));
 }
 
 absl::StatusOr<v1::BackwardResponse> Client::BackwardOnContext(
     const std::string& context_id, const std::string& context_address, const v1::Tensor& dout,
     const ContextBackwardOptions& options,
     const std::function<v1::BackwardRequest()>& full_request,
-    const std::vector<int64_t>& k_shape) {
+    const std::vector<int64_t>& k_shape, const std::vector<int32_t>& cu_seqlens_q,
+    const std::vector<int32_t>& cu_seqlens_k) {
   if (!context_id.empty()) {
     v1::BackwardRequest request;
     *request.mutable_dout() = dout;
+    request.mutable_cu_seqlens_q()->Add(cu_seqlens_q.begin(), cu_seqlens_q.end());
+    request.mutable_cu_seqlens_k()->Add(cu_seqlens_k.begin(), cu_seqlens_k.end());
     request.set_context_id(context_id);
     request.set_deterministic(options.deterministic);
     request.set_keep_context(options.keep_context);

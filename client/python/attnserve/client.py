@@ -72,7 +72,7 @@ class Client:
     it has a data channel and, if it does, moves Forward and Backward tensors over it
     (`data_connections` TCP connections, `chunk_bytes` per chunk, both capped by the server);
     else, and with "grpc", everything goes over gRPC. group_chunks (default True) sends a large
-    multi-sequence forward's chunks group by group in the order the server computes its groups
+    multi-sequence call's chunks group by group in the order the server computes its groups
     of sequences, so it starts computing after about a quarter of the payload (False: payload
     order). The data channel is used when it is as
     secure as the channel: TLS with the same CA, client certificate and server name when the
@@ -311,8 +311,9 @@ class Client:
             return self._backward(dout, full, deterministic, "", False, timeout, outputs)
         route = self._for_context(context_address)
         try:
-            return route._backward(dout, dict(q=q, k=k, v=v), deterministic, context_id,
-                                   keep_context, timeout, outputs)
+            shapes = dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+            return route._backward(dout, shapes, deterministic, context_id, keep_context,
+                                   timeout, outputs)
         except AttentionError as error:
             if error.code == grpc.StatusCode.NOT_FOUND:
                 fallback = route
@@ -324,8 +325,9 @@ class Client:
 
     def _backward(self, dout, inputs, deterministic, context_id, keep_context, timeout,
                   outputs) -> BackwardResult:
-        """One Backward: with a context_id, `inputs` holds q, k, v for their shapes only; else
-        every input of a full request."""
+        """One Backward: with a context_id, `inputs` holds q, k, v for their shapes only, and
+        the offsets (sent when given: they must be the context's, and let the server run the
+        backward group by group as dout arrives); else every input of a full request."""
         dout_enum, dout_wire = wire_array(dout, "dout")
         shapes = [tuple(inputs[name].shape) for name in ("q", "k", "v")]
         names = ("dout",) if context_id else ("dout", "q", "k", "v", "out", "lse")
@@ -333,10 +335,11 @@ class Client:
         wires.update((name, wire_array(inputs[name], name)) for name in names[1:])
         fields = dict(deterministic=deterministic, context_id=context_id,
                       keep_context=keep_context)
-        if not context_id:
+        if not context_id or inputs["cu_seqlens_q"] is not None:
             fields.update(cu_seqlens_q=_offsets(inputs["cu_seqlens_q"], "cu_seqlens_q"),
-                          cu_seqlens_k=_offsets(inputs["cu_seqlens_k"], "cu_seqlens_k"),
-                          options=inputs["options"])
+                          cu_seqlens_k=_offsets(inputs["cu_seqlens_k"], "cu_seqlens_k"))
+        if not context_id:
+            fields.update(options=inputs["options"])
         channel = self._data_channel() if all(len(s) == 3 for s in shapes) else None
         if channel is None:
             request = pb2.BackwardRequest(

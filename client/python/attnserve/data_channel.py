@@ -28,7 +28,7 @@ import ssl
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -209,17 +209,18 @@ class _Session:
 
     def submit(self, kind: str, message, payload: _Layout, outputs: _Layout,
                timeout_ms: int, timeout: Optional[float],
-               row_bytes: Optional[Sequence[int]] = None) -> _Call:
-        """Sends the REQUEST. `row_bytes` (the bytes of one row of q, k, v) puts a forward's
-        chunks in the server's group order (groups.py); None sends them in payload order."""
+               group_tensors: Optional[Sequence[Tuple[int, str]]] = None) -> _Call:
+        """Sends the REQUEST. `group_tensors` (each payload tensor's bytes and the rows a group
+        needs, groups.chunk_offsets) puts the chunks in the server's group order; None sends
+        them in payload order."""
         if self._slots is not None and not self._slots.acquire(timeout=timeout):
             raise AttentionError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                  f"data channel {self.address}: no request slot of the "
                                  "session freed up before the deadline")
         request_id = next(self._ids)
-        if row_bytes is not None:
+        if group_tensors is not None:
             offsets = groups.chunk_offsets(message.cu_seqlens_q, message.cu_seqlens_k,
-                                           row_bytes, payload.total, self.chunk_bytes)
+                                           group_tensors, payload.total, self.chunk_bytes)
         else:
             offsets = list(range(0, payload.total, self.chunk_bytes))
         call = _Call(request_id, next(self._next_connection) % len(self.sockets), payload,
@@ -425,7 +426,7 @@ class DataChannel:
     """A client's data channel to one server (host, port): one session, reopened on the next
     call after it fails. `token` is the bearer token the gRPC calls carry; `tls`, for a server
     whose DataChannelInfo.tls is set, the gRPC channel's CA, client certificate and server
-    name. `group_chunks` (default on) sends a large multi-sequence forward's chunks group by
+    name. `group_chunks` (default on) sends a large multi-sequence call's chunks group by
     group, in the order the server computes them (groups.py), so it starts early; off, in
     payload order."""
 
@@ -485,13 +486,14 @@ class DataChannel:
             if not (array.flags.writeable and array.flags.c_contiguous):
                 raise ValueError("data channel outputs must be writable C-contiguous arrays")
         payload_layout, output_layout = _Layout(payload), _Layout(outputs)
-        row_bytes = None
-        if kind == "forward" and self.group_chunks:
-            row_bytes = [a.nbytes // a.shape[0] if a.ndim and a.shape[0] else 0 for a in payload]
+        group_tensors = None
+        if self.group_chunks:
+            rows = groups.FORWARD_ROWS if kind == "forward" else groups.BACKWARD_ROWS
+            group_tensors = [(a.nbytes, r) for a, r in zip(payload, rows)]
         session = self.session()
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         call = session.submit(kind, message, payload_layout, output_layout, timeout_ms, timeout,
-                              row_bytes)
+                              group_tensors)
         try:
             response = call.future.result(timeout)
         except FutureTimeout:

@@ -88,6 +88,44 @@ engine::OutputSpace OutputSpaceFor(DataCall& call, engine::HostBuffers& buffers)
   return space;
 }
 
+// Output rows of one group, at their destination, and where they go in the response payload.
+struct StreamedRows {
+  const char* data;
+  uint64_t offset;
+  uint64_t bytes;
+};
+
+// Group `group`'s rows of the outputs the engine wrote at their destinations, which go back as
+// soon as the group is done (the rest comes with the RESPONSE): a forward's out rows (lse is
+// small and spread over every head), a backward's dq, dk and dv rows (on a context only dq:
+// dk and dv, of the context's shapes, are the engine's own).
+std::vector<StreamedRows> GroupOutputs(const DataCall& call, int group) {
+  const engine::SequenceGroups& groups = *call.groups;
+  const int32_t b0 = groups.first_sequence(group), b1 = groups.end_sequence(group);
+  std::vector<StreamedRows> rows;
+  uint64_t response_offset = 0;
+  // Output `index` shaped like `like`, whose rows of the group are [cu[b0], cu[b1]).
+  auto add = [&](size_t index, const engine::TensorView& like, const std::vector<int32_t>& cu) {
+    const uint64_t row = like.size_bytes / std::max<int64_t>(1, like.shape[0]);
+    const char* destination = call.outputs.at(index);
+    const uint64_t begin = row * cu[b0], end = row * cu[b1];
+    if (destination != nullptr && end > begin) {
+      rows.push_back({destination + begin, response_offset + begin, end - begin});
+    }
+    response_offset += like.size_bytes;
+  };
+  if (const auto* f = std::get_if<engine::ForwardInputs>(&call.plan.inputs)) {
+    add(0, f->q, f->cu_seqlens_q);
+    return rows;
+  }
+  const auto& b = std::get<engine::BackwardInputs>(call.plan.inputs);
+  add(0, b.dout, b.cu_seqlens_q);
+  if (b.k.absent()) return rows;
+  add(1, b.k, b.cu_seqlens_k);
+  add(2, b.v, b.cu_seqlens_k);
+  return rows;
+}
+
 // Of the engine's time [ran, answered], the seconds while the payload still arrived (until
 // `arrived`) or answer bytes were going back (from `first_streamed`): the union's length.
 double OverlapSeconds(absl::Time ran, absl::Time arrived, absl::Time first_streamed,
@@ -123,6 +161,7 @@ void Session::Run(const std::shared_ptr<DataCall>& call) {
     engine::BackwardJob job;
     job.inputs = std::get<engine::BackwardInputs>(call->plan.inputs);
     job.inputs.output_space = call->outputs;
+    job.inputs.groups = call->groups;
     job.control = std::move(control);
     job.done = [self, call](absl::StatusOr<engine::BackwardResult> result) {
       self->Answer(call, BackwardParts(std::move(result), call->outputs));
@@ -143,14 +182,10 @@ void Session::Run(const std::shared_ptr<DataCall>& call) {
 }
 
 void Session::SendGroup(const std::shared_ptr<DataCall>& call, int group) {
-  const char* out = call->outputs.at(0);
-  if (out == nullptr) return;  // out is not at its destination: it goes with the RESPONSE
-  const engine::ForwardInputs& forward = std::get<engine::ForwardInputs>(call->plan.inputs);
-  const uint64_t row = forward.q.size_bytes / std::max<int64_t>(1, forward.q.shape[0]);
-  const uint64_t begin = row * forward.cu_seqlens_q[call->groups->first_sequence(group)];
-  const uint64_t end = row * forward.cu_seqlens_q[call->groups->end_sequence(group)];
-  if (end <= begin) return;
+  const std::vector<StreamedRows> outputs = GroupOutputs(*call, group);
+  if (outputs.empty()) return;
   std::vector<OutFrame> frames;
+  uint64_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = calls_.find(call->id);
@@ -162,12 +197,14 @@ void Session::SendGroup(const std::shared_ptr<DataCall>& call, int group) {
       call->streamed->metrics = context_->data_metrics;
       call->first_streamed = call->streamed->queued;
     }
-    // Groups finish in order, so the ranges stay sorted.
-    call->streamed_ranges.emplace_back(begin, end);
-    AppendChunkFrames(call->id, call->streamed, out + begin, begin, end - begin,
-                      context_->options.response_chunk_bytes, &frames);
+    for (const StreamedRows& rows : outputs) {
+      call->streamed_ranges.emplace_back(rows.offset, rows.offset + rows.bytes);
+      AppendChunkFrames(call->id, call->streamed, rows.data, rows.offset, rows.bytes,
+                        context_->options.response_chunk_bytes, &frames);
+      bytes += rows.bytes;
+    }
   }
-  context_->metrics->AddSentBytes(static_cast<double>(end - begin));
+  context_->metrics->AddSentBytes(static_cast<double>(bytes));
   Send(std::move(frames));
 }
 
@@ -183,6 +220,8 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
     arrived = call->arrived;
     first_streamed = call->first_streamed;
   }
+  // ResponseFrames skips them in payload order; a backward's groups sent dq, dk, dv rows.
+  std::sort(sent.begin(), sent.end());
   const absl::Time answered = absl::Now();
   if (parts.ok() && ran < answered) {
     context_->data_metrics->RecordOverlap(OverlapSeconds(ran, arrived, first_streamed, answered),
@@ -201,7 +240,7 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
     Send({StatusResponseFrame(call->id, status)});
     return;
   }
-  // A grouped forward whose first groups went out already: its response carries on.
+  // A grouped call whose first groups went out already: its response carries on.
   std::shared_ptr<OutboundResponse> response =
       streamed != nullptr ? std::move(streamed) : std::make_shared<OutboundResponse>();
   response->lease = std::move(call->lease);

@@ -50,16 +50,16 @@ struct DataCall {
   std::unique_ptr<engine::HostBuffer> response_buffer;
   std::unique_ptr<SlotLease> lease;
   std::optional<ChunkTracker> tracker;
-  // A forward large enough to run by groups of sequences: which groups are in, and the
+  // A call large enough to run by groups of sequences: which groups are in, and the
   // engine's view of it. The call goes to the engine when its first group is complete.
   std::optional<GroupTracker> group_tracker;
   std::shared_ptr<engine::SequenceGroups> groups;
-  // A grouped forward's answer once its first group's out rows went out ahead of the RESPONSE
+  // A grouped call's answer once its first group's output rows went out ahead of the RESPONSE
   // (session lock): the response their CHUNKs belong to, and the byte ranges sent. The RESPONSE
   // takes it over (it holds `this` alive: Answer breaks the cycle).
   std::shared_ptr<OutboundResponse> streamed;
   // For attnserve_data_overlap_seconds: the hand-over to the engine (Run), the last payload
-  // byte and the first group's out rows queued (session lock).
+  // byte and the first group's output rows queued (session lock).
   absl::Time ran = absl::InfiniteFuture();
   absl::Time arrived = absl::InfinitePast();
   absl::Time first_streamed = absl::InfiniteFuture();

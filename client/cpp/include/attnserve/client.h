@@ -132,12 +132,14 @@ class Client {
   // The same for callers that keep their tensors elsewhere: `full_request` builds the complete
   // request, called only when it must be sent. `k_shape` is the forward's k shape
   // [total_k, num_heads_k, head_dim], which sizes dk and dv for the data channel; without it
-  // the dout-only backward goes over gRPC.
+  // the dout-only backward goes over gRPC. The forward's offsets, when given, let the server
+  // run a large backward group by group while dout still arrives.
   absl::StatusOr<v1::BackwardResponse> BackwardOnContext(
       const std::string& context_id, const std::string& context_address, const v1::Tensor& dout,
       const ContextBackwardOptions& options,
       const std::function<v1::BackwardRequest()>& full_request,
-      const std::vector<int64_t>& k_shape = {});
+      const std::vector<int64_t>& k_shape = {}, const std::vector<int32_t>& cu_seqlens_q = {},
+      const std::vector<int32_t>& cu_seqlens_k = {});
   // Frees a context the caller will not use (a forward without backward, e.g. evaluation).
   // Returns whether the server still held it.
   absl::StatusOr<bool> ReleaseContext(const std::string& context_id,

@@ -1,0 +1,140 @@
+#include "server/engine/cuda_grouped_backward.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/group_launch.h"
+#include "server/engine/kernel_runner.h"
+
+namespace attnserve::engine {
+namespace {
+
+// Where the launch reads q, k, v, out and lse ([heads, total_q]) from: the run's inputs, or
+// the context's device memory.
+struct Sources {
+  const char *q, *k, *v, *out, *lse;
+};
+
+Sources SourcesOf(const DeviceBuffers& d, const ContextMemory* context) {
+  if (context == nullptr) {
+    return {d.inputs[1], d.inputs[2], d.inputs[3], d.inputs[4], d.inputs[5]};
+  }
+  return {context->address(ContextTensor::kQ), context->address(ContextTensor::kK),
+          context->address(ContextTensor::kV), context->address(ContextTensor::kOut),
+          context->address(ContextTensor::kLse)};
+}
+
+}  // namespace
+
+absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& family,
+                                            const BackwardInputs& in, CudaLane& lane,
+                                            const DeviceContextFn& device_context,
+                                            const ContextMemory* context) {
+  SequenceGroups& groups = *in.groups;
+  const int64_t heads = in.q.shape[1], total_q = in.q.shape[0], total_k = in.k.shape[0];
+  const size_t q_row = RowBytesOf(in.q), k_row = RowBytesOf(in.k), lse_row = sizeof(float);
+  const GroupLaunches plan =
+      PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  const kernels::AttentionOptions options = ResolveOptions(in.options, in.q.shape[2]);
+  size_t kernel_workspace = 0, lse_scratch = 0;
+  for (const GroupLaunch& launch : plan.groups) {
+    kernels::BackwardParams params;
+    params.shape = launch.shape;
+    params.options = options;
+    params.deterministic = in.deterministic;
+    kernel_workspace = std::max(kernel_workspace, family.backward_workspace_bytes(params));
+    lse_scratch =
+        std::max(lse_scratch, static_cast<size_t>(heads * (launch.q1 - launch.q0)) * lse_row);
+  }
+  // Workspace: [the group's lse, [heads, rows] as its launch reads it | the kernel's own].
+  const size_t scratch_bytes = AlignedScratch(lse_scratch);
+  // Inputs: dout, then (when they travel) q, k, v, out, lse; the groups' offsets last.
+  std::vector<GatheredInput> inputs = {{{in.dout.data, in.dout.size_bytes}}};
+  if (context == nullptr) {
+    for (const TensorView* t : {&in.q, &in.k, &in.v, &in.out, &in.lse}) {
+      inputs.push_back({{t->data, t->size_bytes}});
+    }
+  }
+  const size_t offsets_input = inputs.size();
+  inputs.push_back({{plan.offsets.data(), plan.offsets_bytes()}});
+
+  std::vector<LaneStep> steps(groups.count());
+  for (int g = 0; g < groups.count(); ++g) {
+    const GroupLaunch& group = plan.groups[g];
+    const int64_t q_rows = group.q1 - group.q0, k_rows = group.k1 - group.k0;
+    LaneStep& step = steps[g];
+    step.ready = [&groups, g] { return groups.WaitFor(g); };
+    const ByteRange query_rows{group.q0 * q_row, group.q1 * q_row};
+    const ByteRange key_rows{group.k0 * k_row, group.k1 * k_row};
+    const auto with_first = [g](size_t bytes) { return g == 0 ? ByteRange{0, bytes} : ByteRange{}; };
+    step.inputs = {query_rows};
+    if (context == nullptr) {
+      step.inputs.insert(step.inputs.end(), {query_rows, key_rows, key_rows, query_rows,
+                                             with_first(in.lse.size_bytes)});
+    }
+    step.inputs.push_back(with_first(plan.offsets_bytes()));
+    step.launch = [&, launch = &group, q_rows, k_rows](const DeviceBuffers& d,
+                                                       cudaStream_t stream) -> absl::Status {
+      char* const dq = d.outputs[0] + launch->q0 * q_row;
+      char* const dk = d.outputs[1] + launch->k0 * k_row;
+      char* const dv = d.outputs[2] + launch->k0 * k_row;
+      if (q_rows == 0 || k_rows == 0) {
+        // No query attends to a key of this group: every gradient of it is zero.
+        for (auto [at, bytes] : {std::pair{dq, q_rows * q_row}, std::pair{dk, k_rows * k_row},
+                                 std::pair{dv, k_rows * k_row}}) {
+          if (bytes == 0) continue;
+          if (absl::Status s = CudaStatus(cudaMemsetAsync(at, 0, bytes, stream), "cudaMemsetAsync");
+              !s.ok()) {
+            return s;
+          }
+        }
+        return absl::OkStatus();
+      }
+      const Sources from = SourcesOf(d, context);
+      float* const lse = reinterpret_cast<float*>(d.workspace);
+      // The group's lse columns of every head, [heads, rows] as its own launch reads them.
+      if (absl::Status s = CudaStatus(
+              cudaMemcpy2DAsync(lse, q_rows * lse_row, from.lse + launch->q0 * lse_row,
+                                total_q * lse_row, q_rows * lse_row, heads,
+                                cudaMemcpyDeviceToDevice, stream),
+              "cudaMemcpy2DAsync (a group's lse)");
+          !s.ok()) {
+        return s;
+      }
+      kernels::BackwardParams params;
+      params.shape = launch->shape;
+      params.options = options;
+      params.deterministic = in.deterministic;
+      params.dout = d.inputs[0] + launch->q0 * q_row;
+      params.q = from.q + launch->q0 * q_row;
+      params.k = from.k + launch->k0 * k_row;
+      params.v = from.v + launch->k0 * k_row;
+      params.out = from.out + launch->q0 * q_row;
+      params.lse = lse;
+      const int32_t* offsets = reinterpret_cast<const int32_t*>(d.inputs[offsets_input]);
+      params.shape.cu_seqlens_q_device = offsets + launch->cu_q_at;
+      params.shape.cu_seqlens_k_device = offsets + launch->cu_k_at;
+      params.dq = dq;
+      params.dk = dk;
+      params.dv = dv;
+      void* workspace = kernel_workspace > 0 ? d.workspace + scratch_bytes : nullptr;
+      const kernels::KernelStatus status =
+          family.backward(params, device_context(stream, workspace, kernel_workspace));
+      if (!status.ok) {
+        return absl::InternalError(absl::StrCat(family.name, " backward: ", status.message));
+      }
+      return absl::OkStatus();
+    };
+    step.outputs = {{group.q0 * q_row, q_rows * q_row, 1, 0},
+                    {group.k0 * k_row, k_rows * k_row, 1, 0},
+                    {group.k0 * k_row, k_rows * k_row, 1, 0}};
+    step.done = [&groups, g] { groups.Finished(g); };
+  }
+  const size_t q_bytes = static_cast<size_t>(total_q) * q_row;
+  const size_t k_bytes = static_cast<size_t>(total_k) * k_row;
+  return lane.RunSteps(inputs, {q_bytes, k_bytes, k_bytes}, scratch_bytes + kernel_workspace,
+                       steps, /*keep=*/nullptr, in.output_space.destinations);
+}
+
+}  // namespace attnserve::engine

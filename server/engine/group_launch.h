@@ -1,0 +1,46 @@
+// How a request that arrives group by group (sequence_groups.h) runs: each group as its own
+// varlen launch over its rows, with its sequences' offsets rebased to its first one. Every
+// group's offsets lie back to back in one small array, so on a GPU they cross to the device
+// once.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/attention_params.h"
+#include "server/engine/attention_request.h"
+#include "server/engine/sequence_groups.h"
+
+namespace attnserve::engine {
+
+struct GroupLaunch {
+  int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;  // the group's query and key rows
+  size_t cu_q_at = 0, cu_k_at = 0;          // its offsets in GroupLaunches::offsets, in int32s
+  // The launch's shape; cu_seqlens_* point into GroupLaunches::offsets (the device copies are
+  // the launch's to fill in).
+  kernels::AttentionShape shape;
+};
+
+struct GroupLaunches {
+  std::vector<GroupLaunch> groups;
+  std::vector<int32_t> offsets;
+
+  size_t offsets_bytes() const { return offsets.size() * sizeof(int32_t); }
+};
+
+// `q` and `k` give dtype, heads and head_dim; the offsets are the whole request's. The result
+// must not be copied once made (its shapes point into its own offsets): move it.
+GroupLaunches PlanGroupLaunches(const SequenceGroups& groups, const TensorView& q,
+                                const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
+                                const std::vector<int32_t>& cu_seqlens_k);
+
+// A scratch segment's size rounded up so the next segment of a workspace starts aligned as
+// kernels need (256 bytes, as cudaMalloc's).
+inline size_t AlignedScratch(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Bytes of one row of a packed [rows, heads, head_dim] tensor.
+inline size_t RowBytesOf(const TensorView& t) {
+  return static_cast<size_t>(t.shape[1] * t.shape[2] * kernels::DTypeSize(t.dtype));
+}
+
+}  // namespace attnserve::engine
