@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,11 @@ struct OwnedTensor {
 // until the job's completion callback has run.
 struct OutputSpace {
   std::vector<char*> destinations;
+  // For outputs whose size the transport cannot know (dk and dv of a backward on a saved
+  // context, shaped like the context's k): the engine asks for their memory once it knows,
+  // during Enqueue, and sets the destination to what it returns (null: none given). Empty:
+  // the engine does not ask.
+  std::function<char*(size_t output, size_t bytes)> allocate;
 
   char* at(size_t output) const {
     return output < destinations.size() ? destinations[output] : nullptr;

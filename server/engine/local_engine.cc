@@ -164,6 +164,7 @@ absl::Status LocalEngine::ResolveContext(BackwardJob& job) {
   if (!context.ok()) return context.status();
   if (absl::Status s = CheckAgreesWithContext(job.inputs, (*context)->spec); !s.ok()) return s;
   FillFromContext(**context, job.inputs);
+  AllocateContextOutputs(job.inputs);
   job.context = *std::move(context);
   return absl::OkStatus();
 }

@@ -149,6 +149,33 @@ TEST(EngineContextTest, ABackwardByContextEqualsTheFullBackwardBitwiseAndRelease
   EXPECT_THAT(metrics.Serialize(), HasSubstr("attnserve_context_releases_total 1"));
 }
 
+TEST(EngineContextTest, DkAndDvGoWhereTheOutputSpaceAllocatesThemOnceTheContextIsKnown) {
+  auto engine = MakeEngine({}, {Cpu()});
+  const Problem problem(0.25f);
+  absl::StatusOr<ForwardResult> forward = RunForward(*engine, problem.Forward(true));
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  absl::StatusOr<BackwardResult> full = RunBackward(*engine, problem.FullBackward(*forward));
+  ASSERT_TRUE(full.ok()) << full.status();
+
+  std::string buffers[3];
+  std::vector<std::pair<size_t, size_t>> asked;  // (output, bytes)
+  BackwardInputs in = problem.ByContext(forward->context_id);
+  in.output_space.allocate = [&](size_t output, size_t bytes) {
+    asked.emplace_back(output, bytes);
+    buffers[output].assign(bytes, '\0');
+    return buffers[output].data();
+  };
+  absl::StatusOr<BackwardResult> by_context = RunBackward(*engine, std::move(in));
+  ASSERT_TRUE(by_context.ok()) << by_context.status();
+  const size_t k_bytes = problem.k.size() * sizeof(float);
+  EXPECT_EQ(asked, (std::vector<std::pair<size_t, size_t>>{{1, k_bytes}, {2, k_bytes}}));
+  EXPECT_TRUE(by_context->dk.data.empty());
+  EXPECT_TRUE(by_context->dv.data.empty());
+  EXPECT_EQ(buffers[1], full->dk.data);
+  EXPECT_EQ(buffers[2], full->dv.data);
+  EXPECT_EQ(by_context->dq.data, full->dq.data);  // no destination given: the result owns it
+}
+
 TEST(EngineContextTest, AForwardWithoutKeepContextKeepsNothing) {
   auto engine = MakeEngine();
   absl::StatusOr<ForwardResult> forward = RunForward(*engine, Problem(1).Forward(false));

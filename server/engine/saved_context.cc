@@ -1,5 +1,6 @@
 #include "server/engine/saved_context.h"
 
+#include <algorithm>
 #include <array>
 
 #include "absl/strings/str_cat.h"
@@ -147,6 +148,18 @@ void FillFromContext(const SavedContext& context, BackwardInputs& in) {
   in.cu_seqlens_q = spec.cu_seqlens_q;
   in.cu_seqlens_k = spec.cu_seqlens_k;
   in.options = spec.options;
+}
+
+void AllocateContextOutputs(BackwardInputs& in) {
+  OutputSpace& space = in.output_space;
+  if (!space.allocate) return;
+  space.destinations.resize(std::max<size_t>(space.destinations.size(), 3), nullptr);
+  const size_t sizes[] = {0, in.k.size_bytes, in.v.size_bytes};
+  for (size_t output : {1, 2}) {
+    if (space.destinations[output] == nullptr) {
+      space.destinations[output] = space.allocate(output, sizes[output]);
+    }
+  }
 }
 
 int64_t ContextBackwardDeviceBytes(const BackwardInputs& in) {

@@ -63,6 +63,9 @@ absl::Status CheckAgreesWithContext(const BackwardInputs& in, const ContextSpec&
 // as views of the context's dtype and shapes, pointing at its bytes when they are on the host
 // (null data when they are in device memory; the worker reads them there).
 void FillFromContext(const SavedContext& context, BackwardInputs& in);
+// Then asks the output space for dk's and dv's memory where it has none for them
+// (OutputSpace::allocate).
+void AllocateContextOutputs(BackwardInputs& in);
 
 // Device bytes a backward on a context needs besides the context itself: dout, dq, dk, dv and
 // the float32 scratch per query row and head.

@@ -173,8 +173,8 @@ CONTEXT_SEQLENS = (128,) * 32
 CONTEXT_HEADS = 8
 
 
-def test_a_context_backward_s_group_0_dq_comes_back_before_the_rest_of_dout(server, grpc_client,
-                                                                             rng):
+def test_a_context_backward_s_group_0_gradients_come_back_before_the_rest_of_dout(
+        server, grpc_client, rng):
     cu = np.array([0, *np.cumsum(CONTEXT_SEQLENS)], np.int32)
     q, k, v, dout = (rng.standard_normal((int(cu[-1]), CONTEXT_HEADS, DIM)).astype(np.float32)
                      for _ in range(4))
@@ -186,7 +186,8 @@ def test_a_context_backward_s_group_0_dq_comes_back_before_the_rest_of_dout(serv
                                    context_id=forward.context_id)
     ends = groups.group_ends(cu, cu, dout.nbytes)
     rows0 = int(cu[ends[0]]) * (q.nbytes // q.shape[0])
-    call = _RawCall(grpc_client, "backward", backward, (dout,), (rows0,), rows0)
+    # Group 0's dq, dk and dv rows (dk and dv in buffers shaped by the context's k).
+    call = _RawCall(grpc_client, "backward", backward, (dout,), (rows0,), 3 * rows0)
     received = call.run_group0_first(3 * q.nbytes)
     # Against the float64 reference: a full backward this large exceeds a gRPC message.
     want = reference.attention_backward(dout, q, k, v, forward.out, forward.lse, cu, cu)

@@ -59,8 +59,9 @@ absl::StatusOr<ResponseParts> BackwardParts(absl::StatusOr<engine::BackwardResul
 
 // The call's output space: each output over the received input of its shape, which the engine
 // no longer needs once it has read it; lse (which no input matches) in a response buffer.
-// A backward on a context receives only dout: its dk and dv, of the context's shapes, are
-// left to the engine (received() finds no k, v). Without a response buffer, lse is too.
+// A backward on a context receives only dout: its dk and dv, of the context's shapes, go to
+// response buffers the engine asks for once it has found the context. Without a response
+// buffer an output is left to the engine.
 engine::OutputSpace OutputSpaceFor(DataCall& call, engine::HostBuffers& buffers) {
   // The received bytes of tensor `index` (PlannedCall::Slice::tensor), null when not sent.
   auto received = [&call](int index) -> char* {
@@ -73,6 +74,18 @@ engine::OutputSpace OutputSpaceFor(DataCall& call, engine::HostBuffers& buffers)
   if (call.plan.backward()) {
     // Backward fields in order: dout, q, k, v, out, lse.
     space.destinations = {received(0), received(2), received(3)};
+    if (space.destinations[1] == nullptr) {
+      // Called during Enqueue, while the call is alive and no chunk writer reads these fields.
+      space.allocate = [&call, &buffers](size_t output, size_t bytes) -> char* {
+        call.context_k_bytes = bytes;
+        absl::StatusOr<std::unique_ptr<engine::HostBuffer>> buffer = buffers.Allocate(bytes);
+        if (!buffer.ok()) return nullptr;
+        std::unique_ptr<engine::HostBuffer>& kept = call.context_outputs[output - 1];
+        kept = *std::move(buffer);
+        call.outputs.destinations[output] = kept->data();
+        return kept->data();
+      };
+    }
     return space;
   }
   const engine::ForwardInputs& forward = std::get<engine::ForwardInputs>(call.plan.inputs);
@@ -97,32 +110,32 @@ struct StreamedRows {
 
 // Group `group`'s rows of the outputs the engine wrote at their destinations, which go back as
 // soon as the group is done (the rest comes with the RESPONSE): a forward's out rows (lse is
-// small and spread over every head), a backward's dq, dk and dv rows (on a context only dq:
-// dk and dv, of the context's shapes, are the engine's own).
+// small and spread over every head), a backward's dq, dk and dv rows.
 std::vector<StreamedRows> GroupOutputs(const DataCall& call, int group) {
   const engine::SequenceGroups& groups = *call.groups;
   const int32_t b0 = groups.first_sequence(group), b1 = groups.end_sequence(group);
   std::vector<StreamedRows> rows;
   uint64_t response_offset = 0;
-  // Output `index` shaped like `like`, whose rows of the group are [cu[b0], cu[b1]).
-  auto add = [&](size_t index, const engine::TensorView& like, const std::vector<int32_t>& cu) {
-    const uint64_t row = like.size_bytes / std::max<int64_t>(1, like.shape[0]);
+  // Output `index` of `bytes`, whose rows (cu.back() in all) of the group are [cu[b0], cu[b1]).
+  auto add = [&](size_t index, size_t bytes, const std::vector<int32_t>& cu) {
+    const uint64_t row = bytes / std::max<int32_t>(1, cu.back());
     const char* destination = call.outputs.at(index);
     const uint64_t begin = row * cu[b0], end = row * cu[b1];
     if (destination != nullptr && end > begin) {
       rows.push_back({destination + begin, response_offset + begin, end - begin});
     }
-    response_offset += like.size_bytes;
+    response_offset += bytes;
   };
   if (const auto* f = std::get_if<engine::ForwardInputs>(&call.plan.inputs)) {
-    add(0, f->q, f->cu_seqlens_q);
+    add(0, f->q.size_bytes, f->cu_seqlens_q);
     return rows;
   }
   const auto& b = std::get<engine::BackwardInputs>(call.plan.inputs);
-  add(0, b.dout, b.cu_seqlens_q);
-  if (b.k.absent()) return rows;
-  add(1, b.k, b.cu_seqlens_k);
-  add(2, b.v, b.cu_seqlens_k);
+  // On a context, dk and dv are shaped like its k (the engine's word, context_k_bytes).
+  const size_t k_bytes = b.k.absent() ? call.context_k_bytes : b.k.size_bytes;
+  add(0, b.dout.size_bytes, b.cu_seqlens_q);
+  add(1, k_bytes, b.cu_seqlens_k);
+  add(2, k_bytes, b.cu_seqlens_k);
   return rows;
 }
 

@@ -48,6 +48,10 @@ struct DataCall {
   // match, else in `response_buffer`. Both live until the response is sent.
   engine::OutputSpace outputs;
   std::unique_ptr<engine::HostBuffer> response_buffer;
+  // A backward on a context: dk's and dv's buffers, which the engine asks for once it knows
+  // their size (each of context_k_bytes) while the job is enqueued.
+  std::unique_ptr<engine::HostBuffer> context_outputs[2];
+  size_t context_k_bytes = 0;
   std::unique_ptr<SlotLease> lease;
   std::optional<ChunkTracker> tracker;
   // A call large enough to run by groups of sequences: which groups are in, and the
