@@ -5,6 +5,7 @@ shapes, unknown models, bodies over the limit or shorter than they say) answered
 protocol's status codes and errors that name the field."""
 import json
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -247,3 +248,23 @@ def test_tokens_are_required_when_configured(tmp_path, rng):
             result = client.infer("attention_forward", inputs, headers=alice)
             assert result.as_numpy("out").shape == arrays["q"].shape
             assert client.get_server_metadata(headers=alice)["name"] == "attnserve"
+
+
+def test_inferences_hold_at_most_half_the_http_threads(rng):
+    """With --http_threads=2 one inference may wait on a thread: while a client trickles its
+    body, another inference is refused with 429 and the probes still answer."""
+    arrays = make_problem(rng, np.float32)
+    body = json.dumps(json_request(arrays, FORWARD_INPUTS))
+    for server in run_server(dict(MAIN_LIMITS, http_threads=2, http_request_timeout_ms=5000)):
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as slow:
+            slow.sendall(b"POST /v2/models/attention_forward/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"inputs\"")
+            # Until the server has taken the slow request up, the other one may still pass.
+            deadline = time.monotonic() + 3
+            while True:
+                status, _, answer = post(server, "/v2/models/attention_forward/infer", body)
+                if status == 429 or time.monotonic() > deadline:
+                    break
+                assert status == 200, answer
+            assert status == 429 and "too many HTTP inferences" in json.loads(answer)["error"]
+            assert server.http_status("/healthz") == 200
