@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build-asan}"
 SECONDS_PER_TARGET="${2:-45}"
 ARTIFACTS="${FUZZ_ARTIFACTS:-$BUILD_DIR/fuzz-artifacts}"
-TARGETS=(request_fuzzer http_fuzzer data_frame_fuzzer)
+TARGETS=(request_fuzzer http_fuzzer data_frame_fuzzer rest_body_fuzzer)
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 

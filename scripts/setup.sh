@@ -13,6 +13,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libcivetweb-dev
+  nlohmann-json3-dev  # JSON of the Open Inference Protocol's REST API (transport/http/rest_json.h)
   libssl-dev  # OpenSSL headers; and libssl.so/libcrypto.so, which civetweb opens for HTTPS
   libgoogle-perftools-dev  # tcmalloc: the server's allocator (CMakeLists.txt, ATTN_TCMALLOC)
 )

@@ -24,7 +24,9 @@
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address both ports listen on.");
 ABSL_FLAG(int32_t, grpc_port, 8001, "gRPC port (0 picks a free one).");
-ABSL_FLAG(int32_t, http_port, 8000, "HTTP port for /healthz, /readyz, /metrics, /v1/info.");
+ABSL_FLAG(int32_t, http_port, 8000,
+          "HTTP port for /healthz, /readyz, /metrics, /v1/info and the Open Inference "
+          "Protocol's REST API (/v2).");
 ABSL_FLAG(std::string, devices, "auto",
           "auto (all GPUs, else the CPU), cpu, or CUDA ordinals like 0,1.");
 ABSL_FLAG(std::string, emulate_compute_capability, "",
@@ -128,6 +130,9 @@ ABSL_FLAG(int32_t, http_request_timeout_ms, 2000,
           "closed.");
 ABSL_FLAG(int32_t, http_max_request_bytes, 8192,
           "Largest HTTP request head (request line and headers) accepted.");
+ABSL_FLAG(int64_t, http_max_json_bytes, int64_t{16} << 20,
+          "Largest JSON part of an Open Inference Protocol REST inference body (/v2); its parsed "
+          "form takes many times its size, so large tensors go in the binary part.");
 ABSL_FLAG(int32_t, drain_timeout_seconds, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
 ABSL_FLAG(std::string, tls_cert_file, "",
@@ -229,6 +234,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.keepalive_permit_without_calls = absl::GetFlag(FLAGS_keepalive_permit_without_calls);
   config.http_request_timeout_ms = absl::GetFlag(FLAGS_http_request_timeout_ms);
   config.http_max_request_bytes = absl::GetFlag(FLAGS_http_max_request_bytes);
+  config.http_max_json_bytes = absl::GetFlag(FLAGS_http_max_json_bytes);
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   config.engine.batching.enabled = absl::GetFlag(FLAGS_batching);
   config.engine.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
@@ -324,6 +330,7 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
        absl::GetFlag(FLAGS_keepalive_min_client_ping_interval_seconds), 0, 86400 * 7},
       {"http_request_timeout_ms", config.http_request_timeout_ms, 100, 3'600'000},
       {"http_max_request_bytes", config.http_max_request_bytes, 1024, 1 << 20},
+      {"http_max_json_bytes", config.http_max_json_bytes, 1024, int64_t{1} << 30},
       {"max_message_bytes", limits.max_message_bytes, 1024, 2147483647},
       {"max_total_tokens", limits.max_total_tokens, 1, 2147483647},
       {"max_head_dim", limits.max_head_dim, 1, 1024},

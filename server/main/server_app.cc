@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
@@ -157,6 +158,24 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
     std::string why = transport::GrpcListenerFailure();
     return why.empty() ? raw->engine_->NeedsRestart() : why;
   };
+  transport::InferenceRestOptions rest_options;
+  rest_options.version = ATTNSERVE_VERSION;
+  rest_options.limits = call_limits;
+  rest_options.auth = compute_auth;
+  rest_options.health_auth = health_auth;
+  rest_options.is_ready = is_ready;
+  rest_options.max_body_bytes = config.engine.limits.max_message_bytes;
+  rest_options.max_json_bytes = config.http_max_json_bytes;
+  // Inferences wait on civetweb's threads: half of them at most, so probes, scrapes and the
+  // other endpoints always find one.
+  rest_options.max_inferences = std::max(1, config.http_threads / 2);
+  if (call_limits.answer_send_timeout != absl::InfiniteDuration()) {
+    rest_options.answer_grace = call_limits.answer_send_timeout;
+  }
+  app->inference_rest_ = std::make_unique<transport::InferenceRestHandler>(
+      app->inference_protocol_->dispatcher(), app->metrics_.get(), app->slots_.get(),
+      rest_options);
+  http_options.inference_rest = app->inference_rest_.get();
   absl::StatusOr<std::unique_ptr<transport::HttpServer>> http = transport::HttpServer::Start(
       http_options, app->engine_.get(), app->metrics_.get(), is_ready);
   if (!http.ok()) {

@@ -21,6 +21,7 @@
 #include "server/transport/grpc/health_service.h"
 #include "server/transport/grpc/inference_service.h"
 #include "server/transport/http/http_server.h"
+#include "server/transport/http/inference_rest.h"
 #include "server/transport/oip/inference_protocol.h"
 #include "server/transport/tls/tls_material.h"
 
@@ -62,6 +63,7 @@ struct ServerConfig {
   GrpcAbuseLimits grpc_abuse_limits;
   int http_request_timeout_ms = 2000;
   int http_max_request_bytes = 8192;
+  int64_t http_max_json_bytes = int64_t{16} << 20;  // of a /v2 inference body
   // TLS on both ports when tls.cert_file is set; mTLS when tls.client_ca_file is too.
   transport::TlsFiles tls;
   // Bearer tokens (one per line) every AttentionService call and /v1/info must carry; empty:
@@ -125,6 +127,8 @@ class ServerApp {
   std::unique_ptr<transport::oip::InferenceProtocol> inference_protocol_;
   std::unique_ptr<transport::InferenceServiceImpl> inference_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // Before http_, which serves it under /v2 and stops (joining its threads) first.
+  std::unique_ptr<transport::InferenceRestHandler> inference_rest_;
   std::unique_ptr<transport::HttpServer> http_;
   int grpc_port_ = 0;
   std::atomic<bool> ready_{false};

@@ -2,9 +2,13 @@
 
 Run from the repository root with the project's virtualenv (it imports the attnserve client's
 generated protobuf classes): .venv/bin/python tests/fuzz/make_corpus.py
-request_fuzzer seeds are one selector byte (0 forward, 1 backward) then the serialized request.
+request_fuzzer seeds are one selector byte (0 forward, 1 backward) then the serialized request;
+rest_body_fuzzer seeds are a flag byte (odd: Inference-Header-Content-Length sent), its value in
+two little-endian bytes, then the body.
 """
+import json
 import pathlib
+import struct
 
 import numpy as np
 
@@ -83,6 +87,34 @@ def http_seeds():
     return seeds
 
 
+def rest_body_seeds():
+    def seed(body, json_length=None):
+        if json_length is None:
+            return b"\0\0\0" + body
+        return bytes([1]) + struct.pack("<H", json_length) + body
+
+    forward = {
+        "id": "r", "parameters": {"causal": True, "softmax_scale": 0.5, "window_left": 3},
+        "inputs": [
+            {"name": "q", "datatype": "FP32", "shape": [2, 1, 2], "data": [[[1, 2]], [[3, 4]]]},
+            {"name": "k", "datatype": "FP16", "shape": [2], "data": [1.5, -2]},
+            {"name": "v", "datatype": "BF16", "shape": [1], "data": [1]},
+            {"name": "cu_seqlens_q", "datatype": "INT32", "shape": [2], "data": [0, 2]}],
+        "outputs": [{"name": "out", "parameters": {"binary_data": True}}, {"name": "lse"}]}
+    binary = json.dumps({
+        "inputs": [
+            {"name": "q", "datatype": "FP32", "shape": [2],
+             "parameters": {"binary_data_size": 8}},
+            {"name": "k", "datatype": "FP16", "shape": [1],
+             "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 2}}],
+        "parameters": {"binary_data_output": True}}).encode()
+    return {
+        "json": seed(json.dumps(forward).encode()),
+        "binary": seed(binary + struct.pack("<2f", 1, 2), len(binary)),
+        "register": seed(json.dumps({"key": "/k", "offset": 0, "byte_size": 64}).encode()),
+    }
+
+
 def write(target, seeds):
     directory = HERE / "corpus" / target
     directory.mkdir(parents=True, exist_ok=True)
@@ -95,3 +127,4 @@ def write(target, seeds):
 if __name__ == "__main__":
     write("request_fuzzer", request_seeds())
     write("http_fuzzer", http_seeds())
+    write("rest_body_fuzzer", rest_body_seeds())

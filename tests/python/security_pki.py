@@ -84,11 +84,12 @@ class SecureServerProcess(ServerProcess):
             self.http_url = f"https://127.0.0.1:{self.http_port}"
 
     def request(self, path: str, token: Optional[str] = None,
-                context: Optional[ssl.SSLContext] = None):
-        """(status, body) of GET `path` with `token` (default: the server's) and `context`
-        (default: the server's); raises OSError when no HTTP answer comes back."""
+                context: Optional[ssl.SSLContext] = None, body: Optional[bytes] = None):
+        """(status, body) of GET `path` (POST when `body` is given) with `token` (default: the
+        server's) and `context` (default: the server's); raises OSError when no HTTP answer
+        comes back."""
         token = self.token if token is None else token
-        request = urllib.request.Request(self.http_url + path)
+        request = urllib.request.Request(self.http_url + path, data=body)
         if token:
             request.add_header("Authorization", f"Bearer {token}")
         try:

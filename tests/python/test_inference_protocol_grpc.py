@@ -8,14 +8,11 @@ from ml_dtypes import bfloat16
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from attnserve import reference  # noqa: E402
-from oip_helpers import (as_dtype, check_close, inputs_for, make_problem,  # noqa: E402,F401
+from oip_helpers import (BACKWARD_INPUTS, FORWARD_INPUTS, check_backward,  # noqa: E402,F401
+                         check_close, check_forward, error_of, inputs_for, make_problem,
                          oip_server, triton)
-
-FORWARD_INPUTS = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"]
-BACKWARD_INPUTS = ["dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k"]
 
 
 
@@ -41,22 +38,13 @@ def test_forward_and_backward_match_reference(triton, dtype, rng):
                                                           FORWARD_INPUTS, None),
                           parameters=options, request_id="fwd-1")
     assert result.get_response().id == "fwd-1"
-    out, lse = as_dtype(result.as_numpy("out"), dtype), result.as_numpy("lse")
-    ref_out, ref_lse = reference.attention_forward(
-        arrays["q"], arrays["k"], arrays["v"], arrays["cu_seqlens_q"], arrays["cu_seqlens_k"],
-        **options)
-    check_close(out, ref_out, dtype, "out")
-    check_close(lse, ref_lse, np.float32, "lse")
+    out, lse = check_forward(result, arrays, dtype, options)
 
     arrays.update(out=out, lse=lse)
     result = triton.infer("attention_backward", inputs_for(tritonclient_grpc, arrays,
                                                            BACKWARD_INPUTS, None),
                           parameters=dict(options, deterministic=True))
-    refs = reference.attention_backward(
-        arrays["dout"], arrays["q"], arrays["k"], arrays["v"], out, lse,
-        arrays["cu_seqlens_q"], arrays["cu_seqlens_k"], **options)
-    for name, ref in zip(("dq", "dk", "dv"), refs):
-        check_close(as_dtype(result.as_numpy(name), dtype), ref, dtype, name)
+    check_backward(result, arrays, dtype, options)
 
 
 def test_typed_contents_and_requested_outputs(oip_server, rng):
@@ -80,12 +68,6 @@ def test_typed_contents_and_requested_outputs(oip_server, rng):
     _, ref_lse = reference.attention_forward(arrays["q"], arrays["k"], arrays["v"],
                                              arrays["cu_seqlens_q"], arrays["cu_seqlens_k"])
     check_close(lse, ref_lse, np.float32, "lse")
-
-
-def error_of(triton, model, inputs, **kwargs):
-    with pytest.raises(InferenceServerException) as raised:
-        triton.infer(model, inputs, **kwargs)
-    return raised.value
 
 
 def test_errors_name_the_field(triton, rng):

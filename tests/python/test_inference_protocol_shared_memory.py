@@ -11,60 +11,24 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 shm = pytest.importorskip("tritonclient.utils.shared_memory")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from attnserve import reference  # noqa: E402
-from oip_helpers import check_close, make_problem, oip_server, triton  # noqa: E402,F401
+from oip_helpers import (forward_through_region, make_problem, oip_server,  # noqa: E402,F401
+                         region, triton)
 from server_process import MAIN_LIMITS, run_server  # noqa: E402
 
 NAMES = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"]
 
 
 
-@pytest.fixture
-def region():
-    """A fresh POSIX shared-memory object of 64 KiB; removed afterwards."""
-    key = f"/attnserve_test_{uuid.uuid4().hex[:12]}"
-    handle = shm.create_shared_memory_region(key[1:], key, 1 << 16)
-    yield key, handle
-    shm.destroy_shared_memory_region(handle)
-
-
 def test_inputs_and_outputs_through_shared_memory(triton, region, rng):
     key, handle = region
     arrays = make_problem(rng, np.float16)
-    # Inputs back to back from offset 0; the outputs after them.
-    offsets, offset = {}, 0
-    for name in NAMES:
-        offsets[name] = offset
-        offset += arrays[name].nbytes
-    shm.set_shared_memory_region(handle, [arrays[n] for n in NAMES])
-    out_offset, lse_offset = offset, offset + arrays["q"].nbytes
-    total_q = arrays["q"].shape[0]
     triton.register_system_shared_memory("attn_in", key, 1 << 16)
     try:
         status = triton.get_system_shared_memory_status()
         assert [r.name for r in status.regions.values()] == ["attn_in"]
-        inputs = []
-        for name in NAMES:
-            array = arrays[name]
-            tensor = tritonclient_grpc.InferInput(name, list(array.shape),
-                                                  "INT32" if array.dtype == np.int32 else "FP16")
-            tensor.set_shared_memory("attn_in", array.nbytes, offsets[name])
-            inputs.append(tensor)
-        outputs = [tritonclient_grpc.InferRequestedOutput("out"),
-                   tritonclient_grpc.InferRequestedOutput("lse")]
-        outputs[0].set_shared_memory("attn_in", arrays["q"].nbytes, out_offset)
-        outputs[1].set_shared_memory("attn_in", 2 * total_q * 4, lse_offset)
-        result = triton.infer("attention_forward", inputs, outputs=outputs,
-                              parameters={"causal": True})
+        result = forward_through_region(tritonclient_grpc, triton, "attn_in", handle, arrays)
         assert result.get_output("out").parameters["shared_memory_region"].string_param == \
             "attn_in"
-        out = shm.get_contents_as_numpy(handle, np.float16, arrays["q"].shape, out_offset)
-        lse = shm.get_contents_as_numpy(handle, np.float32, (2, total_q), lse_offset)
-        ref_out, ref_lse = reference.attention_forward(
-            arrays["q"], arrays["k"], arrays["v"], arrays["cu_seqlens_q"],
-            arrays["cu_seqlens_k"], causal=True)
-        check_close(out, ref_out, np.float16, "out")
-        check_close(lse, ref_lse, np.float32, "lse")
     finally:
         triton.unregister_system_shared_memory("attn_in")
     assert len(triton.get_system_shared_memory_status().regions) == 0

@@ -1,6 +1,7 @@
 """TLS, mTLS and bearer tokens end to end: the real server with throwaway certificates, the
-Python client, HTTPS, health open or closed, token revocation by reload, and the torch drop-in
+Python client, HTTPS (with the /v2 REST API), health open or closed, token revocation by reload, and the torch drop-in
 configured through the environment."""
+import json
 import os
 import signal
 import ssl
@@ -203,6 +204,27 @@ def test_https_metrics_open_and_info_needs_the_token(tls_server, pki):
     assert status == 200 and b'"version"' in body
     with pytest.raises(OSError):  # urllib wraps the certificate failure in URLError
         tls_server.request("/metrics", context=https_context(pki.other_ca))
+
+
+def test_https_inference_protocol_rest_needs_the_token(tls_server, rng):
+    """/v2 is served over HTTPS with the same tokens; its probes stay open like /healthz."""
+    q, k, v, cu_q, cu_k = inputs(rng)
+    body = json.dumps({"inputs": [
+        {"name": name, "shape": list(array.shape),
+         "datatype": "INT32" if array.dtype == np.int32 else "FP32", "data": array.tolist()}
+        for name, array in [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_q),
+                            ("cu_seqlens_k", cu_k)]]}).encode()
+    infer = "/v2/models/attention_forward/infer"
+    assert tls_server.request("/v2/health/ready", token="")[0] == 200
+    status, answer = tls_server.request(infer, token="", body=body)
+    assert status == 401 and b"Bearer" in answer
+    assert tls_server.request(infer, token="wrong", body=body)[0] == 401
+    status, answer = tls_server.request(infer, body=body)
+    assert status == 200, answer
+    out = {o["name"]: o for o in json.loads(answer)["outputs"]}["out"]
+    want, _ = reference.attention_forward(q, k, v, cu_q, cu_k)
+    got = np.array(out["data"], np.float32).reshape(out["shape"])
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-5
 
 
 def test_grpc_health_is_open_without_a_token(tls_server, pki):

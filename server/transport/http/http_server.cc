@@ -143,6 +143,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   add("/v1/info", info_auth, [engine, version = options.version, limits = options.call_limits] {
     return InfoJson(*engine, version, limits);
   });
+  if (options.inference_rest != nullptr) {
+    server->server_->addHandler("/v2", options.inference_rest);
+  }
   return server;
 }
 

@@ -1,7 +1,8 @@
-// The HTTP port (civetweb): /healthz (process alive and able to serve), /readyz (accepting work), /metrics
-// (Prometheus text exposition) and /v1/info (ServerInfo as JSON). Read-only; compute RPCs are
-// on gRPC. HTTPS (and mTLS) with `tls`; with an enabled Authenticator, /v1/info needs the bearer
-// token like GetServerInfo, and the other pages too unless open_health_and_metrics.
+// The HTTP port (civetweb): /healthz (process alive and able to serve), /readyz (accepting
+// work), /metrics (Prometheus text exposition), /v1/info (ServerInfo as JSON) and, when given
+// its handler, the Open Inference Protocol's REST API under /v2. HTTPS (and mTLS) with `tls`;
+// with an enabled Authenticator, /v1/info needs the bearer token like GetServerInfo, and the
+// other pages too unless open_health_and_metrics.
 #pragma once
 
 #include <functional>
@@ -31,8 +32,8 @@ struct HttpServerOptions {
   // A connection that has not sent its whole request (or taken its reply) by then is closed,
   // so slow or stalled clients cannot hold the few worker threads.
   int request_timeout_ms = 2000;
-  // Largest request head (request line + headers) accepted; larger ones are refused. The
-  // endpoints take no body, so this bounds what one connection can make the server buffer.
+  // Largest request head (request line + headers) accepted; larger ones are refused. Only /v2
+  // takes bodies, and reads them within its own bounds.
   int max_request_bytes = 8192;
   std::optional<TlsMaterial> tls;  // absent: plain HTTP
   // Null or disabled: every page is open.
@@ -41,6 +42,9 @@ struct HttpServerOptions {
   // Polled by /healthz: a non-empty answer says why the process is broken beyond repair (503
   // with that text, so the orchestrator restarts it). Unset: always alive.
   std::function<std::string()> liveness_failure;
+  // Served under /v2 when set (the Open Inference Protocol's REST API, inference_rest.h);
+  // must outlive the server.
+  CivetHandler* inference_rest = nullptr;
 };
 
 class HttpServer {
