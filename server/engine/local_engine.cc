@@ -66,7 +66,9 @@ const char* RejectionReason(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
       return "no_kernel";
     default:
-      return absl::StrContains(status.message(), "queue is full") ? "queue_full" : "memory";
+      if (absl::StrContains(status.message(), "queue is full")) return "queue_full";
+      if (absl::StrContains(status.message(), "max_request_compute_seconds")) return "compute";
+      return "memory";
   }
 }
 

@@ -58,6 +58,7 @@ def expect_refused_for_compute(server, req, limit="30"):
     assert seconds < 5.0  # refused before any work, not after hours of it
     server.wait_for_metric("attnserve_requests_total", 1,
                            'code="RESOURCE_EXHAUSTED",rpc="Forward"')
+    assert server.metric("attnserve_rejections_total", 'reason="compute"') == 1
     return details
 
 
