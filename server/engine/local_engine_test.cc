@@ -243,9 +243,9 @@ TEST(LocalEngineTest, RefusesARequestOverTheComputeLimitBeforeAnyWork) {
             "1.72e+10 FLOPs), exceeds the server's limit max_request_compute_seconds = 30; send "
             "fewer or shorter sequences per request");
   EXPECT_FALSE(answered);
-  // Causal with a 256-key window it is 1.7e7 scores, a fraction of a second: admitted.
+  // Causal with a 16-key window it is 1e6 scores, milliseconds: admitted.
   in.options.causal = true;
-  in.options.window_left = 255;
+  in.options.window_left = 15;
   std::promise<absl::StatusOr<ForwardResult>> answer;
   ASSERT_TRUE((*engine)->Enqueue(ForwardJob{in, [&](auto r) { answer.set_value(std::move(r)); }})
                   .ok());
