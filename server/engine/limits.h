@@ -11,6 +11,12 @@ struct Limits {
   int32_t max_head_dim = 256;
   int32_t max_num_heads = 1024;
   int32_t max_batch = 1 << 16;  // sequences per request
+  // Longest a request may be estimated to run on the device it would run on
+  // (work_estimate.h); 0 = no limit. 30 s: a GPU launch cannot be stopped part way, and a
+  // device held that long stalls every request queued behind it; the largest requests of our
+  // benchmarks (1x16384 tokens, 16 heads of 128, on an H100: ~0.05 s with its transfers) and
+  // of our CPU tests (12,000 tokens of one head of 64 on one thread: ~10 s) fit with room.
+  double max_request_compute_seconds = 30;
 };
 
 }  // namespace attnserve::engine

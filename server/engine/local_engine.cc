@@ -1,6 +1,7 @@
 #include "server/engine/local_engine.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -65,7 +66,9 @@ const char* RejectionReason(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
       return "no_kernel";
     default:
-      return absl::StrContains(status.message(), "queue is full") ? "queue_full" : "memory";
+      if (absl::StrContains(status.message(), "queue is full")) return "queue_full";
+      if (absl::StrContains(status.message(), "max_request_compute_seconds")) return "compute";
+      return "memory";
   }
 }
 
@@ -113,6 +116,9 @@ LocalEngine::LocalEngine(std::unique_ptr<metrics::ContextMetrics> context_metric
       host_buffers_(std::move(host_buffers)),
       limits_(options.limits),
       max_queue_size_(options.max_queue_size),
+      host_threads_(options.cpu_threads > 0
+                        ? options.cpu_threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       metrics_(metrics) {
   for (const auto& worker : workers_) {
     worker->SetEvictionHandler([this](EvictedJob job) { Reroute(std::move(job)); });
@@ -210,8 +216,10 @@ absl::StatusOr<LocalEngine::Choice> LocalEngine::ChooseLocked(
   }
   // A request that could not fit even on an idle device is refused now, with the numbers,
   // instead of failing later with an out-of-memory error.
-  if (absl::Status s = CheckPlaceable(profile, states); !s.ok()) return s;
-  const std::optional<Placement> placement = Place(profile, states, max_queue_size_);
+  // So is one that would hold every device that could run it longer than the compute limit.
+  const double max_seconds = limits_.max_request_compute_seconds;
+  if (absl::Status s = CheckPlaceable(profile, states, max_seconds); !s.ok()) return s;
+  const std::optional<Placement> placement = Place(profile, states, max_queue_size_, max_seconds);
   if (!placement) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "every device queue is full (", max_queue_size_,
@@ -299,6 +307,7 @@ std::vector<DeviceState> LocalEngine::DeviceStates() const {
             : std::max(0, devices::ParseComputeCapability(device.compute_capability));
     state.shared_memory_per_block = device.shared_memory_per_block;
     state.catalog = worker->catalog();
+    state.host_threads = host_threads_;
     state.memory_budget = worker->memory_budget();
     // Saved contexts hold their device's memory as running jobs do.
     state.reserved_bytes = load.reserved_bytes + contexts_->BytesOn(device.name);

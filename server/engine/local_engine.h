@@ -83,6 +83,8 @@ class LocalEngine : public Engine {
   const std::unique_ptr<HostBuffers> host_buffers_;
   const Limits limits_;
   const int64_t max_queue_size_;
+  // Threads the reference kernels give one request on the host (--cpu_threads, 0 resolved).
+  const int host_threads_;
   metrics::ServerMetrics* const metrics_;
   std::atomic<int64_t> inflight_{0};
   // Held while submitting so a stop cannot slip between the stopping check and the submit;

@@ -176,6 +176,29 @@ TEST(EngineContextTest, DkAndDvGoWhereTheOutputSpaceAllocatesThemOnceTheContextI
   EXPECT_EQ(by_context->dq.data, full->dq.data);  // no destination given: the result owns it
 }
 
+TEST(EngineContextTest, ABackwardIsCheckedAgainstTheComputeLimitAsTwoAndAHalfForwards) {
+  EngineOptions options;
+  options.cpu_threads = 1;
+  // Problem's causal forward is 46 scores and 1024 FLOPs: ~1.7 µs on one host thread; its
+  // backward ~4.2 µs. A limit between the two admits the forward only.
+  options.limits.max_request_compute_seconds = 3e-6;
+  auto engine = MakeEngine(options);
+  const Problem problem(0.5f);
+  absl::StatusOr<ForwardResult> forward = RunForward(*engine, problem.Forward(true));
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  const std::string refusal =
+      "the request's estimated compute time, 4.15e-06 s on cpu (115 attention scores, 2.56e+03 "
+      "FLOPs), exceeds the server's limit max_request_compute_seconds = 3e-06; send fewer or "
+      "shorter sequences per request";
+  absl::StatusOr<BackwardResult> by_context =
+      RunBackward(*engine, problem.ByContext(forward->context_id));
+  EXPECT_EQ(by_context.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(by_context.status().message(), refusal);
+  absl::StatusOr<BackwardResult> full = RunBackward(*engine, problem.FullBackward(*forward));
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(full.status().message(), refusal);
+}
+
 TEST(EngineContextTest, AForwardWithoutKeepContextKeepsNothing) {
   auto engine = MakeEngine();
   absl::StatusOr<ForwardResult> forward = RunForward(*engine, Problem(1).Forward(false));

@@ -219,5 +219,38 @@ TEST(LocalEngineTest, ConcurrentLoadIsSpreadOverEqualDevices) {
   EXPECT_GT(by_device["cpu-large"], 0);
 }
 
+TEST(LocalEngineTest, RefusesARequestOverTheComputeLimitBeforeAnyWork) {
+  // One 65,536-token sequence at head_dim 1 (786 KB on the wire): 4.3e9 scores, over a minute
+  // of two host threads, though its FLOPs are a second's worth.
+  constexpr int64_t kTokens = 65536;
+  const std::vector<float> data(kTokens, 1.0f);
+  const TensorView tensor{DType::kFloat32, {kTokens, 1, 1},
+                          reinterpret_cast<const char*>(data.data()), data.size() * 4};
+  ForwardInputs in;
+  in.q = in.k = in.v = tensor;
+  in.cu_seqlens_q = in.cu_seqlens_k = {0, kTokens};
+  devices::DeviceDescription cpu;
+  cpu.name = "cpu";
+  EngineOptions options;
+  options.cpu_threads = 2;
+  auto engine = LocalEngine::Create({cpu}, options, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  bool answered = false;
+  absl::Status status = (*engine)->Enqueue(ForwardJob{in, [&](auto) { answered = true; }});
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(status.message(),
+            "the request's estimated compute time, 72.7 s on cpu (4.29e+09 attention scores, "
+            "1.72e+10 FLOPs), exceeds the server's limit max_request_compute_seconds = 30; send "
+            "fewer or shorter sequences per request");
+  EXPECT_FALSE(answered);
+  // Causal with a 16-key window it is 1e6 scores, milliseconds: admitted.
+  in.options.causal = true;
+  in.options.window_left = 15;
+  std::promise<absl::StatusOr<ForwardResult>> answer;
+  ASSERT_TRUE((*engine)->Enqueue(ForwardJob{in, [&](auto r) { answer.set_value(std::move(r)); }})
+                  .ok());
+  EXPECT_TRUE(answer.get_future().get().ok());
+}
+
 }  // namespace
 }  // namespace attnserve::engine

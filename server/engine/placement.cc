@@ -4,50 +4,16 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "server/engine/request_cost.h"
+#include "absl/strings/str_format.h"
+#include "server/engine/work_estimate.h"
 
 namespace attnserve::engine {
 namespace {
-
-// The rate table. Rough by design: it only has to rank devices and families.
-//
-// What a FlashAttention-2-class kernel reaches on each architecture's tensor cores: on sm90 our
-// flash kernels measured 300-370 TFLOP/s (bench/RESULTS.md, H100); sm80 is A100-class (FA2
-// reaches ~190 there); sm86/sm89 consumer Ampere/Ada about half of that; sm75 Turing (a T4
-// peaks at 65 dense fp16); sm70 Volta (V100 peaks at 125, FA1-class kernels reach ~60).
-double FlashClassRate(int compute_capability) {
-  if (compute_capability >= 90) return 300e12;
-  if (compute_capability >= 86) return 90e12;
-  if (compute_capability >= 80) return 180e12;
-  if (compute_capability >= 75) return 30e12;
-  if (compute_capability >= 70) return 50e12;
-  return 0;
-}
-// The tiled sm70+ fallback kernels run 3-5x slower than flash on the same GPU.
-constexpr double kFallbackShare = 0.25;
-// cuBLAS GEMMs with the scores materialized in device memory: bandwidth-bound softmax passes.
-constexpr double kCublasShare = 0.15;
-// The exact reference kernels on the host CPU (all cores), whichever queue they came through.
-constexpr double kHostCpuRate = 0.05e12;
-// Bytes per second a GPU request's tensors move between host and device: staging into pinned
-// memory (one host memcpy) and PCIe, in series within a lane.
-constexpr double kHostLinkBytesPerSecond = 10e9;
 
 // Estimates this close count as equal, and the shorter queue decides: a request of a few
 // microseconds should not pile onto one device because of rounding.
 bool NearlyEqual(double a, double b) {
   return std::abs(a - b) <= 1e-6 + 0.01 * std::max(a, b);
-}
-
-template <typename Inputs>
-RequestProfile Profile(const Inputs& in, Direction direction) {
-  RequestProfile profile;
-  profile.direction = direction;
-  profile.dtype = in.q.dtype;
-  profile.head_dim = static_cast<int>(in.q.shape[2]);
-  profile.flops = AttentionFlops(in);
-  profile.device_bytes = DeviceBytes(in);
-  return profile;
 }
 
 std::string FamilyOn(const RequestProfile& request, const DeviceState& device) {
@@ -70,37 +36,31 @@ int64_t ChargedBytes(const RequestProfile& request, const std::string& family,
 
 bool FitsBudget(int64_t bytes, int64_t budget) { return budget == 0 || bytes <= budget; }
 
+bool WithinCompute(double seconds, double limit) { return limit <= 0 || seconds <= limit; }
+
+absl::Status ComputeLimitError(const RequestProfile& request, const DeviceState& fastest,
+                               double seconds, double limit, size_t devices) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the request's estimated compute time, %.3g s on %s%s (%.3g attention scores, %.3g FLOPs), "
+      "exceeds the server's limit max_request_compute_seconds = %g; send fewer or shorter "
+      "sequences per request",
+      seconds, devices > 1 ? "the fastest device that can hold it, " : "", fastest.name,
+      request.scores, request.flops, limit));
+}
+
 }  // namespace
 
-RequestProfile ProfileOf(const ForwardInputs& in) { return Profile(in, Direction::kForward); }
-RequestProfile ProfileOf(const BackwardInputs& in) { return Profile(in, Direction::kBackward); }
-
-bool RunsOnGpu(const std::string& family, int compute_capability) {
-  return compute_capability > 0 && !family.empty() && family != "reference";
-}
-
-double FamilyRate(const std::string& family, int compute_capability) {
-  if (!RunsOnGpu(family, compute_capability)) return kHostCpuRate;
-  const double flash_class = FlashClassRate(compute_capability);
-  if (family == "flash") return flash_class;
-  if (family == "fallback") return kFallbackShare * flash_class;
-  if (family == "cublas") return kCublasShare * flash_class;
-  return kHostCpuRate;  // a family this table does not know yet: assume the slowest
-}
-
 double EstimatedSeconds(const RequestProfile& request, const std::string& family,
-                        int compute_capability) {
-  double seconds = request.flops / FamilyRate(family, compute_capability);
-  if (RunsOnGpu(family, compute_capability)) {
-    seconds += static_cast<double>(request.device_bytes) / kHostLinkBytesPerSecond;
-  }
-  return seconds;
+                        const DeviceState& device) {
+  return EstimatedSeconds(request, family, device.compute_capability, device.host_threads);
 }
 
-absl::Status CheckPlaceable(const RequestProfile& request,
-                            const std::vector<DeviceState>& devices) {
+absl::Status CheckPlaceable(const RequestProfile& request, const std::vector<DeviceState>& devices,
+                            double max_compute_seconds) {
   const DeviceState* largest = nullptr;
   int64_t largest_charge = 0;
+  const DeviceState* fastest = nullptr;
+  double fastest_seconds = 0;
   std::string no_family_reason;
   for (const DeviceState& device : devices) {
     const Route route = ChooseRoute({device.compute_capability, request.direction, request.dtype,
@@ -111,11 +71,23 @@ absl::Status CheckPlaceable(const RequestProfile& request,
       continue;
     }
     const int64_t charge = ChargedBytes(request, route.family, device);
-    if (FitsBudget(charge, device.memory_budget)) return absl::OkStatus();
-    if (largest == nullptr || device.memory_budget > largest->memory_budget) {
-      largest = &device;
-      largest_charge = charge;
+    if (!FitsBudget(charge, device.memory_budget)) {
+      if (largest == nullptr || device.memory_budget > largest->memory_budget) {
+        largest = &device;
+        largest_charge = charge;
+      }
+      continue;
     }
+    const double seconds = EstimatedSeconds(request, route.family, device);
+    if (WithinCompute(seconds, max_compute_seconds)) return absl::OkStatus();
+    if (fastest == nullptr || seconds < fastest_seconds) {
+      fastest = &device;
+      fastest_seconds = seconds;
+    }
+  }
+  if (fastest != nullptr) {
+    return ComputeLimitError(request, *fastest, fastest_seconds, max_compute_seconds,
+                             devices.size());
   }
   if (largest == nullptr) {
     return absl::FailedPreconditionError(no_family_reason);
@@ -127,7 +99,8 @@ absl::Status CheckPlaceable(const RequestProfile& request,
 }
 
 std::optional<Placement> Place(const RequestProfile& request,
-                               const std::vector<DeviceState>& devices, int64_t max_queue_size) {
+                               const std::vector<DeviceState>& devices, int64_t max_queue_size,
+                               double max_compute_seconds) {
   std::optional<Placement> best;
   double best_finish = 0;
   size_t best_depth = 0;
@@ -139,10 +112,11 @@ std::optional<Placement> Place(const RequestProfile& request,
     if (!FitsBudget(charge, device.memory_budget)) continue;
     if (static_cast<int64_t>(device.queue_depth) >= max_queue_size) continue;
     Placement candidate;
+    candidate.seconds = EstimatedSeconds(request, family, device);
+    if (!WithinCompute(candidate.seconds, max_compute_seconds)) continue;
     candidate.device = i;
     candidate.family = family;
     candidate.device_bytes = charge;
-    candidate.seconds = EstimatedSeconds(request, family, device.compute_capability);
     candidate.fits_now = FitsBudget(device.reserved_bytes + charge, device.memory_budget);
     const double finish = device.queued_seconds + candidate.seconds;
     bool better;

@@ -1,10 +1,11 @@
 // Placement: which device a request goes to. Each device is scored by when the request would
 // finish there: the work already queued on it (estimated seconds) plus this request's own
-// estimate, FLOPs over the rate of the kernel family the routing table picks for it on that
-// device, plus its bytes over the host link when the family runs on the GPU. Among devices
-// with room for it now the earliest finish wins (near-ties: the shorter queue); when none has
-// room now, it waits on the best device that can ever hold it. The rates are rough
-// (the rate table in placement.cc); they only have to order devices, not predict latency.
+// estimate with the kernel family the routing table picks for it on that device
+// (work_estimate.h). Among devices with room for it now the earliest finish wins (near-ties:
+// the shorter queue); when none has room now, it waits on the best device that can ever hold
+// it. Devices where its estimate exceeds the compute limit (--max_request_compute_seconds)
+// never take it. The rates are rough; they order devices and bound what one request may hold
+// a device for, they do not predict latency.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "server/engine/attention_request.h"
 #include "server/engine/kernel_routing.h"
+#include "server/engine/request_cost.h"
 
 namespace attnserve::engine {
 
@@ -24,23 +26,12 @@ struct DeviceState {
   int compute_capability = 0;     // major * 10 + minor; 0 = the host CPU itself
   int shared_memory_per_block = 0;  // bytes a kernel block may use; 0 = unknown
   KernelCatalog catalog;          // the families its worker may run
+  int host_threads = 1;           // threads the host CPU gives one request of a host family
   int64_t memory_budget = 0;      // bytes running requests may hold at once; 0 = unbounded
   int64_t reserved_bytes = 0;     // held now by running requests
   double queued_seconds = 0;      // estimated work queued and running
   size_t queue_depth = 0;         // jobs waiting
 };
-
-// What placement needs to know about a request.
-struct RequestProfile {
-  Direction direction = Direction::kForward;
-  DType dtype = DType::kFloat32;
-  int head_dim = 0;
-  double flops = 0;          // request_cost.h's convention
-  int64_t device_bytes = 0;  // memory it holds on a GPU while it runs
-};
-
-RequestProfile ProfileOf(const ForwardInputs& in);
-RequestProfile ProfileOf(const BackwardInputs& in);
 
 struct Placement {
   size_t device = 0;          // index into the states
@@ -50,26 +41,22 @@ struct Placement {
   bool fits_now = true;       // false: it waits there for memory
 };
 
-// FLOP/s a family reaches on a device of `compute_capability` (0 = the host CPU).
-double FamilyRate(const std::string& family, int compute_capability);
-
-// Whether a family runs on the GPU (its bytes cross the host link and occupy device memory);
-// "reference" runs on the host CPU, whatever device's queue it came through.
-bool RunsOnGpu(const std::string& family, int compute_capability);
-
-// The request's estimated run time with `family` on a device of `compute_capability`.
+// The request's estimated run time with `family` on `device` (work_estimate.h).
 double EstimatedSeconds(const RequestProfile& request, const std::string& family,
-                        int compute_capability);
+                        const DeviceState& device);
 
 // RESOURCE_EXHAUSTED, with the numbers, when no device could hold the request even idle, or
-// FAILED_PRECONDITION with the router's reason when no device has a family for it (only when
-// --kernel forces one); OK otherwise.
-absl::Status CheckPlaceable(const RequestProfile& request, const std::vector<DeviceState>& devices);
+// when on every device that could its estimated run time exceeds `max_compute_seconds`
+// (0: no limit); FAILED_PRECONDITION with the router's reason when no device has a family for
+// it (only when --kernel forces one); OK otherwise.
+absl::Status CheckPlaceable(const RequestProfile& request, const std::vector<DeviceState>& devices,
+                            double max_compute_seconds = 0);
 
-// The best device for the request among those that can ever hold it and whose queue has fewer
-// than `max_queue_size` jobs; nullopt when all of those queues are full. Call CheckPlaceable
-// first.
+// The best device for the request among those that can ever hold it within
+// `max_compute_seconds` (0: no limit) and whose queue has fewer than `max_queue_size` jobs;
+// nullopt when all of those queues are full. Call CheckPlaceable first.
 std::optional<Placement> Place(const RequestProfile& request,
-                               const std::vector<DeviceState>& devices, int64_t max_queue_size);
+                               const std::vector<DeviceState>& devices, int64_t max_queue_size,
+                               double max_compute_seconds = 0);
 
 }  // namespace attnserve::engine

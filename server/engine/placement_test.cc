@@ -1,6 +1,7 @@
 #include "server/engine/placement.h"
 
 #include "gtest/gtest.h"
+#include "server/engine/work_estimate.h"
 
 namespace attnserve::engine {
 namespace {
@@ -32,6 +33,7 @@ RequestProfile Bf16Forward(double tokens) {
   request.dtype = DType::kBFloat16;
   request.head_dim = 128;
   request.flops = 4.0 * tokens * tokens * 128 * 16;
+  request.scores = tokens * tokens * 16;
   request.device_bytes = static_cast<int64_t>(tokens * 16 * 128 * 2 * 4);
   return request;
 }
@@ -48,21 +50,13 @@ TEST(PlacementTest, TheDeviceWithTheFastestFamilyWins) {
   EXPECT_EQ(placement->device, 1u);
   EXPECT_EQ(placement->family, "flash");
   EXPECT_TRUE(placement->fits_now);
-  EXPECT_DOUBLE_EQ(placement->seconds, EstimatedSeconds(request, "flash", 90));
+  EXPECT_DOUBLE_EQ(placement->seconds, EstimatedSeconds(request, "flash", MixedHost()[1]));
   // Without the Hopper, the Turing's GPU family still beats the host CPU by far.
   std::vector<DeviceState> no_hopper = {MixedHost()[0], MixedHost()[2]};
   placement = Place(request, no_hopper, 100);
   ASSERT_TRUE(placement);
   EXPECT_EQ(placement->device, 0u);
   EXPECT_NE(placement->family, "reference");
-}
-
-TEST(PlacementTest, FamilyRatesFollowTheTable) {
-  EXPECT_GT(FamilyRate("flash", 90), FamilyRate("fallback", 90));
-  EXPECT_GT(FamilyRate("fallback", 90), FamilyRate("reference", 90));
-  EXPECT_GT(FamilyRate("flash", 90), FamilyRate("flash", 75));
-  EXPECT_DOUBLE_EQ(FamilyRate("reference", 90), FamilyRate("reference", 0));
-  EXPECT_DOUBLE_EQ(FamilyRate("a family from the future", 90), FamilyRate("reference", 0));
 }
 
 TEST(PlacementTest, ABusyFastDeviceLosesToAnIdleSlowerOne) {
@@ -157,7 +151,8 @@ TEST(PlacementTest, ReferenceOnAGpuRunsOnTheHostAndHoldsNoDeviceMemory) {
   ASSERT_TRUE(placement);
   EXPECT_EQ(placement->family, "reference");
   EXPECT_EQ(placement->device_bytes, 0);
-  EXPECT_DOUBLE_EQ(placement->seconds, request.flops / FamilyRate("reference", 0));
+  const Throughput host = FamilyThroughput("reference", 0, gpu.host_threads);
+  EXPECT_DOUBLE_EQ(placement->seconds, request.flops / host.flops + request.scores / host.scores);
   // On the host CPU device the same tensors are that device's memory.
   DeviceState cpu = HostCpu();
   cpu.memory_budget = 1024;
@@ -171,6 +166,65 @@ TEST(PlacementTest, NoFamilyForTheRequestIsAFailedPrecondition) {
   gpu.catalog = KernelCatalog::Only("flash");
   EXPECT_EQ(CheckPlaceable(request, {gpu}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_FALSE(Place(request, {gpu}, 100));
+}
+
+// One sequence of 65,536 tokens at head_dim 1 in float32 (786 KB on the wire): 4.3e9 scores, a
+// few seconds of FLOPs' worth but minutes of the host CPU.
+RequestProfile PathologicalForward() {
+  RequestProfile request;
+  request.dtype = DType::kFloat32;
+  request.head_dim = 1;
+  request.scores = 65536.0 * 65536;
+  request.flops = 4 * request.scores;
+  request.device_bytes = 65536 * 4 * 4;
+  return request;
+}
+
+TEST(PlacementTest, ARequestOverTheComputeLimitEverywhereIsRefusedNamingTheFlag) {
+  DeviceState cpu = HostCpu();
+  cpu.host_threads = 2;
+  const RequestProfile request = PathologicalForward();
+  // 4.29e9 scores / 60e6 per second + 1.72e10 FLOPs / 16e9 per second.
+  const double seconds = EstimatedSeconds(request, "reference", cpu);
+  EXPECT_NEAR(seconds, 4294967296.0 / 60e6 + 17179869184.0 / 16e9, 1e-9);
+  absl::Status status = CheckPlaceable(request, {cpu}, 30);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(status.message(),
+            "the request's estimated compute time, 72.7 s on cpu (4.29e+09 attention scores, "
+            "1.72e+10 FLOPs), exceeds the server's limit max_request_compute_seconds = 30; send "
+            "fewer or shorter sequences per request");
+  EXPECT_FALSE(Place(request, {cpu}, 100, 30));
+  // Under a looser limit, or none, it runs.
+  EXPECT_TRUE(CheckPlaceable(request, {cpu}, 80).ok());
+  EXPECT_TRUE(CheckPlaceable(request, {cpu}, 0).ok());
+  ASSERT_TRUE(Place(request, {cpu}, 100, 80));
+  // More host threads make it fit.
+  cpu.host_threads = 8;
+  EXPECT_TRUE(CheckPlaceable(request, {cpu}, 30).ok());
+}
+
+TEST(PlacementTest, TheComputeLimitIsCheckedOnTheDeviceTheRequestWouldRunOn) {
+  RequestProfile request = Bf16Forward(16384);  // the GPU benchmark's request: milliseconds
+  std::vector<DeviceState> devices = {Gpu("cuda:0", 90, 80 * kGiB), HostCpu()};
+  EXPECT_TRUE(CheckPlaceable(request, devices, 30).ok());
+  // The busy GPU is still the only device that may take it: the CPU would run for minutes.
+  devices[0].queued_seconds = 1000;
+  std::optional<Placement> placement = Place(request, devices, 100, 30);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device, 0u);
+  EXPECT_LT(placement->seconds, 1.0);
+  // Without the GPU it is refused, naming the CPU's estimate.
+  absl::Status status = CheckPlaceable(request, {devices[1]}, 30);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("max_request_compute_seconds = 30"), absl::string_view::npos)
+      << status;
+  // With two devices too slow, the message names the fastest.
+  DeviceState ampere = Gpu("cuda:1", 80, 80 * kGiB);
+  ampere.catalog = KernelCatalog::Only("fallback");
+  status = CheckPlaceable(request, {HostCpu(), ampere}, 0.01);
+  EXPECT_NE(status.message().find("on the fastest device that can hold it, cuda:1 ("),
+            absl::string_view::npos)
+      << status;
 }
 
 }  // namespace

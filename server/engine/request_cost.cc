@@ -1,5 +1,7 @@
 #include "server/engine/request_cost.h"
 
+#include <algorithm>
+
 namespace attnserve::engine {
 namespace {
 
@@ -13,6 +15,54 @@ double ForwardFlops(const std::vector<int32_t>& cu_q, const std::vector<int32_t>
   return causal ? flops / 2 : flops;
 }
 
+// Keys query row `row` of a (len_q, len_k) sequence sees: j ≤ row + len_k − len_q when causal,
+// within [diagonal − window_left, diagonal + window_right] with a window (DESIGN.md).
+int64_t VisibleKeys(const RequestOptions& options, int64_t len_q, int64_t len_k, int64_t row) {
+  const int64_t diagonal = row + len_k - len_q;
+  int64_t first = 0;
+  int64_t last = len_k - 1;
+  if (options.causal) last = std::min(last, diagonal);
+  if (options.window_left && *options.window_left >= 0) {
+    first = std::max(first, diagonal - *options.window_left);
+  }
+  if (options.window_right && *options.window_right >= 0) {
+    last = std::min(last, diagonal + *options.window_right);
+  }
+  return std::max<int64_t>(0, last - first + 1);
+}
+
+double ForwardScores(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
+                     const TensorView& q, const RequestOptions& options) {
+  const bool masked = options.causal || options.window_left || options.window_right;
+  double pairs = 0;
+  for (size_t b = 1; b < cu_q.size(); ++b) {
+    const int64_t len_q = cu_q[b] - cu_q[b - 1];
+    const int64_t len_k = cu_k[b] - cu_k[b - 1];
+    if (!masked) {
+      pairs += static_cast<double>(len_q) * len_k;
+      continue;
+    }
+    // One pass over the rows (at most --max_total_tokens of them) is exact and cheap next to
+    // the attention it prices.
+    for (int64_t row = 0; row < len_q; ++row) {
+      pairs += static_cast<double>(VisibleKeys(options, len_q, len_k, row));
+    }
+  }
+  return pairs * static_cast<double>(q.shape[1]);
+}
+
+template <typename Inputs>
+RequestProfile Profile(const Inputs& in, Direction direction) {
+  RequestProfile profile;
+  profile.direction = direction;
+  profile.dtype = in.q.dtype;
+  profile.head_dim = static_cast<int>(in.q.shape[2]);
+  profile.flops = AttentionFlops(in);
+  profile.scores = ScoreWork(in);
+  profile.device_bytes = DeviceBytes(in);
+  return profile;
+}
+
 }  // namespace
 
 double AttentionFlops(const ForwardInputs& in) {
@@ -20,7 +70,16 @@ double AttentionFlops(const ForwardInputs& in) {
 }
 
 double AttentionFlops(const BackwardInputs& in) {
-  return 2.5 * ForwardFlops(in.cu_seqlens_q, in.cu_seqlens_k, in.q, in.options.causal);
+  return kBackwardWorkFactor *
+         ForwardFlops(in.cu_seqlens_q, in.cu_seqlens_k, in.q, in.options.causal);
+}
+
+double ScoreWork(const ForwardInputs& in) {
+  return ForwardScores(in.cu_seqlens_q, in.cu_seqlens_k, in.q, in.options);
+}
+
+double ScoreWork(const BackwardInputs& in) {
+  return kBackwardWorkFactor * ForwardScores(in.cu_seqlens_q, in.cu_seqlens_k, in.q, in.options);
 }
 
 int64_t DeviceBytes(const ForwardInputs& in) {
@@ -34,5 +93,8 @@ int64_t DeviceBytes(const BackwardInputs& in) {
   const int64_t outputs = in.q.size_bytes + in.k.size_bytes + in.v.size_bytes;
   return inputs + outputs + in.lse.size_bytes;  // scratch: one float per query row and head
 }
+
+RequestProfile ProfileOf(const ForwardInputs& in) { return Profile(in, Direction::kForward); }
+RequestProfile ProfileOf(const BackwardInputs& in) { return Profile(in, Direction::kBackward); }
 
 }  // namespace attnserve::engine

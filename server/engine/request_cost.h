@@ -1,19 +1,45 @@
 // What a request costs: attention FLOPs by the convention every benchmark of ours uses
 // (DESIGN.md: 4·Σ sq·sk·d·heads forward, halved when causal, 2.5× that backward; feeds
-// attnserve_flops_total, from which dashboards derive TFLOP/s), and the device memory it
-// occupies while it runs (for admission control).
+// attnserve_flops_total, from which dashboards derive TFLOP/s), the attention scores its
+// kernels compute (what dominates at small head_dim, where FLOPs say almost nothing: one
+// 32,768-token sequence at head_dim 1 is 4 GFLOP but 10⁹ scores, ~19 s of the CPU device), and
+// the device memory it occupies while it runs (for admission control).
 #pragma once
 
 #include "server/engine/attention_request.h"
+#include "server/engine/kernel_routing.h"
 
 namespace attnserve::engine {
 
+// A backward does this many times the work of its forward (DESIGN.md's convention).
+inline constexpr double kBackwardWorkFactor = 2.5;
+
 double AttentionFlops(const ForwardInputs& in);
 double AttentionFlops(const BackwardInputs& in);
+
+// Σ over sequences and query heads of the keys each query row sees (bottom-right aligned
+// causal mask and sliding window applied, as the kernels skip keys no row sees), times
+// kBackwardWorkFactor for a backward. Each score costs a scale, a max, an exp and a sum
+// whatever head_dim is.
+double ScoreWork(const ForwardInputs& in);
+double ScoreWork(const BackwardInputs& in);
 
 // Bytes of device memory a request occupies while it runs: its inputs, its outputs and the
 // float32 scratch a backward keeps per query row and head.
 int64_t DeviceBytes(const ForwardInputs& in);
 int64_t DeviceBytes(const BackwardInputs& in);
+
+// What placement and admission need to know about a request.
+struct RequestProfile {
+  Direction direction = Direction::kForward;
+  DType dtype = DType::kFloat32;
+  int head_dim = 0;
+  double flops = 0;          // AttentionFlops
+  double scores = 0;         // ScoreWork
+  int64_t device_bytes = 0;  // DeviceBytes: what it holds on a GPU while it runs
+};
+
+RequestProfile ProfileOf(const ForwardInputs& in);
+RequestProfile ProfileOf(const BackwardInputs& in);
 
 }  // namespace attnserve::engine

@@ -43,6 +43,10 @@ ABSL_FLAG(int64_t, max_total_tokens, int64_t{1} << 20,
 ABSL_FLAG(int32_t, max_head_dim, 256, "Largest head_dim accepted.");
 ABSL_FLAG(int32_t, max_num_heads, 1024, "Most query heads in one request.");
 ABSL_FLAG(int32_t, max_batch, 65536, "Most sequences in one request.");
+ABSL_FLAG(double, max_request_compute_seconds, 30,
+          "Longest a request may be estimated to run on the device it would run on (its FLOPs, "
+          "attention scores and transfers over that device's rates); longer ones are refused "
+          "with RESOURCE_EXHAUSTED. 0 = no limit.");
 ABSL_FLAG(int32_t, cpu_threads, 0, "Threads of the CPU reference kernels (0 = all cores).");
 ABSL_FLAG(int32_t, http_threads, 32,
           "HTTP worker threads. Each connection holds one until its request has arrived (at "
@@ -270,6 +274,12 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   limits.max_head_dim = absl::GetFlag(FLAGS_max_head_dim);
   limits.max_num_heads = absl::GetFlag(FLAGS_max_num_heads);
   limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+  limits.max_request_compute_seconds = absl::GetFlag(FLAGS_max_request_compute_seconds);
+  if (!(limits.max_request_compute_seconds >= 0 &&
+        limits.max_request_compute_seconds <= 86400 * 7)) {
+    return absl::InvalidArgumentError(
+        "--max_request_compute_seconds is out of range [0, 604800]");
+  }
   config.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   config.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   config.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

@@ -89,14 +89,15 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   app->service_ = std::make_unique<transport::AttentionServiceImpl>(
       app->engine_.get(), app->metrics_.get(), ATTNSERVE_VERSION, call_limits, app->slots_.get(),
       compute_auth, config.advertise_address);
-  app->health_ = std::make_unique<transport::HealthService>(health_auth);
   ServerApp* raw = app.get();
   // Not ready while every device is out of service after a fault: the orchestrator sends the
-  // traffic to replicas that can serve it until a reset brings one back.
+  // traffic to replicas that can serve it until a reset brings one back. /readyz, the
+  // inference protocol's ServerReady and grpc.health.v1 all answer from it.
   auto is_ready = [raw] {
     return raw->ready_.load() && transport::GrpcListenerFailure().empty() &&
            raw->engine_->AnyDeviceHealthy();
   };
+  app->health_ = std::make_unique<transport::HealthService>(health_auth, is_ready);
   app->inference_protocol_ = std::make_unique<transport::oip::InferenceProtocol>(
       app->engine_.get(), *app->metrics_->registry(), config.shared_memory);
   app->inference_service_ = std::make_unique<transport::InferenceServiceImpl>(

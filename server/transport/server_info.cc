@@ -62,6 +62,7 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
   out_limits->set_max_head_dim(limits.max_head_dim);
   out_limits->set_max_num_heads(limits.max_num_heads);
   out_limits->set_max_batch(limits.max_batch);
+  out_limits->set_max_request_compute_seconds(limits.max_request_compute_seconds);
   out_limits->set_max_concurrent_requests(call_limits.max_concurrent_requests);
   if (call_limits.max_deadline != absl::InfiniteDuration()) {
     out_limits->set_max_deadline_seconds(absl::ToInt64Seconds(call_limits.max_deadline));

@@ -338,6 +338,7 @@ def test_chart_args_are_accepted_by_the_server(attnserve_binary):
     assert flags.pop("grpc_port") == "8001" and flags.pop("http_port") == "8000"
     assert flags.pop("devices") == "auto"
     assert {"drain_timeout_seconds", "max_message_bytes", "max_total_tokens"} <= set(flags)
+    assert flags["max_request_compute_seconds"] == "30"
     server = ServerProcess(attnserve_binary, flags).start()
     assert server.stop() == 0, server.log()
 

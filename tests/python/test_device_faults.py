@@ -11,6 +11,7 @@ import pytest
 
 from attnserve._proto.attnserve.v1 import attention_pb2 as pb2
 from attnserve._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
+from grpc_health import NOT_SERVING, SERVING, health_status, watch_statuses
 from server_process import CALL_TIMEOUT_S, run_server
 
 HEADS, DIM = 2, 8
@@ -86,6 +87,20 @@ def test_a_faulted_device_is_out_of_service_and_readiness_fails(broken_server, r
     assert broken_server.metric("attnserve_rejections_total", 'reason="device_fault"') >= 1
 
 
+def test_grpc_health_follows_the_devices(broken_server, rng):
+    """grpc.health.v1 says what /readyz says: load balancers that probe gRPC (Envoy, Kubernetes'
+    gRPC probes) move traffic away too."""
+    with grpc.insecure_channel(broken_server.target) as channel:
+        watched = watch_statuses(channel, "attnserve.v1.AttentionService")
+        assert next(watched) == SERVING
+        assert health_status(broken_server.target) == SERVING
+        expect_correct(broken_server, rng)
+        expect_unavailable(broken_server, rng, "injected device fault")
+        assert health_status(broken_server.target) == NOT_SERVING
+        assert health_status(broken_server.target, "attnserve.v1.AttentionService") == NOT_SERVING
+        assert next(watched) == NOT_SERVING  # told, not only asked
+
+
 def test_a_device_comes_back_only_after_a_reset_succeeds(recovering_server, rng):
     expect_unavailable(recovering_server, rng, "injected device fault")
     recovering_server.wait_for_metric("attnserve_device_resets_total", 1,
@@ -94,6 +109,7 @@ def test_a_device_comes_back_only_after_a_reset_succeeds(recovering_server, rng)
                                     'device="cpu",result="failed"') == 1
     assert recovering_server.metric("attnserve_device_healthy", HEALTHY) == 1
     assert recovering_server.http_status("/readyz") == 200
+    assert health_status(recovering_server.target) == SERVING
     info = device_info(recovering_server)
     assert info.out_of_service is False and info.fault == ""
     for _ in range(3):

@@ -1,7 +1,7 @@
 """grpc.health.v1, server reflection, and readiness while draining after SIGTERM.
 
-The health and reflection messages are tiny, so they are written and read as raw protobuf
-bytes here rather than pulling in more generated code."""
+The reflection messages are tiny, so they are written and read as raw protobuf bytes here
+rather than pulling in more generated code."""
 import threading
 import time
 
@@ -10,19 +10,8 @@ import numpy as np
 
 import attnserve
 from attnserve import reference
+from grpc_health import NOT_SERVING, SERVING, health_status
 from server_process import MAIN_LIMITS, ServerProcess, require_binary
-
-SERVING, NOT_SERVING = 1, 2
-
-
-def health_status(target: str, service: str = "") -> int:
-    """HealthCheckResponse.status for `service` ("" = the whole server)."""
-    request = (b"\x0a" + bytes([len(service)]) + service.encode()) if service else b""
-    with grpc.insecure_channel(target) as channel:
-        check = channel.unary_unary("/grpc.health.v1.Health/Check")
-        response = check(request, timeout=5)
-    assert response[:1] == b"\x08", response  # field 1 (status), varint
-    return response[1]
 
 
 def test_health_check_serving(server):

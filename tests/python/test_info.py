@@ -23,10 +23,12 @@ def test_server_info(client):
 
 
 def test_server_info_reports_call_limits(client):
-    # The server's defaults: --max_concurrent_requests=256, --max_deadline_seconds=600.
+    # The server's defaults: --max_concurrent_requests=256, --max_deadline_seconds=600,
+    # --max_request_compute_seconds=30.
     limits = client.server_info().limits
     assert limits.max_concurrent_requests == 256
     assert limits.max_deadline_seconds == 600
+    assert limits.max_request_compute_seconds == 30
 
 
 def test_server_info_reports_small_limits(small_client):

@@ -159,7 +159,9 @@ def test_stalled_http_requests_are_closed(limited):
 
 @pytest.mark.parametrize("flag", ["--max_concurrent_streams_per_connection=0",
                                   "--keepalive_time_seconds=0", "--max_deadline_seconds=-1",
-                                  "--http_max_request_bytes=10"])
+                                  "--http_max_request_bytes=10",
+                                  "--max_request_compute_seconds=-1",
+                                  "--max_request_compute_seconds=nan"])
 def test_out_of_range_limits_fail_at_startup(flag):
     result = subprocess.run([str(require_binary()), "--devices=cpu", flag],
                             capture_output=True, text=True, timeout=30)

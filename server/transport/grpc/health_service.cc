@@ -129,11 +129,18 @@ class HealthService::Watcher : public grpc::ServerWriteReactor<HealthCheckRespon
   HealthCheckResponse response_;
 };
 
-HealthService::HealthService(const Authenticator* auth) : auth_(auth) {}
+HealthService::HealthService(const Authenticator* auth, std::function<bool()> ready,
+                             absl::Duration poll_interval)
+    : auth_(auth), ready_probe_(std::move(ready)) {
+  if (ready_probe_) poller_ = std::thread([this, poll_interval] { PollReady(poll_interval); });
+}
+
+HealthService::~HealthService() { StopPolling(); }
 
 HealthService::ServingStatus HealthService::StatusOf(const std::string& service) const {
   if (!service.empty() && service != kAttentionService) return HealthCheckResponse::SERVICE_UNKNOWN;
-  return serving_ && !shut_down_ ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
+  return serving_ && ready_ && !shut_down_ ? HealthCheckResponse::SERVING
+                                           : HealthCheckResponse::NOT_SERVING;
 }
 
 void HealthService::SetServing(bool serving) { Publish(serving); }
@@ -144,6 +151,7 @@ void HealthService::Shutdown() {
     shut_down_ = true;
   }
   Publish(false);
+  StopPolling();
 }
 
 void HealthService::Publish(bool serving) {
@@ -152,6 +160,35 @@ void HealthService::Publish(bool serving) {
   // Watchers take their own lock only; Remove (which takes mu_) runs from OnDone, never from
   // inside Update, so this cannot deadlock.
   for (Watcher* watcher : watchers_) watcher->Update(StatusOf(watcher->name()));
+}
+
+void HealthService::RefreshReady() {
+  if (!ready_probe_) return;
+  // Asked outside mu_: the probe takes the engine's locks, which must never wait on ours.
+  const bool ready = ready_probe_();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ready == ready_) return;
+  ready_ = ready;
+  for (Watcher* watcher : watchers_) watcher->Update(StatusOf(watcher->name()));
+}
+
+void HealthService::PollReady(absl::Duration interval) {
+  std::unique_lock<std::mutex> lock(poll_mu_);
+  while (!poll_cv_.wait_for(lock, absl::ToChronoNanoseconds(interval),
+                            [this] { return stop_polling_; })) {
+    lock.unlock();
+    RefreshReady();
+    lock.lock();
+  }
+}
+
+void HealthService::StopPolling() {
+  {
+    std::lock_guard<std::mutex> lock(poll_mu_);
+    stop_polling_ = true;
+  }
+  poll_cv_.notify_all();
+  if (poller_.joinable()) poller_.join();
 }
 
 void HealthService::Remove(Watcher* watcher) {
@@ -167,6 +204,7 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
     reactor->Finish(refusal);
     return reactor;
   }
+  RefreshReady();
   ServingStatus status;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -60,6 +60,7 @@ app.kubernetes.io/component: server
 - --max_head_dim={{ int64 .Values.server.maxHeadDim }}
 - --max_num_heads={{ int64 .Values.server.maxNumHeads }}
 - --max_batch={{ int64 .Values.server.maxBatch }}
+- --max_request_compute_seconds={{ float64 .Values.server.maxRequestComputeSeconds }}
 - --cpu_threads={{ int64 .Values.server.cpuThreads }}
 - --http_threads={{ int64 .Values.server.httpThreads }}
 - --context_memory_bytes={{ int64 .Values.server.contextMemoryBytes }}

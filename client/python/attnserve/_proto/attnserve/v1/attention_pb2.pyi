@@ -189,7 +189,7 @@ class KernelRoute(_message.Message):
     def __init__(self, family: _Optional[str] = ..., direction: _Optional[str] = ..., dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., min_head_dim: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., head_dim_multiple: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch", "max_concurrent_requests", "max_deadline_seconds", "context_memory_bytes", "context_ttl_seconds")
+    __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch", "max_concurrent_requests", "max_deadline_seconds", "context_memory_bytes", "context_ttl_seconds", "max_request_compute_seconds")
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class ServerLimits(_message.Message):
     MAX_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     max_message_bytes: int
     max_total_tokens: int
     max_head_dim: int
@@ -208,7 +209,8 @@ class ServerLimits(_message.Message):
     max_deadline_seconds: int
     context_memory_bytes: int
     context_ttl_seconds: int
-    def __init__(self, max_message_bytes: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., max_num_heads: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_concurrent_requests: _Optional[int] = ..., max_deadline_seconds: _Optional[int] = ..., context_memory_bytes: _Optional[int] = ..., context_ttl_seconds: _Optional[int] = ...) -> None: ...
+    max_request_compute_seconds: float
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., max_num_heads: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_concurrent_requests: _Optional[int] = ..., max_deadline_seconds: _Optional[int] = ..., context_memory_bytes: _Optional[int] = ..., context_ttl_seconds: _Optional[int] = ..., max_request_compute_seconds: _Optional[float] = ...) -> None: ...
 
 class DataChannelInfo(_message.Message):
     __slots__ = ("port", "address", "protocol_version", "max_chunk_bytes", "max_connections_per_session", "tls")
