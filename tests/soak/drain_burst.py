@@ -12,9 +12,11 @@ import worker
 import workload
 
 CALLS = 6
-# 384 tokens, 8 query heads over 2 kv heads, head_dim 64, fp32: tens of ms each on the CPU
-# backend, so several are queued or running at once.
-SHAPE = (np.array([0, 384], np.int32), np.array([0, 384], np.int32), 8, 2, 64)
+# 768 tokens, 8 query heads over 2 kv heads, head_dim 64, fp32: about a hundred ms each on the
+# CPU backend, so several are queued or running at once even when a loaded machine delays the
+# SIGTERM after the server first reports one in flight (at 384 tokens all six were sometimes
+# done by then).
+SHAPE = (np.array([0, 768], np.int32), np.array([0, 768], np.int32), 8, 2, 64)
 IN_FLIGHT_TIMEOUT_S = 10.0
 KIND = "drain_burst"
 
