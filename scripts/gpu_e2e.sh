@@ -45,6 +45,8 @@ start_server cublas 8021 8020 --kernel=cublas --max_head_dim=512
 # tests/gpu/test_device_faults_gpu.py.
 start_server faults 8041 8040 --data_port=8042 --inject_device_fault=cuda:0@3/1 \
   --device_reset_interval_seconds=0.2
+# CUDA shared memory: tests/gpu/test_cuda_shared_memory_gpu.py registers device memory by IPC.
+start_server shm 8051 8050 --data_port=8052 --allow_shared_memory
 
 status=0
 ctl=.gpu-bundle/bin/attnctl
@@ -58,6 +60,7 @@ $ctl --target=localhost:8001 backward --check --batch=2 --seqlen_q=64 --seqlen_k
 ATTNSERVE_GPU_TARGET=localhost:8001 ATTNSERVE_GPU_EMULATED_TARGET=localhost:8011 \
   ATTNSERVE_GPU_SM86_TARGET=localhost:8031 ATTNSERVE_GPU_CUBLAS_TARGET=localhost:8021 \
   ATTNSERVE_GPU_FAULT_TARGET=localhost:8041 ATTNSERVE_GPU_FAULT_HTTP=http://127.0.0.1:8040 \
+  ATTNSERVE_GPU_SHM_TARGET=localhost:8051 \
   python3 -m pytest -q -p no:cacheprovider tests/gpu \
   2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())" \

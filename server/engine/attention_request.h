@@ -27,6 +27,9 @@ struct TensorView {
   std::vector<int64_t> shape;
   const char* data = nullptr;
   size_t size_bytes = 0;
+  // >= 0: `data` is memory of the CUDA device of this ordinal (a co-located client's CUDA
+  // shared memory), which only a GPU kernel family on that device reads; -1: host memory.
+  int device = -1;
 
   bool absent() const { return shape.empty() && data == nullptr; }
 };
@@ -60,6 +63,8 @@ struct OutputSpace {
   // during Enqueue, and sets the destination to what it returns (null: none given). Empty:
   // the engine does not ask.
   std::function<char*(size_t output, size_t bytes)> allocate;
+  // >= 0: the destinations are memory of the CUDA device of this ordinal, as TensorView::device.
+  int device = -1;
 
   char* at(size_t output) const {
     return output < destinations.size() ? destinations[output] : nullptr;

@@ -253,11 +253,13 @@ absl::StatusOr<LaneRun> CudaLane::RunSteps(const std::vector<GatheredInput>& inp
       char* host = output_hosts[i] + block.offset;
       const char* source = device + output_offsets[i] + block.offset;
       // One run as a plain copy: a 2D copy's pitch may not exceed the device's memPitch (2 GB).
+      // The destination may be device memory too (a client's CUDA shared memory): the kind
+      // follows the addresses.
       ATTN_RETURN_IF_CUDA_ERROR(
           block.rows == 1
-              ? cudaMemcpyAsync(host, source, block.width, cudaMemcpyDeviceToHost, stream_)
+              ? cudaMemcpyAsync(host, source, block.width, cudaMemcpyDefault, stream_)
               : cudaMemcpy2DAsync(host, block.pitch, source, block.pitch, block.width, block.rows,
-                                  cudaMemcpyDeviceToHost, stream_));
+                                  cudaMemcpyDefault, stream_));
     }
     if (step.done) {
       ATTN_RETURN_IF_CUDA_ERROR(

@@ -4,7 +4,8 @@
 // each input gathered from its pieces straight into pinned memory by several threads (or read
 // where it is when it arrived in page-locked memory), its copy to the device issued at once so
 // it overlaps the staging of the next, the kernel launch, every output back to where the
-// caller wants it (host memory it gave, page-locked when it can be) or else to pinned memory
+// caller wants it (memory it gave: host memory, page-locked when it can be, or device memory
+// of a client's CUDA shared memory) or else to pinned memory
 // for the caller to split. Device memory comes from the device's stream-ordered
 // pool and goes back to it whatever happens.
 #pragma once

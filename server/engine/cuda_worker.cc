@@ -1,6 +1,7 @@
 #include "server/engine/cuda_worker.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/kernel_families.h"
@@ -9,8 +10,11 @@
 #include "server/engine/cuda_context.h"
 #include "server/engine/cuda_grouped_backward.h"
 #include "server/engine/cuda_grouped_forward.h"
+#include "server/engine/cuda_ipc.h"
+#include "server/engine/cuda_resident.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/kernel_runner.h"
+#include "server/engine/resident_device.h"
 
 namespace attnserve::engine {
 namespace {
@@ -138,6 +142,7 @@ Route CudaWorker::RouteFor(Direction direction, const TensorView& q) const {
 }
 
 absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, int lane) {
+  if (IsResident(inputs)) return ExecuteResident(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
       FamilyEntry(RouteFor(Direction::kForward, inputs.q));
   if (!family.ok()) return family.status();
@@ -152,6 +157,7 @@ absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, i
 }
 
 absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int lane) {
+  if (IsResident(inputs)) return ExecuteResident(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
       FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
   if (!family.ok()) return family.status();
@@ -221,6 +227,7 @@ DeviceContextFn CudaWorker::DeviceContextMaker() const {
 
 std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
     const std::vector<const ForwardInputs*>& parts, int lane) {
+  if (parts.size() == 1 && IsResident(*parts[0])) return {Execute(*parts[0], lane)};
   // Parts of a batch share dtype and head_dim, so they share a route.
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
       FamilyEntry(RouteFor(Direction::kForward, parts[0]->q));
@@ -233,6 +240,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
 
 std::vector<absl::StatusOr<BackwardResult>> CudaWorker::ExecuteBatch(
     const std::vector<const BackwardInputs*>& parts, int lane) {
+  if (parts.size() == 1 && IsResident(*parts[0])) return {Execute(*parts[0], lane)};
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
       FamilyEntry(RouteFor(Direction::kBackward, parts[0]->q));
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0 &&
@@ -441,6 +449,92 @@ absl::StatusOr<BackwardResult> CudaWorker::BackwardAnswer(const kernels::KernelF
   result.execution = Report(family, *run);
   RecordPhases(*run, absl::Now() - split_start);
   return result;
+}
+
+absl::StatusOr<ForwardResult> CudaWorker::ForwardAnswer(const kernels::KernelFamilyEntry& family,
+                                                        const ForwardInputs& inputs,
+                                                        const absl::StatusOr<LaneRun>& run) {
+  if (!run.ok()) return run.status();
+  const absl::Time split_start = absl::Now();
+  const int64_t heads = inputs.q.shape[1], total_q = inputs.q.shape[0];
+  ForwardResult result;
+  result.out = {inputs.q.dtype, inputs.q.shape, ""};
+  result.lse = {DType::kFloat32, {heads, total_q}, ""};
+  const std::vector<char*>& destinations = inputs.output_space.destinations;
+  if (!Given(destinations, 0)) result.out.data.assign(run->outputs[0], inputs.q.size_bytes);
+  if (!Given(destinations, 1)) result.lse.data.assign(run->outputs[1], result.lse.size_bytes());
+  result.execution = Report(family, *run);
+  RecordPhases(*run, absl::Now() - split_start);
+  return result;
+}
+
+absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> CudaWorker::OpenForeignMemory(
+    const std::string& ipc_handle, uint64_t byte_size) {
+  return OpenIpcMemory(device().ordinal, ipc_handle, byte_size);
+}
+
+namespace {
+
+// Why a request whose tensors lie in device memory cannot take `family`'s route.
+absl::Status HostFamilyRefused(const kernels::KernelFamilyEntry& family, const TensorView& q) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "tensors in CUDA shared memory need a GPU kernel family, and this request (",
+      kernels::DTypeName(q.dtype), ", head_dim ", q.shape[2], ") routes to ", family.name,
+      ", which runs on the host: send its tensors in the request or in system shared memory"));
+}
+
+}  // namespace
+
+absl::StatusOr<ForwardResult> CudaWorker::ExecuteResident(const ForwardInputs& inputs, int lane) {
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kForward, inputs.q));
+  if (!family.ok()) return family.status();
+  if (!(*family)->runs_on_device) return HostFamilyRefused(**family, inputs.q);
+  if (inputs.q.shape[0] == 0) {  // no query rows: out and lse have no bytes
+    ForwardResult empty;
+    empty.out = {inputs.q.dtype, inputs.q.shape, ""};
+    empty.lse = {DType::kFloat32, {inputs.q.shape[1], 0}, ""};
+    empty.execution.device = device().name;
+    empty.execution.kernel = (*family)->name;
+    return empty;
+  }
+  return ForwardAnswer(**family, inputs,
+                       RunResidentForward(**family, inputs, *lanes_[lane], DeviceContextMaker()));
+}
+
+absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs& inputs,
+                                                           int lane) {
+  absl::StatusOr<const kernels::KernelFamilyEntry*> family =
+      FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
+  if (!family.ok()) return family.status();
+  if (!(*family)->runs_on_device) return HostFamilyRefused(**family, inputs.q);
+  if (inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
+    return BackwardAnswer(
+        **family, inputs,
+        RunResidentBackward(**family, inputs, *lanes_[lane], DeviceContextMaker()));
+  }
+  // No query sees a key: every gradient is zero.
+  BackwardResult zeros;
+  OwnedTensor* tensors[] = {&zeros.dq, &zeros.dk, &zeros.dv};
+  const TensorView* likes[] = {&inputs.q, &inputs.k, &inputs.v};
+  const OutputSpace& space = inputs.output_space;
+  for (size_t i = 0; i < 3; ++i) {
+    *tensors[i] = {likes[i]->dtype, likes[i]->shape, ""};
+    if (!Given(space.destinations, i)) {
+      tensors[i]->data.assign(likes[i]->size_bytes, '\0');
+    } else if (space.device >= 0) {
+      if (absl::Status s = ZeroDeviceBytes(space.destinations[i], likes[i]->size_bytes,
+                                           space.device);
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      std::memset(space.destinations[i], 0, likes[i]->size_bytes);
+    }
+  }
+  zeros.execution.device = device().name;
+  zeros.execution.kernel = (*family)->name;
+  return zeros;
 }
 
 ExecutionReport CudaWorker::Report(const kernels::KernelFamilyEntry& family,

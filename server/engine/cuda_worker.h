@@ -32,6 +32,8 @@ class CudaWorker : public QueueWorker {
   std::vector<std::string> kernel_families() const override;
   std::vector<CoverageRow> coverage() const override;
   KernelCatalog catalog() const override { return catalog_; }
+  absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> OpenForeignMemory(
+      const std::string& ipc_handle, uint64_t byte_size) override;
 
  private:
   CudaWorker(devices::DeviceDescription device, const EngineOptions& options,
@@ -73,6 +75,13 @@ class CudaWorker : public QueueWorker {
   absl::StatusOr<BackwardResult> BackwardAnswer(const kernels::KernelFamilyEntry& family,
                                                 const BackwardInputs& inputs,
                                                 const absl::StatusOr<LaneRun>& run);
+  // The same for one forward: out and lse.
+  absl::StatusOr<ForwardResult> ForwardAnswer(const kernels::KernelFamilyEntry& family,
+                                              const ForwardInputs& inputs,
+                                              const absl::StatusOr<LaneRun>& run);
+  // Requests whose tensors lie in this device's memory (cuda_resident.h).
+  absl::StatusOr<ForwardResult> ExecuteResident(const ForwardInputs& inputs, int lane);
+  absl::StatusOr<BackwardResult> ExecuteResident(const BackwardInputs& inputs, int lane);
   ExecutionReport Report(const kernels::KernelFamilyEntry& family, const LaneRun& run) const;
   void RecordPhases(const LaneRun& run, absl::Duration stage_out);
   kernels::ExecutionContext DeviceContext(cudaStream_t stream, void* workspace,

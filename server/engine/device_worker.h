@@ -52,6 +52,12 @@ class DeviceWorker {
   size_t QueueDepth() const { return Load().queue_depth; }
   // Whether the device serves (device_health.h); placement passes over one that does not.
   virtual DeviceHealthReport Health() const { return {}; }
+  // Engine::OpenForeignDeviceMemory on this device: only CUDA workers open IPC handles.
+  virtual absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> OpenForeignMemory(
+      const std::string& /*ipc_handle*/, uint64_t /*byte_size*/) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA shared memory: ", device().name, " is not a CUDA device"));
+  }
   // Where the jobs queued on this device go when it faults; unset, they are answered
   // UNAVAILABLE. Set before the first Submit.
   virtual void SetEvictionHandler(std::function<void(EvictedJob)> /*handler*/) {}

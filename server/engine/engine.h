@@ -10,9 +10,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/devices/device_registry.h"
 #include "server/engine/attention_request.h"
+#include "server/engine/foreign_device_memory.h"
 #include "server/engine/host_buffers.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/limits.h"
@@ -94,6 +96,15 @@ class Engine {
     return false;
   }
   virtual ContextLimits context_limits() const { return {}; }
+  // Opens device memory a co-located client exported (the 64 bytes of its cudaIpcMemHandle_t),
+  // at least `byte_size` bytes of it, on the CUDA device of ordinal `device`, for requests whose
+  // tensors lie there (TensorView::device). FAILED_PRECONDITION where no CUDA device of that
+  // ordinal is served; INVALID_ARGUMENT for a handle that does not open or is too small.
+  virtual absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> OpenForeignDeviceMemory(
+      int device, const std::string& /*ipc_handle*/, uint64_t /*byte_size*/) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA shared memory: this server serves no CUDA device ", device));
+  }
 
   // Where a transport that receives request bytes itself puts them (page-locked on GPU hosts,
   // so they cross PCIe without staging). Buffers may outlive the engine's other uses but not

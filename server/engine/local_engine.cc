@@ -15,6 +15,7 @@
 #include "server/engine/error_text.h"
 #include "server/engine/request_cost.h"
 #include "server/engine/request_validation.h"
+#include "server/engine/resident_device.h"
 
 namespace attnserve::engine {
 namespace {
@@ -131,8 +132,36 @@ absl::Status LocalEngine::Enqueue(ForwardJob job) {
   if (absl::Status s = ValidateForward(job.inputs, limits_); !s.ok()) {
     return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "limit" : "invalid");
   }
+  absl::StatusOr<std::optional<size_t>> resident = ResidentWorker(ResidentDevice(job.inputs));
+  if (!resident.ok()) return Reject(resident.status(), "invalid");
   const RequestProfile profile = ProfileOf(job.inputs);
-  return Admit(std::move(job), profile, std::nullopt);
+  return Admit(std::move(job), profile, *resident);
+}
+
+absl::StatusOr<std::optional<size_t>> LocalEngine::ResidentWorker(
+    const absl::StatusOr<int>& device) const {
+  if (!device.ok()) return device.status();
+  if (*device < 0) return std::optional<size_t>();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const devices::DeviceDescription& d = workers_[i]->device();
+    if (d.kind == devices::DeviceKind::kCuda && d.ordinal == *device) return {i};
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the request's tensors are in the memory of CUDA device ", *device,
+      ", which this server does not serve"));
+}
+
+absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> LocalEngine::OpenForeignDeviceMemory(
+    int device, const std::string& ipc_handle, uint64_t byte_size) {
+  absl::StatusOr<std::optional<size_t>> worker = ResidentWorker(device);
+  if (!worker.ok()) {
+    std::vector<std::string> served;
+    for (const auto& w : workers_) served.push_back(w->device().name);
+    return absl::FailedPreconditionError(
+        absl::StrCat("device_id: this server serves no CUDA device ", device, " (it serves ",
+                     absl::StrJoin(served, ", "), ")"));
+  }
+  return workers_[**worker]->OpenForeignMemory(ipc_handle, byte_size);
 }
 
 absl::Status LocalEngine::Enqueue(BackwardJob job) {
@@ -144,8 +173,10 @@ absl::Status LocalEngine::Enqueue(BackwardJob job) {
   if (absl::Status s = ValidateBackward(job.inputs, limits_); !s.ok()) {
     return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "limit" : "invalid");
   }
+  absl::StatusOr<std::optional<size_t>> resident = ResidentWorker(ResidentDevice(job.inputs));
+  if (!resident.ok()) return Reject(resident.status(), "invalid");
   RequestProfile profile = ProfileOf(job.inputs);
-  if (job.context == nullptr) return Admit(std::move(job), profile, std::nullopt);
+  if (job.context == nullptr) return Admit(std::move(job), profile, *resident);
   // The context's tensors are already counted where they lie.
   profile.device_bytes = ContextBackwardDeviceBytes(job.inputs);
   std::optional<size_t> device;

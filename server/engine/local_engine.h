@@ -37,6 +37,8 @@ class LocalEngine : public Engine {
   int64_t InflightCount() const override { return inflight_.load(); }
   bool ReleaseContext(const std::string& context_id, const std::string& principal) override;
   ContextLimits context_limits() const override;
+  absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> OpenForeignDeviceMemory(
+      int device, const std::string& ipc_handle, uint64_t byte_size) override;
   HostBuffers& host_buffers() override { return *host_buffers_; }
   const Limits& limits() const override { return limits_; }
   std::vector<devices::DeviceDescription> Devices() const override;
@@ -54,6 +56,9 @@ class LocalEngine : public Engine {
               std::unique_ptr<HostBuffers> host_buffers, const EngineOptions& options,
               metrics::ServerMetrics* metrics);
 
+  // The worker of CUDA device `device` (ResidentDevice's answer) for a request whose tensors lie
+  // there; none when they are host memory; FAILED_PRECONDITION when no worker serves it.
+  absl::StatusOr<std::optional<size_t>> ResidentWorker(const absl::StatusOr<int>& device) const;
   // Places the job among all devices, or only on `only_device` (an index into workers_).
   template <typename Job>
   absl::Status Admit(Job job, const RequestProfile& profile, std::optional<size_t> only_device);

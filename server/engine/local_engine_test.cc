@@ -94,6 +94,27 @@ TEST(LocalEngineTest, InvalidJobIsRejectedAndNeverAnswered) {
   EXPECT_EQ(engine->InflightCount(), 0);
 }
 
+TEST(LocalEngineTest, TensorsInDeviceMemoryNeedThatCudaDeviceServed) {
+  auto engine = MakeEngine();
+  SingleKeyProblem problem(2, 0.5f);
+  ForwardInputs in = problem.Inputs();
+  in.q.device = in.k.device = in.v.device = 0;  // as a CUDA shared memory region's
+  bool called = false;
+  const absl::Status s = engine->Enqueue(ForwardJob{in, [&](auto) { called = true; }});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "the request's tensors are in the memory of CUDA device 0, which this server does "
+            "not serve");
+  in.k.device = -1;
+  EXPECT_EQ(engine->Enqueue(ForwardJob{in, [&](auto) { called = true; }}).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> opened =
+      engine->OpenForeignDeviceMemory(0, std::string(64, 'x'), 4096);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
+  engine->Stop();
+  EXPECT_FALSE(called);
+}
+
 TEST(LocalEngineTest, ConcurrentJobsEachGetTheirOwnAnswerOnce) {
   auto engine = MakeEngine();
   constexpr int kThreads = 8, kJobsPerThread = 20;

@@ -7,6 +7,7 @@
 #include "server/engine/batching.h"
 #include "server/engine/device_fault.h"
 #include "server/engine/request_cost.h"
+#include "server/engine/resident_device.h"
 
 namespace attnserve::engine {
 namespace {
@@ -29,12 +30,15 @@ const auto& InputsOf(const std::variant<ForwardJob, BackwardJob>& job) {
 // Saved-context jobs run alone: a kept forward's launch buffer becomes its context, and a
 // backward on a context reads its tensors where they lie.
 // So do jobs whose inputs are still arriving: nothing may read them whole before they are in.
+// So do jobs whose tensors lie in a device's memory: they are read where they are.
 bool UsesContext(const std::variant<ForwardJob, BackwardJob>& job) {
   if (const auto* forward = std::get_if<ForwardJob>(&job)) {
-    return forward->inputs.keep_context || forward->inputs.groups != nullptr;
+    return forward->inputs.keep_context || forward->inputs.groups != nullptr ||
+           IsResident(forward->inputs);
   }
   const BackwardJob& backward = std::get<BackwardJob>(job);
-  return backward.context != nullptr || backward.inputs.groups != nullptr;
+  return backward.context != nullptr || backward.inputs.groups != nullptr ||
+         IsResident(backward.inputs);
 }
 
 bool SameKindAndCompatible(const std::variant<ForwardJob, BackwardJob>& a,

@@ -1,6 +1,7 @@
 """Triton's system shared memory extension through tritonclient: registration, status,
 inputs read from and outputs written to regions (checked against the float64 reference), bad
 region names, offsets and sizes, unregistering, and the extension off by default."""
+import base64
 import time
 import uuid
 
@@ -140,3 +141,31 @@ def test_regions_belong_to_the_token_that_registered_them(tmp_path, region, rng)
             client.unregister_system_shared_memory(headers=bob)
             assert list(client.get_system_shared_memory_status(headers=alice).regions) == ["mine"]
             client.unregister_system_shared_memory(headers=alice)
+
+
+def test_cuda_regions_need_the_cuda_device_they_name(triton, region):
+    # A server without that CUDA device (CI's runs on the CPU) refuses the handle by name; the
+    # name stays free and nothing is listed. The GPU end-to-end script opens real handles.
+    key, _ = region
+    fake_handle = base64.b64encode(bytes(64))
+    no_device = r"device_id: this server serves no CUDA device 0 \(it serves cpu\)"
+    with pytest.raises(InferenceServerException, match=no_device) as refused:
+        triton.register_cuda_shared_memory("gpu_in", fake_handle, 0, 4096)
+    assert refused.value.status() == "StatusCode.FAILED_PRECONDITION"
+    assert len(triton.get_cuda_shared_memory_status().regions) == 0
+    with pytest.raises(InferenceServerException, match="no shared memory region \"gpu_in\""):
+        triton.unregister_cuda_shared_memory("gpu_in")
+    # One namespace for both kinds: a system region's name is not a CUDA region's.
+    triton.register_system_shared_memory("both", key, 64)
+    try:
+        with pytest.raises(InferenceServerException, match="no shared memory region \"both\""):
+            triton.unregister_cuda_shared_memory("both")
+        assert len(triton.get_cuda_shared_memory_status().regions) == 0
+    finally:
+        triton.unregister_system_shared_memory("both")
+
+
+def test_cuda_shared_memory_is_off_by_default(server):
+    with tritonclient_grpc.InferenceServerClient(server.target) as client:
+        with pytest.raises(InferenceServerException, match="--allow_shared_memory"):
+            client.register_cuda_shared_memory("r", base64.b64encode(bytes(64)), 0, 64)

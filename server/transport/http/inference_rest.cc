@@ -144,7 +144,8 @@ RestResponse InferenceRestHandler::Get(mg_connection* conn, const Path& path) {
     return Call(conn, "SystemSharedMemoryStatus", options_.auth,
                 [&]() -> absl::StatusOr<RestResponse> {
                   auto regions = dispatcher_->shared_memory().Status(
-                      PrincipalOf(conn), all_regions ? std::string() : path[2]);
+                      PrincipalOf(conn), oip::RegionKind::kSystem,
+                      all_regions ? std::string() : path[2]);
                   if (!regions.ok()) return regions.status();
                   return JsonResponse(rest::SharedMemoryStatus(*regions));
                 });
@@ -173,7 +174,7 @@ RestResponse InferenceRestHandler::Post(mg_connection* conn, const Path& path) {
           if (!body.ok()) return BodyRefusal(body.status());
           absl::StatusOr<rest::RegionRegistration> registration = rest::DecodeRegistration(*body);
           if (!registration.ok()) return registration.status();
-          absl::Status status = dispatcher_->shared_memory().Register(
+          absl::Status status = dispatcher_->shared_memory().RegisterSystem(
               principal, path[2], registration->key, registration->offset, registration->byte_size);
           if (!status.ok()) return status;
           return RestResponse{200, ""};
@@ -184,7 +185,7 @@ RestResponse InferenceRestHandler::Post(mg_connection* conn, const Path& path) {
     return Call(conn, "SystemSharedMemoryUnregister", options_.auth,
                 [&]() -> absl::StatusOr<RestResponse> {
                   absl::Status status = dispatcher_->shared_memory().Unregister(
-                      principal, all_regions ? std::string() : path[2]);
+                      principal, oip::RegionKind::kSystem, all_regions ? std::string() : path[2]);
                   if (!status.ok()) return status;
                   return RestResponse{200, ""};
                 });

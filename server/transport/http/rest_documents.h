@@ -12,7 +12,7 @@
 #include "server/transport/http/rest_json.h"
 #include "server/transport/oip/model_codec.h"
 #include "server/transport/oip/model_statistics.h"
-#include "server/transport/oip/system_shared_memory.h"
+#include "server/transport/oip/shared_memory_regions.h"
 
 namespace attnserve::transport::rest {
 

@@ -80,12 +80,13 @@ struct InferDispatcher::Call {
   std::vector<std::shared_ptr<const MappedRegion>> regions;
   // Per requested output (by name): where to write it; absent: into the answer.
   std::map<std::string, std::pair<std::shared_ptr<const MappedRegion>, RegionRef>> output_regions;
-  bool uses_shared_memory = false;
+  // The metrics' shared_memory label: "none", "system", or "cuda" when any region is CUDA's.
+  std::string shared_memory = "none";
   std::string principal;  // whose shared-memory regions the request may name
 };
 
 InferDispatcher::InferDispatcher(engine::Engine* engine, metrics::ProtocolMetrics* metrics,
-                                 SystemSharedMemory* shared_memory, ModelStatistics* statistics)
+                                 SharedMemoryRegions* shared_memory, ModelStatistics* statistics)
     : engine_(engine), metrics_(metrics), shared_memory_(shared_memory), statistics_(statistics) {}
 
 // Points inputs that name a region at its bytes, and finds the regions outputs go to.
@@ -106,9 +107,9 @@ absl::Status InferDispatcher::Prepare(Call& call) {
                             field);
     if (!region.ok()) return region.status();
     input.external = absl::string_view((*region)->data() + (*ref)->offset, (*ref)->byte_size);
-    metrics_->AddSharedMemoryBytes("system", "in", static_cast<double>((*ref)->byte_size));
+    input.device = (*region)->device();
+    NoteRegion(call, **region, "in", (*ref)->byte_size);
     call.regions.push_back(*std::move(region));
-    call.uses_shared_memory = true;
   }
   for (const RequestedOutput& output : request.outputs) {
     const std::string field = absl::StrCat("outputs[", output.name, "].parameters");
@@ -119,8 +120,46 @@ absl::Status InferDispatcher::Prepare(Call& call) {
         shared_memory_->Use(call.principal, (*ref)->region, (*ref)->offset, (*ref)->byte_size,
                             field);
     if (!region.ok()) return region.status();
+    NoteRegion(call, **region, "out", 0);
     call.output_regions[output.name] = {*std::move(region), **ref};
-    call.uses_shared_memory = true;
+  }
+  return absl::OkStatus();
+}
+
+void InferDispatcher::NoteRegion(Call& call, const MappedRegion& region, const char* direction,
+                                 uint64_t bytes) {
+  const char* kind = RegionKindName(region.kind());
+  if (call.shared_memory != "cuda") call.shared_memory = kind;
+  if (bytes > 0) metrics_->AddSharedMemoryBytes(kind, direction, static_cast<double>(bytes));
+}
+
+// Outputs whose request names a region go there: the engine writes them in place (a CUDA
+// region's device to device). Each must fit its region's share, and all lie in host memory
+// or all on one device.
+absl::Status InferDispatcher::PlaceOutputs(
+    const Call& call, const std::vector<std::pair<const char*, uint64_t>>& outputs,
+    engine::OutputSpace* space) const {
+  space->destinations.assign(outputs.size(), nullptr);
+  bool placed = false;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [name, bytes] = outputs[i];
+    auto it = call.output_regions.find(name);
+    if (it == call.output_regions.end()) continue;
+    const auto& [region, ref] = it->second;
+    const std::string field = absl::StrCat("outputs[", name, "].parameters.", kByteSize);
+    if (bytes > ref.byte_size) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", ref.byte_size,
+                                                     " bytes are too few for the output's ",
+                                                     bytes));
+    }
+    if (placed && region->device() != space->device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs[", name, "].parameters.", kRegion, ": every output in shared memory must be "
+          "in system shared memory, or all in CUDA shared memory of one device"));
+    }
+    space->destinations[i] = region->data() + ref.offset;
+    space->device = region->device();
+    placed = true;
   }
   return absl::OkStatus();
 }
@@ -136,8 +175,7 @@ absl::Status InferDispatcher::Dispatch(std::shared_ptr<InferRequest> request,
   call->principal = control.principal;
   const InferRequest& req = *call->request;
   auto refuse = [&](absl::Status status) {
-    metrics_->RecordInference(protocol, req.model_name,
-                              call->uses_shared_memory ? "system" : "none",
+    metrics_->RecordInference(protocol, req.model_name, call->shared_memory,
                               absl::StatusCodeToString(status.code()));
     if (absl::IsInvalidArgument(status) || absl::IsResourceExhausted(status)) {
       statistics_->RecordFailure(req.model_name, 0);
@@ -152,6 +190,13 @@ absl::Status InferDispatcher::Dispatch(std::shared_ptr<InferRequest> request,
     absl::StatusOr<engine::ForwardInputs> inputs = DecodeForwardRequest(req);
     if (!inputs.ok()) return refuse(inputs.status());
     if (absl::Status s = CheckAnswerFits(*inputs, max_bytes); !s.ok()) return refuse(s);
+    const engine::TensorView& q = inputs->q;
+    const uint64_t lse_bytes = q.shape.size() == 3 ? 4 * q.shape[0] * q.shape[1] : 0;
+    if (absl::Status s = PlaceOutputs(*call, {{"out", q.size_bytes}, {"lse", lse_bytes}},
+                                      &inputs->output_space);
+        !s.ok()) {
+      return refuse(s);
+    }
     engine::ForwardJob job;
     job.inputs = *std::move(inputs);
     job.control = std::move(control);
@@ -168,6 +213,14 @@ absl::Status InferDispatcher::Dispatch(std::shared_ptr<InferRequest> request,
   absl::StatusOr<engine::BackwardInputs> inputs = DecodeBackwardRequest(req);
   if (!inputs.ok()) return refuse(inputs.status());
   if (absl::Status s = CheckAnswerFits(*inputs, max_bytes); !s.ok()) return refuse(s);
+  if (absl::Status s = PlaceOutputs(*call,
+                                    {{"dq", inputs->q.size_bytes},
+                                     {"dk", inputs->k.size_bytes},
+                                     {"dv", inputs->v.size_bytes}},
+                                    &inputs->output_space);
+      !s.ok()) {
+    return refuse(s);
+  }
   engine::BackwardJob job;
   job.inputs = *std::move(inputs);
   job.control = std::move(control);
@@ -195,15 +248,22 @@ void InferDispatcher::Complete(const std::shared_ptr<Call>& call,
       auto it = call->output_regions.find(output.name);
       if (it == call->output_regions.end()) continue;
       const auto& [region, ref] = it->second;
-      if (output.data.size() > ref.byte_size) {
-        answer = absl::InvalidArgumentError(absl::StrCat(
-            "outputs[", output.name, "].parameters.", kByteSize, ": ", ref.byte_size,
-            " bytes are too few for the output's ", output.data.size()));
-        break;
+      // Written in place by the engine (PlaceOutputs), or returned as bytes by a launch shared
+      // with other requests (host regions only: a CUDA region's request runs alone).
+      uint64_t bytes = static_cast<uint64_t>(DatatypeSize(output.datatype));
+      for (int64_t d : output.shape) bytes *= static_cast<uint64_t>(d);
+      if (!output.data.empty()) {
+        if (region->kind() != RegionKind::kSystem || output.data.size() != bytes ||
+            bytes > ref.byte_size) {
+          answer = absl::InternalError(absl::StrCat("outputs[", output.name,
+                                                    "]: not written to its shared memory"));
+          break;
+        }
+        std::memcpy(region->data() + ref.offset, output.data.data(), output.data.size());
       }
-      std::memcpy(region->data() + ref.offset, output.data.data(), output.data.size());
-      metrics_->AddSharedMemoryBytes("system", "out", static_cast<double>(output.data.size()));
-      output.parameters[kByteSize] = static_cast<int64_t>(output.data.size());
+      metrics_->AddSharedMemoryBytes(RegionKindName(region->kind()), "out",
+                                     static_cast<double>(bytes));
+      output.parameters[kByteSize] = static_cast<int64_t>(bytes);
       output.data.clear();
       output.in_shared_memory = true;
     }
@@ -217,8 +277,7 @@ void InferDispatcher::Complete(const std::shared_ptr<Call>& call,
   } else {
     statistics_->RecordFailure(request.model_name, total_ns);
   }
-  metrics_->RecordInference(call->protocol, request.model_name,
-                            call->uses_shared_memory ? "system" : "none",
+  metrics_->RecordInference(call->protocol, request.model_name, call->shared_memory,
                             absl::StatusCodeToString(answer.status().code()));
   call->done(std::move(answer));
 }

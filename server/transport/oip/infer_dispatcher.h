@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -15,7 +17,7 @@
 #include "server/metrics/protocol_metrics.h"
 #include "server/transport/oip/infer_request.h"
 #include "server/transport/oip/model_statistics.h"
-#include "server/transport/oip/system_shared_memory.h"
+#include "server/transport/oip/shared_memory_regions.h"
 
 namespace attnserve::transport::oip {
 
@@ -27,7 +29,7 @@ class InferDispatcher {
  public:
   // Everything must outlive the dispatcher.
   InferDispatcher(engine::Engine* engine, metrics::ProtocolMetrics* metrics,
-                  SystemSharedMemory* shared_memory, ModelStatistics* statistics);
+                  SharedMemoryRegions* shared_memory, ModelStatistics* statistics);
 
   // On OK, `done` is called exactly once, later, with the answer or the error; otherwise it is
   // never called and the caller answers with the returned status. `request` is kept (with any
@@ -37,18 +39,22 @@ class InferDispatcher {
                         std::function<void(absl::StatusOr<InferAnswer>)> done);
 
   engine::Engine& engine() const { return *engine_; }
-  SystemSharedMemory& shared_memory() const { return *shared_memory_; }
+  SharedMemoryRegions& shared_memory() const { return *shared_memory_; }
   const ModelStatistics& statistics() const { return *statistics_; }
 
  private:
   struct Call;
   absl::Status Prepare(Call& call);
+  void NoteRegion(Call& call, const MappedRegion& region, const char* direction, uint64_t bytes);
+  absl::Status PlaceOutputs(const Call& call,
+                            const std::vector<std::pair<const char*, uint64_t>>& outputs,
+                            engine::OutputSpace* space) const;
   void Complete(const std::shared_ptr<Call>& call, absl::StatusOr<InferAnswer> answer,
                 int64_t queue_us, int64_t compute_us);
 
   engine::Engine* const engine_;
   metrics::ProtocolMetrics* const metrics_;
-  SystemSharedMemory* const shared_memory_;
+  SharedMemoryRegions* const shared_memory_;
   ModelStatistics* const statistics_;
 };
 

@@ -28,6 +28,9 @@ struct InputTensor {
   std::string owned;
   absl::string_view external;
   bool is_owned = false;
+  // >= 0: `external` is memory of this CUDA device (a CUDA shared memory region), which only
+  // the device reads; -1: host memory.
+  int device = -1;
 
   absl::string_view bytes() const { return is_owned ? absl::string_view(owned) : external; }
 };

@@ -9,7 +9,7 @@
 #include "server/metrics/protocol_metrics.h"
 #include "server/transport/oip/infer_dispatcher.h"
 #include "server/transport/oip/model_statistics.h"
-#include "server/transport/oip/system_shared_memory.h"
+#include "server/transport/oip/shared_memory_regions.h"
 
 namespace attnserve::transport::oip {
 
@@ -27,7 +27,7 @@ class InferenceProtocol {
  private:
   metrics::ProtocolMetrics metrics_;
   ModelStatistics statistics_;
-  SystemSharedMemory shared_memory_;
+  SharedMemoryRegions shared_memory_;
   InferDispatcher dispatcher_;
 };
 

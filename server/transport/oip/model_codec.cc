@@ -97,6 +97,7 @@ absl::StatusOr<engine::TensorView> ToView(const InputTensor& tensor, bool float3
   view.data = tensor.bytes().data();
   if (view.data == nullptr) view.data = "";  // present, even when empty
   view.size_bytes = tensor.bytes().size();
+  view.device = tensor.device;
   return view;
 }
 
@@ -108,6 +109,11 @@ absl::StatusOr<std::vector<int32_t>> ToOffsets(const InputTensor& tensor) {
   }
   if (tensor.shape.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".shape: must be [batch + 1]"));
+  }
+  if (tensor.device >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": in CUDA shared memory, but the server reads offsets on the host: send them "
+               "in the request or in system shared memory"));
   }
   const absl::string_view bytes = tensor.bytes();
   if (tensor.shape[0] < 0 || bytes.size() != static_cast<size_t>(tensor.shape[0]) * 4) {

@@ -1,4 +1,4 @@
-#include "server/transport/oip/system_shared_memory.h"
+#include "server/transport/oip/shared_memory_regions.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -21,11 +21,24 @@ MappedRegion::MappedRegion(std::string name, std::string key, uint64_t offset,
       mapping_(mapping),
       mapping_bytes_(mapping_bytes) {}
 
+MappedRegion::MappedRegion(std::string name,
+                           std::shared_ptr<engine::ForeignDeviceMemory> memory)
+    : name_(std::move(name)),
+      offset_(0),
+      byte_size_(memory->bytes()),
+      mapping_(nullptr),
+      mapping_bytes_(0),
+      device_memory_(std::move(memory)) {}
+
+const char* RegionKindName(RegionKind kind) {
+  return kind == RegionKind::kCuda ? "cuda" : "system";
+}
+
 MappedRegion::~MappedRegion() {
   if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
 }
 
-SystemSharedMemory::SystemSharedMemory(SharedMemoryOptions options) : options_(options) {
+SharedMemoryRegions::SharedMemoryRegions(SharedMemoryOptions options) : options_(options) {
   if (!options_.allowed) return;
   sweeper_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
@@ -40,7 +53,7 @@ SystemSharedMemory::SystemSharedMemory(SharedMemoryOptions options) : options_(o
   });
 }
 
-SystemSharedMemory::~SystemSharedMemory() {
+SharedMemoryRegions::~SharedMemoryRegions() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -49,7 +62,7 @@ SystemSharedMemory::~SystemSharedMemory() {
   if (sweeper_.joinable()) sweeper_.join();
 }
 
-void SystemSharedMemory::SweepIdle() {
+void SharedMemoryRegions::SweepIdle() {
   std::vector<std::shared_ptr<const MappedRegion>> expired;  // unmapped outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = absl::Now();
@@ -63,31 +76,48 @@ void SystemSharedMemory::SweepIdle() {
   }
 }
 
-absl::Status SystemSharedMemory::Register(const std::string& principal, const std::string& name,
-                                          const std::string& key, uint64_t offset,
-                                          uint64_t byte_size) {
+absl::Status SharedMemoryRegions::CheckRegisterable(const std::string& principal,
+                                                    const std::string& name) {
   if (!options_.allowed) {
     return absl::FailedPreconditionError(
         "shared memory is off on this server (start it with --allow_shared_memory)");
   }
   if (name.empty()) return absl::InvalidArgumentError("name: must not be empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (regions_.count({principal, name}) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
+  }
+  if (static_cast<int64_t>(regions_.size()) >= options_.max_regions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "name: at most ", options_.max_regions, " shared memory regions may be registered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryRegions::Insert(const std::string& principal,
+                                         std::shared_ptr<const MappedRegion> region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string name = region->name();
+  // Registered meanwhile by a concurrent call: the later one loses (its mapping goes with it).
+  if (!regions_.emplace(RegionKey{principal, name}, Entry{std::move(region), absl::Now()})
+           .second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryRegions::RegisterSystem(const std::string& principal,
+                                                 const std::string& name, const std::string& key,
+                                                 uint64_t offset, uint64_t byte_size) {
+  if (absl::Status s = CheckRegisterable(principal, name); !s.ok()) return s;
   // POSIX names one object by "/name"; anything else is not portable and may mean a path.
   if (key.size() < 2 || key[0] != '/' || key.find('/', 1) != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("key: must be a POSIX shared-memory name \"/name\", got \"", key, "\""));
   }
   if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be positive");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (regions_.count({principal, name}) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
-    }
-    if (static_cast<int64_t>(regions_.size()) >= options_.max_regions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "name: at most ", options_.max_regions, " shared memory regions may be registered"));
-    }
-  }
   const int fd = shm_open(key.c_str(), O_RDWR, 0);
   if (fd < 0) {
     return absl::InvalidArgumentError(absl::StrCat("key: cannot open shared memory \"", key,
@@ -108,31 +138,35 @@ absl::Status SystemSharedMemory::Register(const std::string& principal, const st
     return absl::InternalError(absl::StrCat("cannot map shared memory \"", key,
                                             "\": ", std::strerror(errno)));
   }
-  auto region = std::make_shared<MappedRegion>(name, key, offset, byte_size, mapping,
-                                               mapping_bytes);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!regions_.emplace(RegionKey{principal, name}, Entry{std::move(region), absl::Now()})
-           .second) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("name: a shared memory region \"", name, "\" is already registered"));
-  }
-  return absl::OkStatus();
+  return Insert(principal, std::make_shared<MappedRegion>(name, key, offset, byte_size, mapping,
+                                                          mapping_bytes));
 }
 
-absl::Status SystemSharedMemory::Unregister(const std::string& principal,
-                                            const std::string& name) {
+absl::Status SharedMemoryRegions::RegisterCuda(const std::string& principal,
+                                               const std::string& name,
+                                               const OpenDeviceMemory& open) {
+  if (absl::Status s = CheckRegisterable(principal, name); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<engine::ForeignDeviceMemory>> memory = open();
+  if (!memory.ok()) return memory.status();
+  return Insert(principal, std::make_shared<MappedRegion>(name, *std::move(memory)));
+}
+
+absl::Status SharedMemoryRegions::Unregister(const std::string& principal, RegionKind kind,
+                                             const std::string& name) {
   std::map<RegionKey, Entry> removed;  // unmapped outside the lock (declared before it)
   std::lock_guard<std::mutex> lock(mu_);
   if (name.empty()) {
     for (auto it = regions_.begin(); it != regions_.end();) {
       const auto next = std::next(it);
-      if (it->first.first == principal) removed.insert(regions_.extract(it));
+      if (it->first.first == principal && it->second.region->kind() == kind) {
+        removed.insert(regions_.extract(it));
+      }
       it = next;
     }
     return absl::OkStatus();
   }
   auto it = regions_.find({principal, name});
-  if (it == regions_.end()) {
+  if (it == regions_.end() || it->second.region->kind() != kind) {
     return absl::NotFoundError(
         absl::StrCat("name: no shared memory region \"", name, "\" is registered"));
   }
@@ -140,12 +174,13 @@ absl::Status SystemSharedMemory::Unregister(const std::string& principal,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> SystemSharedMemory::Status(
-    const std::string& principal, const std::string& name) {
+absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> SharedMemoryRegions::Status(
+    const std::string& principal, RegionKind kind, const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<const MappedRegion>> out;
   for (const auto& [region_key, entry] : regions_) {
-    if (region_key.first == principal && (name.empty() || name == region_key.second)) {
+    if (region_key.first == principal && entry.region->kind() == kind &&
+        (name.empty() || name == region_key.second)) {
       out.push_back(entry.region);
     }
   }
@@ -156,7 +191,7 @@ absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> SystemSharedMem
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const MappedRegion>> SystemSharedMemory::Use(
+absl::StatusOr<std::shared_ptr<const MappedRegion>> SharedMemoryRegions::Use(
     const std::string& principal, const std::string& name, uint64_t offset, uint64_t byte_size,
     const std::string& field) {
   if (!options_.allowed) {

@@ -1,0 +1,116 @@
+"""CUDA shared memory on the GPU machine: a client process registers device memory by its IPC
+handle and names it in ModelInfer requests; the server's kernels read the inputs where they lie
+and write the outputs back into the client's memory. Results must equal the same server's
+answers over plain gRPC bitwise (the same kernels; deterministic backward). Bad placements are
+refused with the field named. Needs a server started with --allow_shared_memory
+(ATTNSERVE_GPU_SHM_TARGET; scripts/gpu_e2e.sh starts one)."""
+import os
+import uuid
+
+import grpc
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import attnserve  # noqa: E402
+from cuda_region import CudaRegion  # noqa: E402
+
+TARGET = os.environ.get("ATTNSERVE_GPU_SHM_TARGET")
+pytestmark = pytest.mark.skipif(not TARGET or not torch.cuda.is_available(),
+                                reason="needs a GPU and a server with --allow_shared_memory")
+
+SEQLENS = [300, 512, 77]
+HEADS, DIM = 8, 128
+
+
+@pytest.fixture
+def region():
+    r = CudaRegion(TARGET, f"gpu-{uuid.uuid4().hex[:8]}", 64 << 20)
+    r.register()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def grpc_client():
+    with attnserve.Client(TARGET, timeout=120, transport="grpc") as client:
+        yield client
+
+
+def _problem(seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(SEQLENS)
+    make = lambda: torch.randn(total, HEADS, DIM, device="cuda", generator=g,  # noqa: E731
+                               dtype=torch.bfloat16)
+    cu = [0]
+    for n in SEQLENS:
+        cu.append(cu[-1] + n)
+    return make(), make(), make(), make(), cu
+
+
+def _numpy(t):
+    from ml_dtypes import bfloat16
+    return t.cpu().view(torch.int16).numpy().view(bfloat16) if t.dtype == torch.bfloat16 \
+        else t.cpu().numpy()
+
+
+def _same_bits(got: torch.Tensor, want: np.ndarray):
+    np.testing.assert_array_equal(_numpy(got).view(np.uint8), np.asarray(want).view(np.uint8))
+
+
+def test_forward_and_backward_read_and_write_the_clients_device_memory(region, grpc_client):
+    q, k, v, dout, cu = _problem()
+    for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
+        region.place(name, t).copy_(t)
+    out = region.place("out", q)
+    lse = region.place("lse", torch.empty(HEADS, q.shape[0], device="cuda"))
+    offsets = {"cu_seqlens_q": cu, "cu_seqlens_k": cu}
+    region.infer("attention_forward", ["q", "k", "v"], ["out", "lse"], offsets, {"causal": True})
+    torch.cuda.synchronize()
+    want = grpc_client.forward(_numpy(q), _numpy(k), _numpy(v), np.array(cu, np.int32),
+                               np.array(cu, np.int32), causal=True)
+    _same_bits(out, want.out)
+    _same_bits(lse, want.lse)
+
+    grads = [region.place(n, q) for n in ("dq", "dk", "dv")]
+    region.infer("attention_backward", ["dout", "q", "k", "v", "out", "lse"],
+                 ["dq", "dk", "dv"], offsets, {"causal": True, "deterministic": True})
+    torch.cuda.synchronize()
+    want_b = grpc_client.backward(_numpy(dout), _numpy(q), _numpy(k), _numpy(v), want.out,
+                                  want.lse, np.array(cu, np.int32), np.array(cu, np.int32),
+                                  causal=True, deterministic=True)
+    for got, name in zip(grads, ("dq", "dk", "dv")):
+        _same_bits(got, getattr(want_b, name))
+
+
+def test_outputs_may_come_back_in_the_answer(region, grpc_client):
+    q, k, v, _, cu = _problem(1)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        region.place(name, t).copy_(t)
+    response = region.infer("attention_forward", ["q", "k", "v"], [],
+                            {"cu_seqlens_q": cu, "cu_seqlens_k": cu})
+    want = grpc_client.forward(_numpy(q), _numpy(k), _numpy(v), np.array(cu, np.int32),
+                               np.array(cu, np.int32))
+    names = [o.name for o in response.outputs]
+    out = np.frombuffer(response.raw_output_contents[names.index("out")], np.uint8)
+    np.testing.assert_array_equal(out, np.asarray(want.out).view(np.uint8).ravel())
+
+
+def test_bad_placements_are_refused_with_the_field_named(region):
+    q, k, v, _, cu = _problem(2)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        region.place(name, t).copy_(t)
+    region.place("cu_seqlens_q", torch.tensor(cu, dtype=torch.int32, device="cuda"))
+    with pytest.raises(grpc.RpcError) as offsets_on_device:
+        region.infer("attention_forward", ["q", "k", "v", "cu_seqlens_q"], [],
+                     {"cu_seqlens_k": cu})
+    assert offsets_on_device.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cu_seqlens_q" in offsets_on_device.value.details()
+    small = CudaRegion(TARGET, f"{region.name}-small", 2 << 20)
+    try:
+        with pytest.raises(grpc.RpcError) as too_large:
+            small.register_as(small.name, small.base + (64 << 20))
+        assert too_large.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "exceed" in too_large.value.details()
+    finally:
+        small.close()
