@@ -16,8 +16,10 @@ TARGET_LABELS = {"namespace", "job", "pod", "instance", "le"}
 @pytest.fixture(scope="module")
 def exposition(live_server):
     counts = run_rounds(live_server.target, rounds=2,
-                        data_address=("127.0.0.1", live_server.data_port))
-    assert counts == {"ok": 10, "rejected": 4, "protocol_errors": 2}
+                        data_address=("127.0.0.1", live_server.data_port),
+                        oip_addresses=(live_server.target, f"127.0.0.1:{live_server.http_port}"))
+    # Per round: 5 native calls and 3 OIP inferences answered; 3 native and 2 OIP refused.
+    assert counts == {"ok": 16, "rejected": 10, "protocol_errors": 2}
     return live_server.http_get("/metrics").decode()
 
 
@@ -71,3 +73,21 @@ def test_rules_read_only_exported_or_recorded_series():
         assert metric_names(rule["expr"]) or reads_recorded or reads_own, rule
     for title, expr in dashboard_targets():
         assert metric_names(expr), f"{title}: {expr}"
+
+
+def test_traffic_moves_each_labelled_series_the_new_panels_split_by(exposition):
+    """The protocol, shared-memory and rejection panels show each value the traffic makes."""
+    wanted = [
+        r'attnserve_inference_protocol_requests_total\{[^}]*protocol="grpc"[^}]*shared_memory="none"',
+        r'attnserve_inference_protocol_requests_total\{[^}]*protocol="http"[^}]*shared_memory="none"',
+        r'attnserve_inference_protocol_requests_total\{[^}]*protocol="grpc"[^}]*shared_memory="system"',
+        r'attnserve_inference_protocol_requests_total\{code="INVALID_ARGUMENT"[^}]*protocol="http"',
+        r'attnserve_shared_memory_bytes_total\{direction="in",kind="system"\}',
+        r'attnserve_shared_memory_bytes_total\{direction="out",kind="system"\}',
+        r'attnserve_rejections_total\{reason="compute"\}',
+        r'attnserve_data_transfer_seconds_count\{direction="in"\}',
+    ]
+    for pattern in wanted:
+        values = [float(v) for v in re.findall(r"^" + pattern + r"[^\n]* (\S+)$", exposition,
+                                               re.M)]
+        assert values and max(values) > 0, f"{pattern} not in\n{exposition}"

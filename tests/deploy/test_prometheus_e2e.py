@@ -87,7 +87,9 @@ def prometheus(live_server, tmp_path_factory):
             time.sleep(0.2)
         api = Prometheus(url)
         load = Load(live_server.target, threads=3, max_seconds=120,
-                    data_address=("127.0.0.1", live_server.data_port)).start()
+                    data_address=("127.0.0.1", live_server.data_port),
+                    oip_addresses=(live_server.target,
+                                   f"127.0.0.1:{live_server.http_port}")).start()
         # Enough scrapes under load for 10 s rate windows, and rules evaluated on them.
         deadline = time.monotonic() + DATA_TIMEOUT_S
         while True:
