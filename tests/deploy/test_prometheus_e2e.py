@@ -184,6 +184,9 @@ def test_alerts_on_live_data(prometheus):
     assert "AttnserveHighErrorRatio" not in alerts
     ratio = prometheus.query(f'job:attnserve_request_errors:ratio_rate5m{{job="{JOB}"}}')
     assert [float(s["value"][1]) for s in ratio] == [0.0]
+    # The traffic's compute-refused forward (one call in about a dozen) shows in the share.
+    compute = prometheus.query(f'job:attnserve_compute_rejections:ratio_rate5m{{job="{JOB}"}}')
+    assert len(compute) == 1 and 0 < float(compute[0]["value"][1]) < 1, compute
 
 
 @pytest.mark.parametrize("rule", adapter_rules(), ids=lambda r: r["name"]["as"])
