@@ -135,16 +135,15 @@ PANELS = [
                "Forward and backward calls per second by the way they came: the native API "
                "over gRPC or over the data channel, and the Open Inference Protocol's "
                "ModelInfer over gRPC or HTTP. attnserve_requests_total counts the native "
-               "calls of both transports under one rpc label, so the data channel's share is "
-               "its calls with a payload (attnserve_data_transfer_seconds_count, direction in) "
-               "and native gRPC the rest; calls refused before their payload arrived count as "
-               "gRPC here.",
-               [target(f'clamp_min(sum(rate(attnserve_requests_total{{{SEL}, '
-                       f'rpc=~"Forward|Backward"}}[{RATE}])) - (sum(rate('
-                       f'attnserve_data_transfer_seconds_count{{{SEL}, direction="in"}}[{RATE}]))'
-                       f" or vector(0)), 0)", "native gRPC"),
-                target(f'sum(rate(attnserve_data_transfer_seconds_count{{{SEL}, '
-                       f'direction="in"}}[{RATE}]))', "data channel"),
+               "calls of both transports under one rpc label; the data channel's own are "
+               "attnserve_data_requests_total, and native gRPC the difference.",
+               [target(f'sum by (rpc) (rate(attnserve_requests_total{{{SEL}, '
+                       f'rpc=~"Forward|Backward"}}[{RATE}])) - (sum by (rpc) (rate('
+                       f'attnserve_data_requests_total{{{SEL}}}[{RATE}])) or sum by (rpc) '
+                       f'(rate(attnserve_requests_total{{{SEL}, rpc=~"Forward|Backward"}}'
+                       f"[{RATE}])) * 0)", "native gRPC {{rpc}}"),
+                target(f"sum by (rpc) (rate(attnserve_data_requests_total{{{SEL}}}[{RATE}]))",
+                       "data channel {{rpc}}"),
                 target(f"sum by (protocol) (rate("
                        f"attnserve_inference_protocol_requests_total{{{SEL}}}[{RATE}]))",
                        "OIP {{protocol}}")], "reqps"),

@@ -2,11 +2,14 @@
 live server once it has served traffic, and every label they group by exists."""
 import re
 
+import numpy as np
 import pytest
+
+import attnserve
 
 from deploy_assets import (PENDING_METRICS, PROMETHEUS_OWN, dashboard_targets, metric_names,
                            recorded_names, rules, used_metric_names)
-from deploy_traffic import run_rounds
+from deploy_traffic import CALL_TIMEOUT_S, _problem, run_rounds
 
 # Labels Prometheus attaches to every scraped series (the chart's ServiceMonitor or the
 # kubernetes-pods job add namespace and pod), and the histogram bucket label.
@@ -85,9 +88,32 @@ def test_traffic_moves_each_labelled_series_the_new_panels_split_by(exposition):
         r'attnserve_shared_memory_bytes_total\{direction="in",kind="system"\}',
         r'attnserve_shared_memory_bytes_total\{direction="out",kind="system"\}',
         r'attnserve_rejections_total\{reason="compute"\}',
-        r'attnserve_data_transfer_seconds_count\{direction="in"\}',
+        r'attnserve_data_requests_total\{code="OK",rpc="Forward"\}',
+        r'attnserve_data_requests_total\{code="NOT_FOUND",rpc="Backward"\}',
     ]
     for pattern in wanted:
         values = [float(v) for v in re.findall(r"^" + pattern + r"[^\n]* (\S+)$", exposition,
                                                re.M)]
         assert values and max(values) > 0, f"{pattern} not in\n{exposition}"
+
+
+def test_data_channel_calls_are_told_from_native_grpc_ones(live_server, exposition):
+    """attnserve_data_requests_total counts the data channel's Forwards and Backwards, which
+    attnserve_requests_total counts too: the dashboard's native gRPC line is the difference."""
+    ok_forward = 'code="OK",rpc="Forward"'
+
+    def counts():
+        return (live_server.metric("attnserve_requests_total", ok_forward),
+                live_server.metric("attnserve_data_requests_total", ok_forward))
+
+    q, k, v, cu = _problem(np.random.default_rng(1))
+    before = counts()
+    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S, transport="grpc") as c:
+        c.forward(q, k, v, cu, cu, causal=True)
+    live_server.wait_for_metric("attnserve_requests_total", before[0] + 1, ok_forward)
+    assert counts() == (before[0] + 1, before[1])
+    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S) as client:
+        client.forward(q, k, v, cu, cu, causal=True)
+        assert client.active_transport() == "data_channel"
+    live_server.wait_for_metric("attnserve_data_requests_total", before[1] + 1, ok_forward)
+    assert counts() == (before[0] + 2, before[1] + 1)

@@ -75,7 +75,7 @@ def test_panels_platform_teams_expect():
         # Issue 21 item 4: requests by protocol and by shared-memory use.
         "OIP inferences by protocol": r"sum by \(protocol\) \(rate\(attnserve_inference_protocol_requests_total",
         "native calls over gRPC and the data channel":
-            r'rpc=~"Forward\|Backward"\}\[\$__rate_interval\]\)\) - \(sum\(rate\(attnserve_data_transfer_seconds_count',
+            r'rpc=~"Forward\|Backward"\}\[\$__rate_interval\]\)\) - \(sum by \(rpc\) \(rate\(attnserve_data_requests_total',
         "OIP by shared-memory use": r"sum by \(protocol, shared_memory\) \(rate\(attnserve_inference_protocol_requests_total",
         "OIP non-OK share by code": r"sum by \(protocol, code\) \(rate\(attnserve_inference_protocol_requests_total",
         "shared-memory bytes": r"sum by \(kind, direction\) \(rate\(attnserve_shared_memory_bytes_total",
