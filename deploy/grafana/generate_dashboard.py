@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes deploy/grafana/attnserve.json, the attnserve Grafana dashboard.
 
-The dashboard is generated so its ~35 panels stay short to read and review here; the JSON is
+The dashboard is generated so its ~40 panels stay short to read and review here; the JSON is
 committed for import (Grafana > Dashboards > New > Import, or a provisioning folder) and
 tests/deploy/test_dashboard.py fails while it is stale. After editing this file:
 
