@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes deploy/grafana/attnserve.json, the attnserve Grafana dashboard.
 
-The dashboard is generated so its ~35 panels stay short to read and review here; the JSON is
+The dashboard is generated so its ~40 panels stay short to read and review here; the JSON is
 committed for import (Grafana > Dashboards > New > Import, or a provisioning folder) and
 tests/deploy/test_dashboard.py fails while it is stale. After editing this file:
 
@@ -119,6 +119,58 @@ PANELS = [
                 target(f"sum(rate(attnserve_sent_bytes_total{{{SEL}}}[{RATE}]))", "sent")],
                "Bps"),
 
+    timeseries("Admission rejections by reason",
+               "Requests refused or dropped before running, per second, from "
+               "attnserve_rejections_total: invalid and limit (the request's own fault), "
+               "memory, queue_full and compute (its estimated compute time exceeds "
+               "--max_request_compute_seconds on every device it could run on), no_kernel, "
+               "device_fault, context_not_found (a Backward whose saved context is gone; the "
+               "client resends), deadline, cancelled and shutting_down. A climbing compute or "
+               "memory rate is requests too big for the release's GPU class.",
+               [target(f"sum by (reason) (rate(attnserve_rejections_total{{{SEL}}}[{RATE}]))",
+                       "{{reason}}")], "reqps", stack="normal"),
+
+    row("Protocols and shared memory"),
+    timeseries("Attention calls by protocol",
+               "Forward and backward calls per second by the way they came: the native API "
+               "over gRPC or over the data channel, and the Open Inference Protocol's "
+               "ModelInfer over gRPC or HTTP. attnserve_requests_total counts the native "
+               "calls of both transports under one rpc label; the data channel's own are "
+               "attnserve_data_requests_total, and native gRPC the difference.",
+               [target(f'sum by (rpc) (rate(attnserve_requests_total{{{SEL}, '
+                       f'rpc=~"Forward|Backward"}}[{RATE}])) - (sum by (rpc) (rate('
+                       f'attnserve_data_requests_total{{{SEL}}}[{RATE}])) or sum by (rpc) '
+                       f'(rate(attnserve_requests_total{{{SEL}, rpc=~"Forward|Backward"}}'
+                       f"[{RATE}])) * 0)", "native gRPC {{rpc}}"),
+                target(f"sum by (rpc) (rate(attnserve_data_requests_total{{{SEL}}}[{RATE}]))",
+                       "data channel {{rpc}}"),
+                target(f"sum by (protocol) (rate("
+                       f"attnserve_inference_protocol_requests_total{{{SEL}}}[{RATE}]))",
+                       "OIP {{protocol}}")], "reqps"),
+    timeseries("OIP inferences by shared-memory use",
+               "Open Inference Protocol inferences per second by where their tensors were: "
+               "none (in the message), system (POSIX shared memory regions) or cuda (CUDA IPC "
+               "regions), by protocol. Shared memory needs --allow_shared_memory.",
+               [target(f"sum by (protocol, shared_memory) (rate("
+                       f"attnserve_inference_protocol_requests_total{{{SEL}}}[{RATE}]))",
+                       "{{protocol}} {{shared_memory}}")], "reqps"),
+    timeseries("OIP non-OK share by protocol and code",
+               "Each non-OK status code's share of a protocol's inferences. INVALID_ARGUMENT, "
+               "NOT_FOUND (unknown model or region) and RESOURCE_EXHAUSTED are client mistakes; "
+               "INTERNAL or UNAVAILABLE are the server's (they also count in the server-side "
+               "error ratio alert, which reads rpc ModelInfer of attnserve_requests_total).",
+               [target(f'sum by (protocol, code) (rate(attnserve_inference_protocol_requests_total'
+                       f'{{{SEL}, code!="OK"}}[{RATE}]))'
+                       f" / ignoring (code) group_left "
+                       f"sum by (protocol) (rate(attnserve_inference_protocol_requests_total"
+                       f"{{{SEL}}}[{RATE}]))", "{{protocol}} {{code}}")], "percentunit"),
+    timeseries("Shared-memory bytes by kind and direction",
+               "Tensor bytes per second read from (in) or written to (out) registered "
+               "shared-memory regions instead of travelling in messages.",
+               [target(f"sum by (kind, direction) (rate("
+                       f"attnserve_shared_memory_bytes_total{{{SEL}}}[{RATE}]))",
+                       "{{kind}} {{direction}}")], "Bps"),
+
     row("Latency"),
     timeseries("Request latency by method",
                "Receipt to response, from attnserve_request_duration_seconds.",
@@ -216,6 +268,12 @@ PANELS = [
                        f" or vector(0)) / "
                        f"sum(rate(attnserve_context_lookups_total{{{SEL}}}[{RATE}]))",
                        "hit ratio")], "percentunit"),
+    timeseries("Context lookups by result",
+               "Backwards by context_id per second that found their saved context (hit) or "
+               "not (miss: unknown, expired or evicted; the client resent in full).",
+               [target(f"sum by (result) "
+                       f"(rate(attnserve_context_lookups_total{{{SEL}}}[{RATE}]))",
+                       "{{result}}")], "ops"),
     timeseries("Context evictions and releases",
                "Contexts leaving the store per second: released (by their Backward or "
                "ReleaseContext), evicted after the TTL (ttl: the client lost interest), or "
@@ -302,7 +360,8 @@ def dashboard():
     return {
         "title": "attnserve",
         "uid": "attnserve-overview",
-        "description": "attnserve GPU attention service: traffic, latency, queueing, the data "
+        "description": "attnserve GPU attention service: traffic, admission rejections, "
+                       "protocols and shared memory, latency, queueing, the data "
                        "path and saved contexts, batching, kernel families, throughput and "
                        "devices. Generated by "
                        "deploy/grafana/generate_dashboard.py.",

@@ -49,6 +49,11 @@ DataMetrics::DataMetrics(prometheus::Registry& registry)
                                       "once (--data_max_buffered_bytes).")
                                 .Register(registry)
                                 .Add({})),
+      requests_(prometheus::BuildCounter()
+                    .Name("attnserve_data_requests_total")
+                    .Help("Forward and Backward calls over the data channel by method and "
+                          "status code (attnserve_requests_total counts them too).")
+                    .Register(registry)),
       protocol_errors_(prometheus::BuildCounter()
                            .Name("attnserve_data_protocol_errors_total")
                            .Help("Data channel connections closed for breaking the protocol.")
@@ -84,6 +89,10 @@ void DataMetrics::AddSessions(double delta) { sessions_.Increment(delta); }
 void DataMetrics::AddConnections(double delta) { connections_.Increment(delta); }
 void DataMetrics::AddBufferedBytes(double delta) { buffered_bytes_.Increment(delta); }
 void DataMetrics::SetBufferedBytesLimit(double bytes) { buffered_bytes_limit_.Set(bytes); }
+
+void DataMetrics::RecordRequest(const std::string& rpc, const std::string& code) {
+  requests_.Add({{"rpc", rpc}, {"code", code}}).Increment();
+}
 
 void DataMetrics::RecordProtocolError(const std::string& reason) {
   protocol_errors_.Add({{"reason", reason}}).Increment();

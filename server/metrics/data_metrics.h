@@ -25,6 +25,10 @@ class DataMetrics {
   void AddBufferedBytes(double delta);
   // The --data_max_buffered_bytes budget, so alerts can compare buffered bytes against it.
   void SetBufferedBytesLimit(double bytes);
+  // One finished Forward or Backward call of the data channel (answered or refused), by gRPC
+  // status code name; attnserve_requests_total counts it too, under the same rpc, so the
+  // difference is the native API's calls over gRPC.
+  void RecordRequest(const std::string& rpc, const std::string& code);
   // reason: a short label such as "bad_magic", "duplicate_chunk", "hello_timeout".
   void RecordProtocolError(const std::string& reason);
   // From a request's REQUEST frame to its last payload byte ("in"), from its RESPONSE being
@@ -45,6 +49,7 @@ class DataMetrics {
   prometheus::Gauge& connections_;
   prometheus::Gauge& buffered_bytes_;
   prometheus::Gauge& buffered_bytes_limit_;
+  prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& protocol_errors_;
   prometheus::Family<prometheus::Histogram>& transfer_seconds_;
   prometheus::Histogram& overlap_seconds_;

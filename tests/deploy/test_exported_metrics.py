@@ -2,11 +2,14 @@
 live server once it has served traffic, and every label they group by exists."""
 import re
 
+import numpy as np
 import pytest
+
+import attnserve
 
 from deploy_assets import (PENDING_METRICS, PROMETHEUS_OWN, dashboard_targets, metric_names,
                            recorded_names, rules, used_metric_names)
-from deploy_traffic import run_rounds
+from deploy_traffic import CALL_TIMEOUT_S, _problem, run_rounds
 
 # Labels Prometheus attaches to every scraped series (the chart's ServiceMonitor or the
 # kubernetes-pods job add namespace and pod), and the histogram bucket label.
@@ -16,8 +19,10 @@ TARGET_LABELS = {"namespace", "job", "pod", "instance", "le"}
 @pytest.fixture(scope="module")
 def exposition(live_server):
     counts = run_rounds(live_server.target, rounds=2,
-                        data_address=("127.0.0.1", live_server.data_port))
-    assert counts == {"ok": 10, "rejected": 4, "protocol_errors": 2}
+                        data_address=("127.0.0.1", live_server.data_port),
+                        oip_addresses=(live_server.target, f"127.0.0.1:{live_server.http_port}"))
+    # Per round: 5 native calls and 3 OIP inferences answered; 3 native and 2 OIP refused.
+    assert counts == {"ok": 16, "rejected": 10, "protocol_errors": 2}
     return live_server.http_get("/metrics").decode()
 
 
@@ -71,3 +76,44 @@ def test_rules_read_only_exported_or_recorded_series():
         assert metric_names(rule["expr"]) or reads_recorded or reads_own, rule
     for title, expr in dashboard_targets():
         assert metric_names(expr), f"{title}: {expr}"
+
+
+def test_traffic_moves_each_labelled_series_the_new_panels_split_by(exposition):
+    """The protocol, shared-memory and rejection panels show each value the traffic makes."""
+    wanted = [
+        r'attnserve_inference_protocol_requests_total\{[^}]*protocol="grpc"[^}]*shared_memory="none"',
+        r'attnserve_inference_protocol_requests_total\{[^}]*protocol="http"[^}]*shared_memory="none"',
+        r'attnserve_inference_protocol_requests_total\{[^}]*protocol="grpc"[^}]*shared_memory="system"',
+        r'attnserve_inference_protocol_requests_total\{code="INVALID_ARGUMENT"[^}]*protocol="http"',
+        r'attnserve_shared_memory_bytes_total\{direction="in",kind="system"\}',
+        r'attnserve_shared_memory_bytes_total\{direction="out",kind="system"\}',
+        r'attnserve_rejections_total\{reason="compute"\}',
+        r'attnserve_data_requests_total\{code="OK",rpc="Forward"\}',
+        r'attnserve_data_requests_total\{code="NOT_FOUND",rpc="Backward"\}',
+    ]
+    for pattern in wanted:
+        values = [float(v) for v in re.findall(r"^" + pattern + r"[^\n]* (\S+)$", exposition,
+                                               re.M)]
+        assert values and max(values) > 0, f"{pattern} not in\n{exposition}"
+
+
+def test_data_channel_calls_are_told_from_native_grpc_ones(live_server, exposition):
+    """attnserve_data_requests_total counts the data channel's Forwards and Backwards, which
+    attnserve_requests_total counts too: the dashboard's native gRPC line is the difference."""
+    ok_forward = 'code="OK",rpc="Forward"'
+
+    def counts():
+        return (live_server.metric("attnserve_requests_total", ok_forward),
+                live_server.metric("attnserve_data_requests_total", ok_forward))
+
+    q, k, v, cu = _problem(np.random.default_rng(1))
+    before = counts()
+    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S, transport="grpc") as c:
+        c.forward(q, k, v, cu, cu, causal=True)
+    live_server.wait_for_metric("attnserve_requests_total", before[0] + 1, ok_forward)
+    assert counts() == (before[0] + 1, before[1])
+    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S) as client:
+        client.forward(q, k, v, cu, cu, causal=True)
+        assert client.active_transport() == "data_channel"
+    live_server.wait_for_metric("attnserve_data_requests_total", before[1] + 1, ok_forward)
+    assert counts() == (before[0] + 2, before[1] + 1)

@@ -72,6 +72,24 @@ def test_panels_platform_teams_expect():
         "TFLOP/s": r"rate\(attnserve_flops_total\{[^}]*\}\[\$__rate_interval\]\)\) / 1e12",
         "per-device memory": r"max by \(pod, device\) \(attnserve_device_memory_used_bytes",
         "per-device queue depth": r"max by \(pod, device\) \(attnserve_queue_depth",
+        # Issue 21 item 4: requests by protocol and by shared-memory use.
+        "OIP inferences by protocol": r"sum by \(protocol\) \(rate\(attnserve_inference_protocol_requests_total",
+        "native calls over gRPC and the data channel":
+            r'rpc=~"Forward\|Backward"\}\[\$__rate_interval\]\)\) - \(sum by \(rpc\) \(rate\(attnserve_data_requests_total',
+        "OIP by shared-memory use": r"sum by \(protocol, shared_memory\) \(rate\(attnserve_inference_protocol_requests_total",
+        "OIP non-OK share by code": r"sum by \(protocol, code\) \(rate\(attnserve_inference_protocol_requests_total",
+        "shared-memory bytes": r"sum by \(kind, direction\) \(rate\(attnserve_shared_memory_bytes_total",
+        # Issue 24 item 5: the data path and saved contexts.
+        "bytes by path": r"rate\(attnserve_data_received_bytes_total",
+        "data channel chunks": r"sum by \(direction\) \(rate\(attnserve_data_chunks_total",
+        "transfer time": r"rate\(attnserve_data_transfer_seconds_sum",
+        "overlap": r"rate\(attnserve_data_overlap_seconds_sum",
+        "contexts held": r"attnserve_contexts\{",
+        "context bytes held": r"attnserve_context_bytes\{",
+        "context hits and misses": r"sum by \(result\) \(rate\(attnserve_context_lookups_total",
+        "context evictions": r"sum by \(reason\) \(rate\(attnserve_context_evictions_total",
+        # Admission rejections, reason="compute" among them.
+        "rejections by reason": r"sum by \(reason\) \(rate\(attnserve_rejections_total",
     }
     for what, pattern in wanted.items():
         assert re.search(pattern, queries), what

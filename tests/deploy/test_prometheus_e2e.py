@@ -87,7 +87,9 @@ def prometheus(live_server, tmp_path_factory):
             time.sleep(0.2)
         api = Prometheus(url)
         load = Load(live_server.target, threads=3, max_seconds=120,
-                    data_address=("127.0.0.1", live_server.data_port)).start()
+                    data_address=("127.0.0.1", live_server.data_port),
+                    oip_addresses=(live_server.target,
+                                   f"127.0.0.1:{live_server.http_port}")).start()
         # Enough scrapes under load for 10 s rate windows, and rules evaluated on them.
         deadline = time.monotonic() + DATA_TIMEOUT_S
         while True:
@@ -182,6 +184,9 @@ def test_alerts_on_live_data(prometheus):
     assert "AttnserveHighErrorRatio" not in alerts
     ratio = prometheus.query(f'job:attnserve_request_errors:ratio_rate5m{{job="{JOB}"}}')
     assert [float(s["value"][1]) for s in ratio] == [0.0]
+    # The traffic's compute-refused forward (one call in about a dozen) shows in the share.
+    compute = prometheus.query(f'job:attnserve_compute_rejections:ratio_rate5m{{job="{JOB}"}}')
+    assert len(compute) == 1 and 0 < float(compute[0]["value"][1]) < 1, compute
 
 
 @pytest.mark.parametrize("rule", adapter_rules(), ids=lambda r: r["name"]["as"])

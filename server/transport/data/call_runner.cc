@@ -243,6 +243,7 @@ void Session::Answer(const std::shared_ptr<DataCall>& call, absl::StatusOr<Respo
   const absl::Status status = parts.ok() ? absl::OkStatus() : parts.status();
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),
                                    absl::ToDoubleSeconds(absl::Now() - call->start));
+  context_->data_metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()));
   // Cancelled, or the session ended: nobody waits for the answer (its slot goes with `call`,
   // and so do its buffers, once no connection writes a chunk of a grouped call into them).
   // A grouped call may be answered (a failure) while chunks are still on their way.

@@ -346,6 +346,7 @@ absl::Status Connection::HandleRequest(const FrameHeader& header) {
     if (rpc != nullptr) {
       context_->metrics->RecordRequest(rpc, absl::StatusCodeToString(refusal.code()),
                                        absl::ToDoubleSeconds(absl::Now() - start));
+      context_->data_metrics->RecordRequest(rpc, absl::StatusCodeToString(refusal.code()));
     }
     // Its inline chunk, sent without waiting, is dropped when it comes.
     session_->Tombstone(header.request_id);

@@ -183,6 +183,7 @@ void Session::Fail(const std::shared_ptr<DataCall>& call, const absl::Status& st
   call->cancelled->store(true);  // a grouped call the engine has stops waiting for its bytes
   context_->metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()),
                                    absl::ToDoubleSeconds(absl::Now() - call->start));
+  context_->data_metrics->RecordRequest(call->rpc, absl::StatusCodeToString(status.code()));
   Send({StatusResponseFrame(call->id, status)});
 }
 
