@@ -23,6 +23,10 @@ class HostBuffers {
   // `bytes` of uninitialized memory, valid until the buffer is destroyed; RESOURCE_EXHAUSTED
   // when it cannot be had. Thread-safe.
   virtual absl::StatusOr<std::unique_ptr<HostBuffer>> Allocate(size_t bytes) = 0;
+  // Page-locks memory a transport mapped itself (a client's system shared memory region) so
+  // lanes read and write it in place, until the returned holder goes (drop it before the
+  // memory). Null where nothing needs page-locking (no GPU) or the driver refused.
+  virtual std::shared_ptr<void> PageLock(void* /*data*/, size_t /*bytes*/) { return nullptr; }
 };
 
 // Page-aligned pageable memory: what a host without GPUs needs, and untouched pages cost no

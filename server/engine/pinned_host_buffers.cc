@@ -116,4 +116,15 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> PinnedHostBuffers::Allocate(size_t b
   return std::make_unique<PinnedBuffer>(pool_, memory, capacity, bytes);
 }
 
+std::shared_ptr<void> PinnedHostBuffers::PageLock(void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) return nullptr;
+  if (cudaHostRegister(data, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: the lanes stage this memory as any pageable request's
+    return nullptr;
+  }
+  return std::shared_ptr<void>(data, [](void* locked) {
+    if (cudaHostUnregister(locked) != cudaSuccess) cudaGetLastError();
+  });
+}
+
 }  // namespace attnserve::engine

@@ -19,6 +19,7 @@ class PinnedHostBuffers final : public HostBuffers {
   // Page-locked memory when the driver gives it, else pageable (the lane then stages it, as it
   // does any other request).
   absl::StatusOr<std::unique_ptr<HostBuffer>> Allocate(size_t bytes) override;
+  std::shared_ptr<void> PageLock(void* data, size_t bytes) override;
 
   struct Pool;  // shared with the buffers it lent, which may outlive this object
 

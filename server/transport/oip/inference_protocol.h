@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 
 #include "server/engine/engine.h"
 #include "server/metrics/protocol_metrics.h"
@@ -19,12 +20,23 @@ class InferenceProtocol {
   InferenceProtocol(engine::Engine* engine, prometheus::Registry& registry,
                     SharedMemoryOptions shared_memory)
       : metrics_(registry),
-        shared_memory_(shared_memory),
+        shared_memory_(WithPageLock(std::move(shared_memory), engine)),
         dispatcher_(engine, &metrics_, &shared_memory_, &statistics_) {}
 
   InferDispatcher* dispatcher() { return &dispatcher_; }
 
  private:
+  // System regions are page-locked through the engine's host buffers (on a GPU host lanes then
+  // read and write them in place), unless the caller chose otherwise.
+  static SharedMemoryOptions WithPageLock(SharedMemoryOptions options, engine::Engine* engine) {
+    if (!options.page_lock) {
+      options.page_lock = [engine](void* data, size_t bytes) {
+        return engine->host_buffers().PageLock(data, bytes);
+      };
+    }
+    return options;
+  }
+
   metrics::ProtocolMetrics metrics_;
   ModelStatistics statistics_;
   SharedMemoryRegions shared_memory_;

@@ -13,13 +13,15 @@
 namespace attnserve::transport::oip {
 
 MappedRegion::MappedRegion(std::string name, std::string key, uint64_t offset,
-                           uint64_t byte_size, void* mapping, size_t mapping_bytes)
+                           uint64_t byte_size, void* mapping, size_t mapping_bytes,
+                           std::shared_ptr<void> page_lock)
     : name_(std::move(name)),
       key_(std::move(key)),
       offset_(offset),
       byte_size_(byte_size),
       mapping_(mapping),
-      mapping_bytes_(mapping_bytes) {}
+      mapping_bytes_(mapping_bytes),
+      page_lock_(std::move(page_lock)) {}
 
 MappedRegion::MappedRegion(std::string name,
                            std::shared_ptr<engine::ForeignDeviceMemory> memory)
@@ -35,6 +37,7 @@ const char* RegionKindName(RegionKind kind) {
 }
 
 MappedRegion::~MappedRegion() {
+  page_lock_.reset();
   if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
 }
 
@@ -138,8 +141,10 @@ absl::Status SharedMemoryRegions::RegisterSystem(const std::string& principal,
     return absl::InternalError(absl::StrCat("cannot map shared memory \"", key,
                                             "\": ", std::strerror(errno)));
   }
+  std::shared_ptr<void> page_lock =
+      options_.page_lock ? options_.page_lock(mapping, mapping_bytes) : nullptr;
   return Insert(principal, std::make_shared<MappedRegion>(name, key, offset, byte_size, mapping,
-                                                          mapping_bytes));
+                                                          mapping_bytes, std::move(page_lock)));
 }
 
 absl::Status SharedMemoryRegions::RegisterCuda(const std::string& principal,

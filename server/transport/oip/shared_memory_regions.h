@@ -38,7 +38,7 @@ class MappedRegion {
   // A system region: [offset, offset + byte_size) of the object `key`, whose first
   // mapping_bytes are mapped at `mapping`.
   MappedRegion(std::string name, std::string key, uint64_t offset, uint64_t byte_size,
-               void* mapping, size_t mapping_bytes);
+               void* mapping, size_t mapping_bytes, std::shared_ptr<void> page_lock);
   // A CUDA region: all of `memory`.
   MappedRegion(std::string name, std::shared_ptr<engine::ForeignDeviceMemory> memory);
   ~MappedRegion();
@@ -63,10 +63,14 @@ class MappedRegion {
   void* const mapping_;
   const size_t mapping_bytes_;
   const std::shared_ptr<engine::ForeignDeviceMemory> device_memory_;
+  std::shared_ptr<void> page_lock_;  // released before the mapping goes
 };
 
 struct SharedMemoryOptions {
   bool allowed = false;  // --allow_shared_memory
+  // Page-locks a system region's mapping for as long as it is registered (engine::HostBuffers::
+  // PageLock: on a GPU host lanes then read and write it in place); may be empty.
+  std::function<std::shared_ptr<void>(void* data, size_t bytes)> page_lock;
   absl::Duration idle_timeout = absl::Minutes(10);
   int64_t max_regions = 64;
 };
