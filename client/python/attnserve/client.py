@@ -254,7 +254,9 @@ class Client:
             if self._shm_decided:
                 return self._shm
             host = target_host(self.target)
-            if host is None or not is_this_host(host) or sys.byteorder != "little":
+            # The server is Linux-only: a client on another system has its server in a VM.
+            if (host is None or not is_this_host(host) or sys.platform != "linux"
+                    or sys.byteorder != "little"):
                 self._shm_decided = True
                 return None
             path = SharedMemoryPath(self._channel, self._metadata)
@@ -264,6 +266,9 @@ class Client:
                 path.close()
                 self._shm_decided = error.permanent  # else ask again on the next call
                 return None
+            except AttentionError:  # refused: so would the call be, with the same answer
+                path.close()
+                raise
             # Unregistered and unlinked at close(), when the client is collected, or at exit.
             self._shm_finalizer = weakref.finalize(self, path.close)
             self._shm = path

@@ -42,6 +42,9 @@ _NEVER = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
           grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED,
           grpc.StatusCode.NOT_FOUND)
 
+# Register answers about the caller, not shared memory: raised as any call's would be.
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
 
 class SharedMemoryUnavailable(Exception):
     """This call cannot go through shared memory; `permanent` when no later call can either."""
@@ -204,6 +207,8 @@ class SharedMemoryPath:
                 timeout=HOUSEKEEPING_TIMEOUT_S, metadata=self._metadata)
         except grpc.RpcError as error:
             region.destroy()
+            if error.code() in _REFUSED:  # the call itself would be refused the same way
+                raise AttentionError(error.code(), error.details()) from error
             raise SharedMemoryUnavailable(
                 f"SystemSharedMemoryRegister: {error.code().name}: {error.details()}",
                 permanent=error.code() in _NEVER) from error
