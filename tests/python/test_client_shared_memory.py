@@ -109,6 +109,19 @@ def test_the_region_is_reused_and_grown(oip_server, clients, rng):  # noqa: F811
     assert _regions(oip_server) == {} and not _shm_files()
 
 
+def test_concurrent_calls_each_take_a_region_of_their_own(oip_server, clients,  # noqa: F811
+                                                         rng):
+    shm, data = clients
+    problems = [_problem(rng, dtype=np.float32) for _ in range(6)]
+    futures = [shm.forward_async(q, k, v, cu, cu, causal=True) for q, k, v, _, cu in problems]
+    for future, (q, k, v, _, cu) in zip(futures, problems):
+        _same(future.result().out, data.forward(q, k, v, cu, cu, causal=True).out)
+    assert 1 <= len(_regions(oip_server)) <= len(problems)
+    assert len(_shm_files()) == len(_regions(oip_server))
+    shm.close()
+    assert _regions(oip_server) == {} and not _shm_files()
+
+
 def test_a_region_the_server_forgot_is_registered_again(oip_server, clients, rng):  # noqa: F811
     shm, data = clients
     q, k, v, _, cu = _problem(rng, dtype=np.float32)
