@@ -5,8 +5,9 @@ Protocol's inference.GRPCInferenceService), when started with --allow_shared_mem
 owns a shared-memory object, registers it once, copies a call's inputs into it and names them in
 a ModelInfer request of attention_forward / attention_backward; the server reads them in place
 and writes the outputs into the same object, from which they are copied into the caller's
-arrays. Compared with the data channel over loopback TCP, each byte crosses one memcpy on each
-side instead of the kernel's socket buffers.
+arrays. Compared with the data channel over loopback TCP, input bytes are copied once by the
+client and read in place by the server, outputs copied once by each, and none passes through
+the kernel's socket buffers.
 
 One region serves one call at a time; concurrent calls (forward_async) each take a region of a
 small pool, created on demand, so the client's threads never wait for each other.
@@ -37,10 +38,10 @@ DATATYPES = {pb2.DTYPE_FLOAT16: "FP16", pb2.DTYPE_BFLOAT16: "BF16", pb2.DTYPE_FL
 
 # Register answers that say this server will never map this client's memory: shared memory
 # off (FAILED_PRECONDITION), an object it cannot open (another container's /dev/shm:
-# INVALID_ARGUMENT), its region limit (RESOURCE_EXHAUSTED), no inference service at all.
+# INVALID_ARGUMENT), no inference service at all. Its region limit (RESOURCE_EXHAUSTED) is
+# not among them: other clients' regions come and go.
 _NEVER = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
-          grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED,
-          grpc.StatusCode.NOT_FOUND)
+          grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND)
 
 # Register answers about the caller, not shared memory: raised as any call's would be.
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
