@@ -1,7 +1,8 @@
-"""The numpy client through system shared memory (shared_memory="auto") against a CPU server
-with --allow_shared_memory: answers bitwise equal to the data channel's, the region reused,
-grown, re-registered when the server forgot it and unregistered and unlinked at close and exit;
-the data channel for servers without the flag, remote targets and saved contexts."""
+"""The numpy client (and the torch drop-in) through system shared memory (shared_memory="auto")
+against a CPU server with --allow_shared_memory: answers bitwise equal to the data channel's,
+kept contexts replaced by full backwards, the region reused, grown, one per concurrent call,
+re-registered when the server forgot it, unregistered and unlinked at close and exit; the data
+channel for servers without the flag and remote targets."""
 import os
 import pathlib
 import subprocess
@@ -138,20 +139,45 @@ def test_a_region_the_server_forgot_is_registered_again(oip_server, clients, rng
     assert shm.active_transport() == "shared_memory" and len(_regions(oip_server)) == 1
 
 
-def test_saved_contexts_use_the_data_channel(oip_server, clients, rng):  # noqa: F811
+def test_kept_contexts_are_none_and_the_backward_goes_in_full(oip_server, clients,  # noqa: F811
+                                                            rng):
     shm, data = clients
     q, k, v, dout, cu = _problem(rng, dtype=np.float32)
     before = oip_server.metric(*SHM_IN)
     fwd = shm.forward(q, k, v, cu, cu, causal=True, keep_context=True)
-    assert fwd.context_id
-    grads = shm.backward(dout, q, k, v, None, None, cu, cu, causal=True,
+    assert fwd.context_id == "" and oip_server.metric(*SHM_IN) > before
+    grads = shm.backward(dout, q, k, v, fwd.out, fwd.lse, cu, cu, causal=True,
                          context_id=fwd.context_id, context_address=fwd.context_address)
-    assert oip_server.metric(*SHM_IN) == before
-    expected = data.forward(q, k, v, cu, cu, causal=True)
+    expected = data.forward(q, k, v, cu, cu, causal=True, keep_context=True)
+    assert expected.context_id
     expected_grads = data.backward(dout, q, k, v, expected.out, expected.lse, cu, cu,
-                                   causal=True)
+                                   causal=True, context_id=expected.context_id,
+                                   context_address=expected.context_address)
     _same(fwd.out, expected.out)
-    _same(grads.dq, expected_grads.dq)
+    for name in ("dq", "dk", "dv"):
+        _same(getattr(grads, name), getattr(expected_grads, name))
+
+
+def test_the_torch_drop_in_goes_through_shared_memory(oip_server, clients):  # noqa: F811
+    torch = pytest.importorskip("torch")
+    shm, data = clients
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(50, 2, 16, generator=gen) for _ in range(4))
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32)
+
+    def step(client):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = attnserve.flash_attn_varlen_func(*leaves, cu, cu, 30, 30, causal=True,
+                                               client=client)
+        out.backward(dout)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    before = oip_server.metric(*SHM_IN)
+    got = step(shm)
+    # Forward: q, k, v; backward in full: dout, q, k, v, out and lse.
+    assert oip_server.metric(*SHM_IN) - before == 8 * q.numel() * 4 + 2 * 50 * 4
+    for a, b in zip(got, step(data)):
+        _same(a.numpy(), b.numpy())
 
 
 def test_errors_are_raised_and_keep_shared_memory(clients, rng):

@@ -92,11 +92,12 @@ class Client:
     shared memory when the target is this host (loopback, "localhost", or this host's own name
     or addresses: addresses.is_this_host) and the server, started with
     --allow_shared_memory, maps the client's region, which the first call finds out by
-    registering one; else, and with "off", the paths above. Forwards with keep_context=True
-    and backwards of a saved context keep to those paths (the Open Inference Protocol has no
-    saved contexts); a full backward goes through shared memory. Results are the same, but
-    their `execution` is not reported (empty device and kernel, zero times). The client's
-    regions are unregistered and unlinked by close() and at interpreter exit.
+    registering one; else, and with "off", the paths above. The Open Inference Protocol has
+    no saved contexts: a forward through shared memory keeps none (keep_context=True gets an
+    empty context_id, which the contract allows) and the backward goes in full, which costs
+    memcpys rather than network bytes. Results are the same, but their `execution` is not
+    reported (empty device and kernel, zero times). The client's regions are unregistered and
+    unlinked by close() and at interpreter exit.
 
     Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True
     alone uses the system's roots), tls_cert_file + tls_key_file (a client certificate, for
@@ -298,7 +299,8 @@ class Client:
 
     def active_transport(self) -> str:
         """"shared_memory", "data_channel" or "grpc": where this client's Forward and Backward
-        go now (saved contexts never go through shared memory)."""
+        go now (a backward on a context kept before shared memory was decided goes where the
+        context is)."""
         if self._shared_memory() is not None:
             return "shared_memory"
         return "grpc" if self._data_channel() is None else "data_channel"
@@ -339,7 +341,7 @@ class Client:
             wire_array(q, "q"), wire_array(k, "k"), wire_array(v, "v"))
         offsets = dict(cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
                        cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"))
-        if not keep_context and q_wire.ndim == 3 and self._shared_memory() is not None:
+        if q_wire.ndim == 3 and self._shared_memory() is not None:
             total_q, heads = q_wire.shape[:2]
             result_out = _output(out, q_wire.shape, numpy_dtype(q_enum), "out")
             result_lse = _output(lse, (heads, total_q), np.dtype(np.float32), "lse")
