@@ -216,6 +216,21 @@ print(os.getpid())
     assert _regions(oip_server) == {}
 
 
+def test_a_forked_child_leaves_the_parent_s_regions_alone(oip_server, clients, rng):  # noqa: F811
+    shm, data = clients
+    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+    shm.forward(q, k, v, cu, cu)
+    regions, files = _regions(oip_server), _shm_files()
+    child = os.fork()
+    if child == 0:  # no gRPC here: a child's channel is not usable, and must not be needed
+        shm._disable_shared_memory()  # as the child's exit or its first call would
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    assert _regions(oip_server) == regions and _shm_files() == files
+    _same(shm.forward(q, k, v, cu, cu).out, data.forward(q, k, v, cu, cu).out)
+    assert shm.active_transport() == "shared_memory"
+
+
 def test_a_server_without_the_flag_gets_the_data_channel(server, rng):
     q, k, v, _, cu = _problem(rng, dtype=np.float32)
     with attnserve.Client(server.target, timeout=CALL_TIMEOUT_S) as client:

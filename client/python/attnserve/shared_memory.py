@@ -139,6 +139,9 @@ class SharedMemoryPath:
         self._idle: List[Region] = []  # registered, not in use by a call
         self._busy: List[Region] = []
         self._closed = False
+        # A child forked from the owner shares its regions: it must neither write into them
+        # nor unregister or unlink them (at its exit, say) under the owner's feet.
+        self._owner_pid = os.getpid()
 
     def ensure_registered(self) -> None:
         """Registers a first (small) region unless one is: the server's answer tells whether
@@ -155,6 +158,9 @@ class SharedMemoryPath:
         `inline` INT32 arrays in the request, the server's `outputs` written into the given
         arrays (C-contiguous, of the expected shapes and dtypes)."""
         layout = Layout([(name, array) for name, _, array in inputs], outputs)
+        if os.getpid() != self._owner_pid:
+            raise SharedMemoryUnavailable("the regions belong to the parent process",
+                                          permanent=True)
         region = self._acquire(layout.byte_size)
         stale = False  # the server no longer knows the region
         try:
@@ -242,7 +248,9 @@ class SharedMemoryPath:
 
     def close(self) -> None:
         """Unregisters and unlinks every region; a call still running drops its own at its
-        end."""
+        end. In a forked child, does nothing: the regions are the parent's."""
+        if os.getpid() != self._owner_pid:
+            return
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
