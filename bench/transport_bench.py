@@ -4,7 +4,10 @@
   raw socket       a plain Python TCP socket pair moving bytes one way (1 connection, and N
                    connections in parallel): the ceiling a Python client can hope for
   numpy forward    Client.forward of one large request of short sequences, over gRPC and over
-                   the data channel (payload GB/s: request and response tensor bytes / time)
+                   the data channel (payload GB/s: request and response tensor bytes / time),
+                   and with --shared-memory through system shared memory too (the server on
+                   this host with --allow_shared_memory; issue 21's target: at least 5x the
+                   data channel's payload rate)
   torch drop-in    flash_attn_varlen_func forward + backward of 8 x 2048 tokens, 16 heads,
                    head_dim 128, bf16, causal, CUDA tensors (only where CUDA is present): total
                    seconds, and their ratio to 537 MB / raw-socket GB/s (issue 24's target:
@@ -13,7 +16,7 @@
 Prints a markdown table of medians over --repeats. The server must admit the sizes (e.g.
 --max_total_tokens, --max_message_bytes for the gRPC rows):
 
-    python bench/transport_bench.py --target 127.0.0.1:8001
+    python bench/transport_bench.py --target 127.0.0.1:8001 [--shared-memory]
 """
 import argparse
 import socket
@@ -136,6 +139,9 @@ def main() -> int:
                              "attnserve package on PYTHONPATH (its Client takes no transport)")
     parser.add_argument("--skip-grpc", action="store_true",
                         help="leave out the gRPC rows (slow at these sizes)")
+    parser.add_argument("--shared-memory", action="store_true",
+                        help="add the numpy forward through system shared memory (the server "
+                             "runs on this host with --allow_shared_memory)")
     args = parser.parse_args()
 
     rows = []
@@ -150,18 +156,33 @@ def main() -> int:
         fast = slow = attnserve.Client(args.target, timeout=600)
         transport = "before"
     else:
-        fast = attnserve.Client(args.target, timeout=600, data_connections=args.connections)
-        slow = attnserve.Client(args.target, timeout=600, transport="grpc")
+        fast = attnserve.Client(args.target, timeout=600, data_connections=args.connections,
+                                shared_memory="off")
+        slow = attnserve.Client(args.target, timeout=600, transport="grpc", shared_memory="off")
         transport = fast.active_transport()
     clients = [("data channel", fast)] if transport == "data_channel" else []
     if not args.skip_grpc and not args.before:
         clients.append(("gRPC", slow))
+    shared = None
+    if args.shared_memory and not args.before:
+        shared = attnserve.Client(args.target, timeout=600)
+        if shared.active_transport() != "shared_memory":
+            print("no shared memory: is the server on this host, with --allow_shared_memory?",
+                  file=sys.stderr)
+            return 1
+        clients.append(("shared memory", shared))
+    rates = {}
     for name, client in clients:
         seconds, payload = numpy_forward(client, args.tokens, args.seqlen, args.heads, args.dim,
                                          args.repeats)
-        gbps = payload / seconds / 1e9
+        gbps = rates[name] = payload / seconds / 1e9
+        ratio = f"{gbps / raw[1]:.2f}x raw"
+        if name == "shared memory" and "data channel" in rates:
+            ratio += f", {gbps / rates['data channel']:.2f}x data channel"
         rows.append((f"numpy forward, {name}", f"{payload / 1e6:.0f} MB", f"{seconds:.3f}",
-                     f"{gbps:.2f}", f"{gbps / raw[1]:.2f}x raw"))
+                     f"{gbps:.2f}", ratio))
+    if shared is not None:
+        shared.close()
 
     try:
         import torch

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates the committed gRPC/protobuf stubs of the attnserve package from the protos.
 
-Run it after any change to proto/attnserve/v1/*.proto (with the grpcio-tools version pinned in
+Run it after any change to proto/attnserve/v1/*.proto or proto/inference/grpc_service.proto (with the grpcio-tools version pinned in
 scripts/requirements-dev.txt); tests/python/test_stubs_current.py fails until then.
 """
 import argparse
@@ -17,6 +17,7 @@ PROTO_ROOT = REPO_ROOT / "proto"
 PROTO_FILES = (
     ("attnserve/v1/attention.proto", True),
     ("attnserve/v1/data_channel.proto", False),
+    ("inference/grpc_service.proto", True),
 )
 PACKAGE_OUT = pathlib.Path(__file__).resolve().parent / "attnserve" / "_proto"
 
@@ -27,6 +28,9 @@ GENERATED = (
     "attnserve/v1/attention_pb2_grpc.py",
     "attnserve/v1/data_channel_pb2.py",
     "attnserve/v1/data_channel_pb2.pyi",
+    "inference/grpc_service_pb2.py",
+    "inference/grpc_service_pb2.pyi",
+    "inference/grpc_service_pb2_grpc.py",
 )
 
 # protoc names modules relative to the proto root ("attnserve.v1"), which inside the installed
@@ -43,6 +47,16 @@ _FIXUPS = (
      "'attnserve.v1.data_channel_pb2'", "'attnserve._proto.attnserve.v1.data_channel_pb2'"),
     ("attnserve/v1/data_channel_pb2.pyi",
      "from attnserve.v1 import attention_pb2 as", "from . import attention_pb2 as"),
+    ("inference/grpc_service_pb2_grpc.py",
+     "from inference import grpc_service_pb2 as", "from . import grpc_service_pb2 as"),
+    ("inference/grpc_service_pb2.py",
+     "'inference.grpc_service_pb2'", "'attnserve._proto.inference.grpc_service_pb2'"),
+    # The Open Inference Protocol's messages are named "inference.*" by tritonclient's stubs
+    # too: in protobuf's default pool the second module imported would fail with "duplicate
+    # symbol". A pool of its own lets both live in one process (they share the wire format).
+    ("inference/grpc_service_pb2.py",
+     "_descriptor_pool.Default().AddSerializedFile(",
+     "_descriptor_pool.DescriptorPool().AddSerializedFile("),
 )
 
 

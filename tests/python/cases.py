@@ -102,3 +102,19 @@ def backward_errors(result, inputs, out, lse, options) -> Dict[str, float]:
         assert actual.dtype == inputs["q"].dtype and actual.shape == ref.shape, name
         errors[name] = rel_error(actual, ref)
     return errors
+
+
+def packed_problem(rng, tokens=(70, 130), heads=4, heads_k=2, dim=32, dtype=np.float32):
+    """q, k, v, dout and shared offsets of sequences of `tokens` tokens (GQA by default)."""
+    total = sum(tokens)
+    q = rng.standard_normal((total, heads, dim)).astype(dtype)
+    k, v = (rng.standard_normal((total, heads_k, dim)).astype(dtype) for _ in range(2))
+    dout = rng.standard_normal((total, heads, dim)).astype(dtype)
+    cu = np.array([0, *np.cumsum(tokens)], np.int32)
+    return q, k, v, dout, cu
+
+
+def assert_same_bits(a, b):
+    """Two answers of different transports: the same shape, dtype and bytes."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

@@ -13,29 +13,17 @@ import attnserve
 import fake_data_server as fake
 from attnserve import frames, groups
 from attnserve.client import target_host
+from cases import assert_same_bits as _same
+from cases import packed_problem as _inputs
 from fake_data_server import FakeDataServer
 
 SMALL_CHUNK = 64 << 10  # the spec's smallest chunk: a few KiB of tensors already take several
-
-
-def _inputs(rng, tokens=(70, 130), heads=4, heads_k=2, dim=32, dtype=np.float32):
-    total = sum(tokens)
-    q = rng.standard_normal((total, heads, dim)).astype(dtype)
-    k, v = (rng.standard_normal((total, heads_k, dim)).astype(dtype) for _ in range(2))
-    dout = rng.standard_normal((total, heads, dim)).astype(dtype)
-    cu = np.array([0, *np.cumsum(tokens)], np.int32)
-    return q, k, v, dout, cu
 
 
 def _clients(server, **kwargs):
     fast = attnserve.Client(server.target, timeout=30, chunk_bytes=SMALL_CHUNK, **kwargs)
     slow = attnserve.Client(server.target, timeout=30, transport="grpc")
     return fast, slow
-
-
-def _same(a, b):
-    assert a.shape == b.shape and a.dtype == b.dtype
-    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 def test_header_layout_is_the_spec_s():

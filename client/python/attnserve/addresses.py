@@ -1,4 +1,6 @@
 """Host names and ports out of gRPC targets and advertised addresses."""
+import ipaddress
+import socket
 from typing import Optional, Tuple
 
 
@@ -29,3 +31,27 @@ def target_host(target: str) -> Optional[str]:
     if parsed is not None:
         return parsed[0]
     return target if target and ":" not in target else None  # a bare host name
+
+
+def is_this_host(host: str) -> bool:
+    """Whether `host` (a target's host) names this machine: a loopback address or "localhost",
+    this machine's own name, or an address that name resolves to. Names are not resolved
+    through DNS here, so a remote name never costs a lookup; what this says is only a hint:
+    the server proves it by mapping the client's shared memory (a server in another container
+    behind a forwarded port cannot, and the client then uses the network)."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    own_name = socket.gethostname().lower()
+    if host in (own_name, socket.getfqdn().lower()):
+        return True
+    try:
+        _, aliases, addresses = socket.gethostbyname_ex(own_name)
+    except OSError:
+        return False
+    return host in addresses or host in (alias.lower() for alias in aliases)

@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -18,7 +19,7 @@ import numpy as np
 from . import frames
 from ._proto.attnserve.v1 import attention_pb2 as pb2
 from ._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
-from .addresses import split_host_port, target_host
+from .addresses import is_this_host, split_host_port, target_host
 from .data_channel import DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DataChannel, Tls
 from .errors import AttentionError
 # forward_request and backward_request are imported from here by callers of earlier releases.
@@ -26,6 +27,7 @@ from .messages import (  # noqa: F401
     BackwardResult, Execution, ForwardResult, _check_answer, _grpc_result, _offsets, _output,
     _shape_only, _with_data, attention_options, backward_request, forward_request)
 from .security import Security
+from .shared_memory import DATATYPES, SharedMemoryPath, SharedMemoryUnavailable, request_parameters
 from .tensors import numpy_dtype, wire_array
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -33,6 +35,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 MAX_RETRIES = 4
 SERVICE = "attnserve.v1.AttentionService"
 TRANSPORTS = ("auto", "grpc")
+SHARED_MEMORY = ("auto", "off")
+# The Open Inference Protocol's answers say nothing of where a request ran.
+_UNREPORTED = Execution(device="", kernel="", queue_us=0, compute_us=0, batched_requests=0)
 # GetServerInfo failures that every call of this client would meet too.
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 DEFAULT_ASYNC_WORKERS = 8
@@ -83,6 +88,17 @@ class Client:
     modify in place). Both write into arrays the caller passes (out=, lse=, dq=, ...) when
     given.
 
+    shared_memory: "auto" (default) passes the tensors of Forward and Backward through POSIX
+    shared memory when the target is this host (loopback, "localhost", or this host's own name
+    or addresses: addresses.is_this_host) and the server, started with
+    --allow_shared_memory, maps the client's region, which the first call finds out by
+    registering one; else, and with "off", the paths above. The Open Inference Protocol has
+    no saved contexts: a forward through shared memory keeps none (keep_context=True gets an
+    empty context_id, which the contract allows) and the backward goes in full, which costs
+    memcpys rather than network bytes. Results are the same, but their `execution` is not
+    reported (empty device and kernel, zero times). The client's regions are unregistered and
+    unlinked by close() and at interpreter exit.
+
     Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True
     alone uses the system's roots), tls_cert_file + tls_key_file (a client certificate, for
     mTLS), server_name (the name the server's certificate carries, when not the target's host),
@@ -102,11 +118,15 @@ class Client:
                  options: Sequence[Tuple[str, object]] = (),
                  transport: str = "auto", data_connections: int = DEFAULT_CONNECTIONS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 async_workers: int = DEFAULT_ASYNC_WORKERS, group_chunks: bool = True):
+                 async_workers: int = DEFAULT_ASYNC_WORKERS, group_chunks: bool = True,
+                 shared_memory: str = "auto"):
         if not 0 <= retries <= MAX_RETRIES:
             raise ValueError(f"retries must be in [0, {MAX_RETRIES}], got {retries}")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if shared_memory not in SHARED_MEMORY:
+            raise ValueError(f"shared_memory must be one of {SHARED_MEMORY}, "
+                             f"got {shared_memory!r}")
         if security is not None and (tls or tls_ca_file or tls_cert_file or tls_key_file
                                      or server_name or token):
             raise ValueError("pass either security or its parts (tls*, server_name, token)")
@@ -129,7 +149,7 @@ class Client:
                                    max_message_bytes=max_message_bytes, options=tuple(options),
                                    transport=transport, data_connections=data_connections,
                                    chunk_bytes=chunk_bytes, async_workers=async_workers,
-                                   group_chunks=group_chunks)
+                                   group_chunks=group_chunks, shared_memory=shared_memory)
         if credentials is None:
             credentials = security.channel_credentials()
         # gRPC's 4 MiB default receive limit is far below one realistic attention request, and
@@ -157,6 +177,11 @@ class Client:
         self._replica_address = ""
         self._peers: Dict[str, "Client"] = {}
         self._pool: Optional[ThreadPoolExecutor] = None
+        # Decided on the first call that could use it, apart from _lock (it registers a region).
+        self._shm_lock = threading.Lock()
+        self._shm_decided = shared_memory == "off"
+        self._shm: Optional[SharedMemoryPath] = None
+        self._shm_finalizer: Optional[weakref.finalize] = None
 
     # --- transport ----------------------------------------------------------------------------
 
@@ -221,8 +246,63 @@ class Client:
         return DataChannel(*address, token=self.security.token, connections=connections,
                            chunk_bytes=chunk_bytes, tls=tls, group_chunks=self.group_chunks)
 
+    def _shared_memory(self) -> Optional[SharedMemoryPath]:
+        """The shared-memory path, when the server is on this host and maps this client's
+        regions; decided on the first call (a region registered) and kept."""
+        if self._shm_decided:
+            return self._shm
+        with self._shm_lock:
+            if self._shm_decided:
+                return self._shm
+            host = target_host(self.target)
+            # The server is Linux-only: a client on another system has its server in a VM.
+            if (host is None or not is_this_host(host) or sys.platform != "linux"
+                    or sys.byteorder != "little"):
+                self._shm_decided = True
+                return None
+            path = SharedMemoryPath(self._channel, self._metadata)
+            try:
+                path.ensure_registered()
+            except SharedMemoryUnavailable as error:
+                path.close()
+                self._shm_decided = error.permanent  # else ask again on the next call
+                return None
+            except AttentionError:  # refused: so would the call be, with the same answer
+                path.close()
+                raise
+            # Unregistered and unlinked at close(), when the client is collected, or at exit.
+            self._shm_finalizer = weakref.finalize(self, path.close)
+            self._shm = path
+            self._shm_decided = True
+            return path
+
+    def _disable_shared_memory(self) -> None:
+        with self._shm_lock:
+            finalizer, self._shm_finalizer = self._shm_finalizer, None
+            self._shm, self._shm_decided = None, True
+        if finalizer is not None:
+            finalizer()
+
+    def _shared_memory_call(self, model, inputs, inline, outputs, parameters, timeout) -> bool:
+        """One call through shared memory (see SharedMemoryPath.call); False when it must go
+        another way, after which shared memory stays off if it cannot serve later calls."""
+        path = self._shared_memory()
+        if path is None:
+            return False
+        try:
+            path.call(model, inputs, inline, outputs, parameters, self._deadline(timeout))
+            return True
+        except SharedMemoryUnavailable as error:
+            if error.permanent:
+                self._disable_shared_memory()
+            return False
+
     def active_transport(self) -> str:
-        """"data_channel" or "grpc": where this client's Forward and Backward go now."""
+        """"shared_memory", "data_channel" or "grpc": where this client's Forward and Backward
+        go now (a backward on a context kept before shared memory was decided goes where the
+        context is)."""
+        if self._shared_memory() is not None:
+            return "shared_memory"
         return "grpc" if self._data_channel() is None else "data_channel"
 
     def _data_call(self, channel: DataChannel, kind: str, message, payload, outputs, timeout):
@@ -261,6 +341,18 @@ class Client:
             wire_array(q, "q"), wire_array(k, "k"), wire_array(v, "v"))
         offsets = dict(cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
                        cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"))
+        if q_wire.ndim == 3 and self._shared_memory() is not None:
+            total_q, heads = q_wire.shape[:2]
+            result_out = _output(out, q_wire.shape, numpy_dtype(q_enum), "out")
+            result_lse = _output(lse, (heads, total_q), np.dtype(np.float32), "lse")
+            if self._shared_memory_call(
+                    "attention_forward",
+                    [(name, DATATYPES[enum], wire) for name, enum, wire in
+                     (("q", q_enum, q_wire), ("k", k_enum, k_wire), ("v", v_enum, v_wire))],
+                    [(name, np.asarray(values)) for name, values in offsets.items()],
+                    [("out", result_out), ("lse", result_lse)],
+                    request_parameters(options, None), timeout):
+                return ForwardResult(out=result_out, lse=result_lse, execution=_UNREPORTED)
         # Malformed shapes go to gRPC, whose answer names the field; the data channel must size
         # the answer before it asks.
         channel = self._data_channel() if q_wire.ndim == 3 else None
@@ -340,6 +432,18 @@ class Client:
                           cu_seqlens_k=_offsets(inputs["cu_seqlens_k"], "cu_seqlens_k"))
         if not context_id:
             fields.update(options=inputs["options"])
+        if (not context_id and all(len(s) == 3 for s in shapes)
+                and self._shared_memory() is not None):
+            dtype = numpy_dtype(dout_enum)  # the server requires dout's dtype to be q's
+            grads = {name: _output(outputs[name], shape, dtype, name)
+                     for name, shape in zip(("dq", "dk", "dv"), shapes)}
+            if self._shared_memory_call(
+                    "attention_backward",
+                    [(name, DATATYPES[enum], wire) for name, (enum, wire) in wires.items()],
+                    [(name, np.asarray(fields[name])) for name in ("cu_seqlens_q", "cu_seqlens_k")],
+                    list(grads.items()), request_parameters(inputs["options"], deterministic),
+                    timeout):
+                return BackwardResult(execution=_UNREPORTED, **grads)
         channel = self._data_channel() if all(len(s) == 3 for s in shapes) else None
         if channel is None:
             request = pb2.BackwardRequest(
@@ -417,6 +521,7 @@ class Client:
             peers, self._peers = list(self._peers.values()), {}
         if pool is not None:
             pool.shutdown(wait=False)
+        self._disable_shared_memory()
         for peer in peers:
             peer.close()
         if data is not None:

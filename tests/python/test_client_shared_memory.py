@@ -1,0 +1,263 @@
+"""The numpy client (and the torch drop-in) through system shared memory (shared_memory="auto")
+against a CPU server with --allow_shared_memory: answers bitwise equal to the data channel's,
+kept contexts replaced by full backwards, the region reused, grown, one per concurrent call,
+re-registered when the server forgot it, unregistered and unlinked at close and exit; the data
+channel for servers without the flag and remote targets."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+
+import attnserve
+from attnserve import addresses
+from attnserve._proto.inference import grpc_service_pb2 as oip
+from attnserve._proto.inference import grpc_service_pb2_grpc as oip_grpc
+from cases import assert_same_bits as _same
+from cases import packed_problem as _problem
+from oip_helpers import oip_server  # noqa: F401
+from server_process import CALL_TIMEOUT_S
+
+SHM_DIR = pathlib.Path("/dev/shm")
+SHM_IN = ("attnserve_shared_memory_bytes_total", 'direction="in",kind="system"')
+OPTIONS = [dict(causal=True), dict(softmax_scale=0.3, window_size=(5, 2), softcap=4.0)]
+
+
+def _regions(server):
+    """The server's system shared memory regions of this (token-less) principal, by name."""
+    with grpc.insecure_channel(server.target) as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        status = stub.SystemSharedMemoryStatus(oip.SystemSharedMemoryStatusRequest(), timeout=10)
+    return dict(status.regions)
+
+
+def _shm_files():
+    return {p.name for p in SHM_DIR.glob(f"attnserve-{os.getpid()}-*")}
+
+
+@pytest.fixture
+def clients(oip_server):  # noqa: F811
+    """A client through shared memory and one over the data channel, of the same server."""
+    with attnserve.Client(oip_server.target, timeout=CALL_TIMEOUT_S) as shm, \
+            attnserve.Client(oip_server.target, timeout=CALL_TIMEOUT_S,
+                             shared_memory="off") as data:
+        yield shm, data
+    assert not _shm_files()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("options", OPTIONS, ids=["causal", "window-softcap"])
+def test_answers_equal_the_data_channel_s_bitwise(oip_server, clients, rng, dtype,  # noqa: F811
+                                                  options):
+    shm, data = clients
+    q, k, v, dout, cu = _problem(rng, dtype=dtype)
+    before = oip_server.metric(*SHM_IN)
+    fwd = shm.forward(q, k, v, cu, cu, **options)
+    expected = data.forward(q, k, v, cu, cu, **options)
+    _same(fwd.out, expected.out)
+    _same(fwd.lse, expected.lse)
+    grads = shm.backward(dout, q, k, v, fwd.out, fwd.lse, cu, cu, deterministic=True,
+                         **options)
+    expected_grads = data.backward(dout, q, k, v, expected.out, expected.lse, cu, cu,
+                                   deterministic=True, **options)
+    for name in ("dq", "dk", "dv"):
+        _same(getattr(grads, name), getattr(expected_grads, name))
+    # Both calls' inputs went through the region, none over the data channel.
+    sent = sum(a.nbytes for a in (q, k, v)) * 2 + dout.nbytes * 2 + fwd.lse.nbytes
+    assert oip_server.metric(*SHM_IN) - before == sent
+    assert (shm.active_transport(), data.active_transport()) == ("shared_memory",
+                                                                 "data_channel")
+    assert fwd.context_id == "" and fwd.execution.device == ""
+
+
+def test_results_land_in_the_caller_s_arrays(clients, rng):
+    shm, data = clients
+    q, k, v, dout, cu = _problem(rng, dtype=np.float32)
+    out, lse = np.full_like(q, np.nan), np.full((q.shape[1], q.shape[0]), np.nan, np.float32)
+    result = shm.forward(q, k, v, cu, cu, causal=True, out=out, lse=lse)
+    assert result.out is out and result.lse is lse
+    expected = data.forward(q, k, v, cu, cu, causal=True)
+    _same(out, expected.out)
+    _same(lse, expected.lse)
+    grads = {name: np.full_like(a, np.nan) for name, a in (("dq", q), ("dk", k), ("dv", v))}
+    result = shm.backward(dout, q, k, v, out, lse, cu, cu, causal=True, **grads)
+    expected = data.backward(dout, q, k, v, out, lse, cu, cu, causal=True)
+    for name, array in grads.items():
+        assert getattr(result, name) is array
+        _same(array, getattr(expected, name))
+
+
+def test_the_region_is_reused_and_grown(oip_server, clients, rng):  # noqa: F811
+    shm, _ = clients
+    small = _problem(rng, dtype=np.float32)
+    shm.forward(*small[:3], small[4], small[4])
+    (name, first), = _regions(oip_server).items()
+    assert _shm_files() == {name}
+    shm.forward(*small[:3], small[4], small[4])
+    assert list(_regions(oip_server)) == [name]
+    # 1 MiB of q alone: more than the first region holds.
+    large = _problem(rng, dtype=np.float32, tokens=(1024, 1024), heads=4, heads_k=4, dim=64)
+    result = shm.forward(*large[:3], large[4], large[4])
+    (grown_name, grown), = _regions(oip_server).items()
+    assert grown_name != name and grown.byte_size > first.byte_size
+    assert _shm_files() == {grown_name}
+    assert result.out.shape == large[0].shape and np.isfinite(result.out).all()
+    shm.close()
+    assert _regions(oip_server) == {} and not _shm_files()
+
+
+def test_concurrent_calls_each_take_a_region_of_their_own(oip_server, clients,  # noqa: F811
+                                                         rng):
+    shm, data = clients
+    problems = [_problem(rng, dtype=np.float32) for _ in range(6)]
+    futures = [shm.forward_async(q, k, v, cu, cu, causal=True) for q, k, v, _, cu in problems]
+    for future, (q, k, v, _, cu) in zip(futures, problems):
+        _same(future.result().out, data.forward(q, k, v, cu, cu, causal=True).out)
+    assert 1 <= len(_regions(oip_server)) <= len(problems)
+    assert len(_shm_files()) == len(_regions(oip_server))
+    shm.close()
+    assert _regions(oip_server) == {} and not _shm_files()
+
+
+def test_a_region_the_server_forgot_is_registered_again(oip_server, clients, rng):  # noqa: F811
+    shm, data = clients
+    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+    shm.forward(q, k, v, cu, cu)
+    (name, _), = _regions(oip_server).items()
+    with grpc.insecure_channel(oip_server.target) as channel:  # as the idle timeout would
+        oip_grpc.GRPCInferenceServiceStub(channel).SystemSharedMemoryUnregister(
+            oip.SystemSharedMemoryUnregisterRequest(name=name), timeout=10)
+    _same(shm.forward(q, k, v, cu, cu).out, data.forward(q, k, v, cu, cu).out)
+    assert not _shm_files() and _regions(oip_server) == {}  # that call went another way
+    before = oip_server.metric(*SHM_IN)
+    shm.forward(q, k, v, cu, cu)
+    assert oip_server.metric(*SHM_IN) > before
+    assert shm.active_transport() == "shared_memory" and len(_regions(oip_server)) == 1
+
+
+def test_kept_contexts_are_none_and_the_backward_goes_in_full(oip_server, clients,  # noqa: F811
+                                                            rng):
+    shm, data = clients
+    q, k, v, dout, cu = _problem(rng, dtype=np.float32)
+    before = oip_server.metric(*SHM_IN)
+    fwd = shm.forward(q, k, v, cu, cu, causal=True, keep_context=True)
+    assert fwd.context_id == "" and oip_server.metric(*SHM_IN) > before
+    grads = shm.backward(dout, q, k, v, fwd.out, fwd.lse, cu, cu, causal=True,
+                         context_id=fwd.context_id, context_address=fwd.context_address)
+    expected = data.forward(q, k, v, cu, cu, causal=True, keep_context=True)
+    assert expected.context_id
+    expected_grads = data.backward(dout, q, k, v, expected.out, expected.lse, cu, cu,
+                                   causal=True, context_id=expected.context_id,
+                                   context_address=expected.context_address)
+    _same(fwd.out, expected.out)
+    for name in ("dq", "dk", "dv"):
+        _same(getattr(grads, name), getattr(expected_grads, name))
+
+
+def test_the_torch_drop_in_goes_through_shared_memory(oip_server, clients):  # noqa: F811
+    torch = pytest.importorskip("torch")
+    shm, data = clients
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(50, 2, 16, generator=gen) for _ in range(4))
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32)
+
+    def step(client):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = attnserve.flash_attn_varlen_func(*leaves, cu, cu, 30, 30, causal=True,
+                                               client=client)
+        out.backward(dout)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    before = oip_server.metric(*SHM_IN)
+    got = step(shm)
+    # Forward: q, k, v; backward in full: dout, q, k, v, out and lse.
+    assert oip_server.metric(*SHM_IN) - before == 8 * q.numel() * 4 + 2 * 50 * 4
+    for a, b in zip(got, step(data)):
+        _same(a.numpy(), b.numpy())
+
+
+def test_errors_are_raised_and_keep_shared_memory(clients, rng):
+    shm, _ = clients
+    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+    with pytest.raises(attnserve.AttentionError) as raised:
+        shm.forward(q, k[:, :1].repeat(3, axis=1), v[:, :1].repeat(3, axis=1), cu, cu)
+    assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert shm.active_transport() == "shared_memory"
+
+
+def test_close_unregisters_and_unlinks(oip_server, rng):  # noqa: F811
+    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+    client = attnserve.Client(oip_server.target, timeout=CALL_TIMEOUT_S)
+    client.forward(q, k, v, cu, cu)
+    assert len(_regions(oip_server)) == 1 and len(_shm_files()) == 1
+    client.close()
+    assert _regions(oip_server) == {} and not _shm_files()
+
+
+def test_exit_without_close_unregisters_unlinks_and_warns_of_nothing(oip_server):  # noqa: F811
+    script = f"""
+import os, numpy as np, attnserve
+client = attnserve.Client({oip_server.target!r}, timeout=30)
+q = np.ones((8, 2, 16), np.float32)
+client.forward(q, q, q, [0, 8], [0, 8])
+assert client.active_transport() == "shared_memory"
+print(os.getpid())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONWARNINGS="always"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    pid = done.stdout.strip()
+    assert not list(SHM_DIR.glob(f"attnserve-{pid}-*"))
+    assert _regions(oip_server) == {}
+
+
+def test_a_forked_child_leaves_the_parent_s_regions_alone(oip_server, clients, rng):  # noqa: F811
+    shm, data = clients
+    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+    shm.forward(q, k, v, cu, cu)
+    regions, files = _regions(oip_server), _shm_files()
+    child = os.fork()
+    if child == 0:  # no gRPC here: a child's channel is not usable, and must not be needed
+        shm._disable_shared_memory()  # as the child's exit or its first call would
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    assert _regions(oip_server) == regions and _shm_files() == files
+    _same(shm.forward(q, k, v, cu, cu).out, data.forward(q, k, v, cu, cu).out)
+    assert shm.active_transport() == "shared_memory"
+
+
+def test_a_server_without_the_flag_gets_the_data_channel(server, rng):
+    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+    with attnserve.Client(server.target, timeout=CALL_TIMEOUT_S) as client:
+        result = client.forward(q, k, v, cu, cu)
+        assert client.active_transport() == "data_channel"
+        assert result.execution.device == "cpu"
+        assert not _shm_files()
+
+
+def test_a_remote_target_never_registers(oip_server, rng, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(attnserve.client, "is_this_host", lambda host: False)
+    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+    with attnserve.Client(oip_server.target, timeout=CALL_TIMEOUT_S) as client:
+        client.forward(q, k, v, cu, cu)
+        assert client.active_transport() == "data_channel"
+        assert _regions(oip_server) == {} and not _shm_files()
+
+
+@pytest.mark.parametrize("host, local", [
+    ("localhost", True), ("127.0.0.1", True), ("127.1.2.3", True), ("[::1]", True),
+    ("192.0.2.7", False), ("attnserve.example.com", False),
+])
+def test_which_hosts_are_this_one(host, local):
+    assert addresses.is_this_host(host) is local
+
+
+def test_this_host_s_own_name_is_this_host():
+    import socket
+
+    assert addresses.is_this_host(socket.gethostname().upper())
