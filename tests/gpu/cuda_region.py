@@ -21,6 +21,10 @@ class CudaRegion:
         self.buffer = torch.empty(byte_size, dtype=torch.uint8, device=f"cuda:{device}")
         # The handle names the caching allocator's whole block: the buffer starts `base` in.
         _, handle, _, self.base, *_ = self.buffer.untyped_storage()._share_cuda_()
+        # torch prefixes the cudaIpcMemHandle_t with its format version and handle type ("c":
+        # a cudaMalloc'ed block); the server takes the 64 bytes of the handle itself.
+        if len(handle) == 66 and handle[1:2] == b"c":
+            handle = handle[2:]
         self.handle = handle
         self.device = device
         self.used = 0
