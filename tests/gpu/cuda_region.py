@@ -9,7 +9,8 @@ from attnserve._proto.inference import grpc_service_pb2 as oip
 from attnserve._proto.inference import grpc_service_pb2_grpc as oip_grpc
 
 ALIGNMENT = 256
-OIP_DTYPES = {torch.bfloat16: "BF16", torch.float16: "FP16", torch.float32: "FP32"}
+OIP_DTYPES = {torch.bfloat16: "BF16", torch.float16: "FP16", torch.float32: "FP32",
+              torch.int32: "INT32"}
 
 
 class CudaRegion:
