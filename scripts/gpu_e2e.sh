@@ -60,7 +60,7 @@ $ctl --target=localhost:8001 backward --check --batch=2 --seqlen_q=64 --seqlen_k
 ATTNSERVE_GPU_TARGET=localhost:8001 ATTNSERVE_GPU_EMULATED_TARGET=localhost:8011 \
   ATTNSERVE_GPU_SM86_TARGET=localhost:8031 ATTNSERVE_GPU_CUBLAS_TARGET=localhost:8021 \
   ATTNSERVE_GPU_FAULT_TARGET=localhost:8041 ATTNSERVE_GPU_FAULT_HTTP=http://127.0.0.1:8040 \
-  ATTNSERVE_GPU_SHM_TARGET=localhost:8051 \
+  ATTNSERVE_GPU_SHM_TARGET=localhost:8051 ATTNSERVE_GPU_SHM_HTTP=http://127.0.0.1:8050 \
   python3 -m pytest -q -p no:cacheprovider tests/gpu \
   2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())" \

@@ -114,3 +114,38 @@ def test_bad_placements_are_refused_with_the_field_named(region):
         assert "exceed" in too_large.value.details()
     finally:
         small.close()
+
+
+def _cuda_requests(server_metrics_url):
+    import urllib.request
+    text = urllib.request.urlopen(server_metrics_url).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("attnserve_inference_protocol_requests_total")
+               and 'shared_memory="cuda"' in line and 'code="OK"' in line)
+
+
+def test_the_torch_drop_in_goes_through_cuda_shared_memory():
+    metrics = os.environ.get("ATTNSERVE_GPU_SHM_HTTP")
+    if not metrics:
+        pytest.skip("needs ATTNSERVE_GPU_SHM_HTTP")
+    q, k, v, dout, cu = _problem(3)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    before = _cuda_requests(metrics + "/metrics")
+    with attnserve.Client(TARGET, timeout=120) as client:
+        out = attnserve.flash_attn_varlen_func(q, k, v, cu_t, cu_t, max(SEQLENS), max(SEQLENS),
+                                               causal=True, client=client)
+        out.backward(dout)
+    assert _cuda_requests(metrics + "/metrics") - before == 2  # a forward and a backward
+    # Against PyTorch's own attention, sequence by sequence (bf16 tolerance).
+    for b in range(len(SEQLENS)):
+        s, e = cu[b], cu[b + 1]
+        qs, ks, vs = (t.detach()[s:e].transpose(0, 1).unsqueeze(0).requires_grad_()
+                      for t in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+        ref.backward(dout[s:e].transpose(0, 1).unsqueeze(0))
+        for got, want in ((out[s:e], ref), (q.grad[s:e], qs.grad), (k.grad[s:e], ks.grad),
+                          (v.grad[s:e], vs.grad)):
+            want = want.squeeze(0).transpose(0, 1).float()
+            err = ((got.float() - want).norm() / want.norm()).item()
+            assert err < 2e-2, err

@@ -272,3 +272,11 @@ def test_this_host_s_own_name_is_this_host():
     import socket
 
     assert addresses.is_this_host(socket.gethostname().upper())
+
+
+def test_cuda_shared_memory_takes_auto_or_off(oip_server):  # noqa: F811
+    with pytest.raises(ValueError, match="cuda_shared_memory must be one of"):
+        attnserve.Client(oip_server.target, cuda_shared_memory="on")
+    # CPU tensors never take the CUDA path; on this host without CUDA it is decided lazily.
+    with attnserve.Client(oip_server.target, cuda_shared_memory="off") as client:
+        assert client._cuda_shared_memory() is None

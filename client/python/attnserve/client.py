@@ -101,6 +101,15 @@ class Client:
     reported (empty device and kernel, zero times). The client's regions are unregistered and
     unlinked by close() and at interpreter exit.
 
+    cuda_shared_memory: "auto" (default) passes the torch drop-in's CUDA tensors through CUDA
+    shared memory when the server is on this host and started with --allow_shared_memory:
+    one device buffer per GPU, registered once by its CUDA IPC handle (cuda_shared_memory.py),
+    so the server's kernels read and write the client's GPU memory where it lies, with no
+    copy across PCIe or a socket (measured 2.1x local FlashAttention-2 for a training step,
+    bench/RESULTS.md); GPUs are named by their ordinal, which must be the server's too (same
+    CUDA_VISIBLE_DEVICES). A server that refuses the buffer turns it off for this client.
+    Backwards go in full (no saved contexts on this protocol), as device-to-device copies.
+
     Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True
     alone uses the system's roots), tls_cert_file + tls_key_file (a client certificate, for
     mTLS), server_name (the name the server's certificate carries, when not the target's host),
@@ -121,7 +130,7 @@ class Client:
                  transport: str = "auto", data_connections: int = DEFAULT_CONNECTIONS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  async_workers: int = DEFAULT_ASYNC_WORKERS, group_chunks: bool = True,
-                 shared_memory: str = "off"):
+                 shared_memory: str = "off", cuda_shared_memory: str = "auto"):
         if not 0 <= retries <= MAX_RETRIES:
             raise ValueError(f"retries must be in [0, {MAX_RETRIES}], got {retries}")
         if transport not in TRANSPORTS:
@@ -129,6 +138,9 @@ class Client:
         if shared_memory not in SHARED_MEMORY:
             raise ValueError(f"shared_memory must be one of {SHARED_MEMORY}, "
                              f"got {shared_memory!r}")
+        if cuda_shared_memory not in SHARED_MEMORY:
+            raise ValueError(f"cuda_shared_memory must be one of {SHARED_MEMORY}, "
+                             f"got {cuda_shared_memory!r}")
         if security is not None and (tls or tls_ca_file or tls_cert_file or tls_key_file
                                      or server_name or token):
             raise ValueError("pass either security or its parts (tls*, server_name, token)")
@@ -151,7 +163,8 @@ class Client:
                                    max_message_bytes=max_message_bytes, options=tuple(options),
                                    transport=transport, data_connections=data_connections,
                                    chunk_bytes=chunk_bytes, async_workers=async_workers,
-                                   group_chunks=group_chunks, shared_memory=shared_memory)
+                                   group_chunks=group_chunks, shared_memory=shared_memory,
+                                   cuda_shared_memory=cuda_shared_memory)
         if credentials is None:
             credentials = security.channel_credentials()
         # gRPC's 4 MiB default receive limit is far below one realistic attention request, and
@@ -184,6 +197,10 @@ class Client:
         self._shm_decided = shared_memory == "off"
         self._shm: Optional[SharedMemoryPath] = None
         self._shm_finalizer: Optional[weakref.finalize] = None
+        # CUDA tensors' path (cuda_shared_memory.py), decided on the first CUDA call.
+        self._cuda_lock = threading.Lock()
+        self._cuda_decided = cuda_shared_memory == "off"
+        self._cuda = None
 
     # --- transport ----------------------------------------------------------------------------
 
@@ -256,10 +273,7 @@ class Client:
         with self._shm_lock:
             if self._shm_decided:
                 return self._shm
-            host = target_host(self.target)
-            # The server is Linux-only: a client on another system has its server in a VM.
-            if (host is None or not is_this_host(host) or sys.platform != "linux"
-                    or sys.byteorder != "little"):
+            if not self._server_on_this_host():
                 self._shm_decided = True
                 return None
             path = SharedMemoryPath(self._channel, self._metadata)
@@ -277,6 +291,43 @@ class Client:
             self._shm = path
             self._shm_decided = True
             return path
+
+    def _server_on_this_host(self) -> bool:
+        host = target_host(self.target)
+        # The server is Linux-only: a client on another system has its server in a VM.
+        return (host is not None and is_this_host(host) and sys.platform == "linux"
+                and sys.byteorder == "little")
+
+    def _cuda_shared_memory(self):
+        """The CUDA shared memory path (cuda_shared_memory.CudaSharedMemoryPath) when the server
+        is on this host; whether it maps this client's memory the first call's registration
+        tells (and a refusal turns it off)."""
+        if self._cuda_decided:
+            return self._cuda
+        with self._cuda_lock:
+            if not self._cuda_decided:
+                if self._server_on_this_host():
+                    from .cuda_shared_memory import CudaSharedMemoryPath
+                    self._cuda = CudaSharedMemoryPath(self._channel, self._metadata)
+                    weakref.finalize(self, self._cuda.close)
+                self._cuda_decided = True
+            return self._cuda
+
+    def cuda_call(self, model, inputs, inline, outputs, options, deterministic, timeout):
+        """One call of CUDA tensors through CUDA shared memory (CudaSharedMemoryPath.call), or
+        None when it must go another way (after which it stays off if no later call can go)."""
+        path = self._cuda_shared_memory()
+        if path is None:
+            return None
+        try:
+            return path.call(model, inputs, inline, outputs,
+                             request_parameters(options, deterministic), self._deadline(timeout))
+        except SharedMemoryUnavailable as error:
+            if error.permanent:
+                with self._cuda_lock:
+                    self._cuda = None
+                path.close()
+            return None
 
     def _disable_shared_memory(self) -> None:
         with self._shm_lock:
@@ -524,6 +575,10 @@ class Client:
         if pool is not None:
             pool.shutdown(wait=False)
         self._disable_shared_memory()
+        with self._cuda_lock:
+            cuda, self._cuda, self._cuda_decided = self._cuda, None, True
+        if cuda is not None:
+            cuda.close()
         for peer in peers:
             peer.close()
         if data is not None:

@@ -4,8 +4,11 @@ torch.compile(fullgraph=True) traces through them without graph breaks and autog
 server's Backward. Every torch function of attnserve (attnserve.flash_attn's FlashAttention API,
 the transformers integration) ends in varlen_attention here.
 
-The bytes take the shortest way the client offers (attnserve.Client's data channel when the
-server has one; see torch_staging for host memory). When a backward can follow (grad enabled and
+The bytes take the shortest way the client offers: CUDA tensors through CUDA shared memory when
+the server is on this host and allows it (cuda_shared_memory.py: the server's kernels read the
+client's GPU memory where it lies; no saved contexts there, so the backward sends everything as
+device-to-device copies), else attnserve.Client's data channel when the server has one (see
+torch_staging for host memory). When a backward can follow (grad enabled and
 an input requiring it), the forward asks the server to keep its context, so the backward sends
 only dout; if the server lost the context the backward resends everything, fetching q, k, v, out
 and lse to the host only then, and a context no backward will use (its graph was dropped) is
@@ -28,6 +31,7 @@ from torch import Tensor
 
 from . import connections
 from .client import Client
+from .messages import attention_options
 from .torch_staging import OnDemand, Staging, numpy_view
 
 _clients: "weakref.WeakValueDictionary[int, Client]" = weakref.WeakValueDictionary()
@@ -106,6 +110,19 @@ def _offsets(cu_seqlens: Tensor) -> np.ndarray:
     return cu_seqlens.detach().cpu().numpy()
 
 
+def _contiguous(**tensors: Tensor):
+    return [(name, t.detach().contiguous()) for name, t in tensors.items()]
+
+
+def _inline_offsets(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor):
+    return [("cu_seqlens_q", _offsets(cu_seqlens_q)), ("cu_seqlens_k", _offsets(cu_seqlens_k))]
+
+
+def _wire_options(softmax_scale, causal, window_left, window_right, softcap):
+    return attention_options(softmax_scale=softmax_scale, causal=causal,
+                             window_size=(window_left, window_right), softcap=softcap)
+
+
 def _options(softmax_scale, causal, window_left, window_right, softcap):
     return {"softmax_scale": softmax_scale, "causal": causal,
             "window_size": (window_left, window_right), "softcap": softcap}
@@ -120,6 +137,17 @@ def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seq
     `deterministic` is for the backward (autograd reads it from here)."""
     del deterministic
     caller = _client(client)
+    if q.is_cuda:
+        lse_shape = (q.shape[1], q.shape[0])
+        through_gpu = caller.cuda_call(
+            "attention_forward", _contiguous(q=q, k=k, v=v), _inline_offsets(cu_seqlens_q,
+                                                                             cu_seqlens_k),
+            [("out", tuple(q.shape), q.dtype), ("lse", lse_shape, torch.float32)],
+            _wire_options(softmax_scale, causal, window_left, window_right, softcap), None,
+            timeout)
+        if through_gpu is not None:
+            out, lse = through_gpu
+            return out, lse, torch.tensor([_NO_CONTEXT], dtype=torch.int64)
     staging = Staging(q.device)
     inputs = [staging.host(t) for t in (q, k, v)]
     out_host = staging.empty(q.shape, q.dtype)
@@ -155,6 +183,16 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     """dq, dk, dv of a varlen_forward, by its kept context when the server still has it."""
     context_id, context_address = _contexts.take(context)
     caller = _client(client)
+    if q.is_cuda and not context_id:
+        through_gpu = caller.cuda_call(
+            "attention_backward",
+            _contiguous(dout=dout.to(q.dtype), q=q, k=k, v=v, out=out, lse=lse),
+            _inline_offsets(cu_seqlens_q, cu_seqlens_k),
+            [(name, tuple(t.shape), t.dtype) for name, t in (("dq", q), ("dk", k), ("dv", v))],
+            _wire_options(softmax_scale, causal, window_left, window_right, softcap),
+            deterministic, timeout)
+        if through_gpu is not None:
+            return tuple(through_gpu)
     staging = Staging(q.device)
     dout_host = staging.host(dout.to(q.dtype))
     if context_id:
