@@ -31,8 +31,8 @@ SharedMemoryOptions Allowed() {
 }
 
 TEST(SharedMemoryRegionsTest, CudaRegionsShareTheNamespaceButNotStatusOrUnregister) {
+  FakeDeviceMemory memory;  // outlives the registry, which closes it last
   SharedMemoryRegions regions(Allowed());
-  FakeDeviceMemory memory;
   ASSERT_TRUE(regions.RegisterCuda("alice", "in", memory.Opener(1)).ok());
   // The name is taken for a system region too, as in Triton.
   EXPECT_EQ(regions.RegisterSystem("alice", "in", "/attnserve-none", 0, 64).code(),
@@ -78,8 +78,8 @@ TEST(SharedMemoryRegionsTest, CudaRegistrationIsRefusedBeforeOpeningWhenOffOrTak
 }
 
 TEST(SharedMemoryRegionsTest, OtherPrincipalsDoNotSeeCudaRegions) {
+  FakeDeviceMemory memory;  // outlives the registry, which closes it last
   SharedMemoryRegions regions(Allowed());
-  FakeDeviceMemory memory;
   ASSERT_TRUE(regions.RegisterCuda("alice", "in", memory.Opener(0)).ok());
   EXPECT_TRUE(regions.Status("bob", RegionKind::kCuda, "")->empty());
   EXPECT_EQ(regions.Use("bob", "in", 0, 16, "inputs[q].parameters").status().code(),
