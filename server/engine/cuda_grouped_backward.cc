@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "server/engine/group_launch.h"
+#include "server/engine/kernel_launch_status.h"
 #include "server/engine/kernel_runner.h"
 
 namespace attnserve::engine {
@@ -121,10 +121,7 @@ absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& fa
       void* workspace = kernel_workspace > 0 ? d.workspace + scratch_bytes : nullptr;
       const kernels::KernelStatus status =
           family.backward(params, device_context(stream, workspace, kernel_workspace));
-      if (!status.ok) {
-        return absl::InternalError(absl::StrCat(family.name, " backward: ", status.message));
-      }
-      return absl::OkStatus();
+      return KernelLaunchStatus(family, "backward", status);
     };
     step.outputs = {{group.q0 * q_row, q_rows * q_row, 1, 0},
                     {group.k0 * k_row, k_rows * k_row, 1, 0},

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "server/engine/group_launch.h"
+#include "server/engine/kernel_launch_status.h"
 #include "server/engine/kernel_runner.h"
 
 namespace attnserve::engine {
@@ -64,8 +64,8 @@ absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& fam
       void* workspace = kernel_workspace > 0 ? d.workspace + scratch_bytes : nullptr;
       const kernels::KernelStatus status =
           family.forward(params, device_context(stream, workspace, kernel_workspace));
-      if (!status.ok) {
-        return absl::InternalError(absl::StrCat(family.name, " forward: ", status.message));
+      if (absl::Status launched = KernelLaunchStatus(family, "forward", status); !launched.ok()) {
+        return launched;
       }
       // The group's lse columns of every head, where the whole forward's launch writes them.
       return CudaStatus(cudaMemcpy2DAsync(d.outputs[1] + launch->q0 * lse_row, total_q * lse_row,

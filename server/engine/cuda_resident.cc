@@ -2,17 +2,11 @@
 
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include "server/engine/kernel_launch_status.h"
 #include "server/engine/kernel_runner.h"
 
 namespace attnserve::engine {
 namespace {
-
-absl::Status FromKernel(const kernels::KernelFamilyEntry& family, const char* direction,
-                        const kernels::KernelStatus& status) {
-  if (status.ok) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(family.name, " ", direction, ": ", status.message));
-}
 
 GatheredInput OffsetsInput(const std::vector<int32_t>& offsets) {
   return {{offsets.data(), offsets.size() * sizeof(int32_t)}};
@@ -39,7 +33,7 @@ absl::StatusOr<LaneRun> RunResidentForward(const kernels::KernelFamilyEntry& fam
         params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[1]);
         params.out = d.outputs[0];
         params.lse = reinterpret_cast<float*>(d.outputs[1]);
-        return FromKernel(family, "forward",
+        return KernelLaunchStatus(family, "forward",
                           family.forward(params, device_context(stream, d.workspace,
                                                                 workspace_bytes)));
       },
@@ -69,7 +63,7 @@ absl::StatusOr<LaneRun> RunResidentBackward(const kernels::KernelFamilyEntry& fa
         params.dq = d.outputs[0];
         params.dk = d.outputs[1];
         params.dv = d.outputs[2];
-        return FromKernel(family, "backward",
+        return KernelLaunchStatus(family, "backward",
                           family.backward(params, device_context(stream, d.workspace,
                                                                  workspace_bytes)));
       },

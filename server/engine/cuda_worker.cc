@@ -13,6 +13,7 @@
 #include "server/engine/cuda_ipc.h"
 #include "server/engine/cuda_resident.h"
 #include "server/engine/kernel_routing.h"
+#include "server/engine/kernel_launch_status.h"
 #include "server/engine/kernel_runner.h"
 #include "server/engine/resident_device.h"
 
@@ -34,12 +35,6 @@ GatheredInput Gathered(const std::vector<Piece>& pieces) {
 
 int64_t RowBytes(const TensorView& t) {
   return t.shape[1] * t.shape[2] * kernels::DTypeSize(t.dtype);
-}
-
-absl::Status FromKernel(const kernels::KernelFamilyEntry& family, const char* direction,
-                        const kernels::KernelStatus& status) {
-  if (status.ok) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(family.name, " ", direction, ": ", status.message));
 }
 
 // The built family the router picked, or FAILED_PRECONDITION saying why none can run it
@@ -289,7 +284,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
           params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[4]);
           params.out = d.outputs[0];
           params.lse = reinterpret_cast<float*>(d.outputs[1]);
-          return FromKernel(family, "forward",
+          return KernelLaunchStatus(family, "forward",
                             family.forward(params, DeviceContext(stream, d.workspace,
                                                                  workspace_bytes)));
         },
@@ -359,7 +354,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
         params.dq = d.outputs[0];
         params.dk = d.outputs[1];
         params.dv = d.outputs[2];
-        return FromKernel(family, "backward",
+        return KernelLaunchStatus(family, "backward",
                           family.backward(params, DeviceContext(stream, d.workspace,
                                                                 workspace_bytes)));
       },
@@ -423,7 +418,7 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
         params.dq = d.outputs[0];
         params.dk = d.outputs[1];
         params.dv = d.outputs[2];
-        return FromKernel(family, "backward",
+        return KernelLaunchStatus(family, "backward",
                           family.backward(params, DeviceContext(stream, d.workspace,
                                                                 workspace_bytes)));
       },
