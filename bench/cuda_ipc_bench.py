@@ -5,7 +5,10 @@ target), against local attention on the same GPU in the same process: forward + 
 dout in (device to device), runs attention_forward and attention_backward through the server
 (which reads and writes the region where it lies), and copies out, dq, dk, dv out. The peer is
 torch's scaled_dot_product_attention on the flash backend (PyTorch's FlashAttention-2), timed
-in turns with the step. Prints medians and the ratio."""
+in turns with the step. Prints medians and the ratio. --dropin first times the torch drop-in
+itself by each path the client offers (needs the server started with --allow_shared_memory).
+
+    python3 bench/cuda_ipc_bench.py --target 127.0.0.1:8001 --dropin"""
 import argparse
 import os
 import statistics
@@ -49,11 +52,51 @@ def timed(fn):
     return time.perf_counter() - start
 
 
+def dropin_table(target: str, rounds: int, repeats: int) -> None:
+    """The torch drop-in's step (transport_bench.dropin_step) as a client's defaults take it
+    (CUDA shared memory), over the data channel (cuda_shared_memory="off"), through system
+    shared memory (shared_memory="auto"), and local FA2, in turns; medians of the rounds."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import attnserve
+    from transport_bench import dropin_step
+
+    total = BATCH * SEQLEN
+    q, k, v, dout = (torch.randn(total, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+                     for _ in range(4))
+    clients = {
+        "CUDA shared memory (defaults)": attnserve.Client(target, timeout=600),
+        "data channel (cuda_shared_memory=off)": attnserve.Client(
+            target, timeout=600, cuda_shared_memory="off"),
+        "system shared memory (shared_memory=auto, cuda off)": attnserve.Client(
+            target, timeout=600, cuda_shared_memory="off", shared_memory="auto"),
+    }
+    times = {label: [] for label in (*clients, "local FA2 (torch SDPA flash)")}
+    for _ in range(rounds):
+        for label, client in clients.items():
+            times[label].append(dropin_step(client, repeats))
+        times["local FA2 (torch SDPA flash)"].append(statistics.median(
+            timed(lambda: local_step(q, k, v, dout)) for _ in range(repeats)))
+    local = statistics.median(times["local FA2 (torch SDPA flash)"])
+    print("| drop-in step (8x2048, 16 heads, 128, bf16, causal) | median | rounds | / local |")
+    print("|---|---|---|---|")
+    for label, ts in times.items():
+        rounds_ms = ", ".join(f"{t * 1e3:.2f}" for t in ts)
+        print(f"| {label} | {statistics.median(ts) * 1e3:.2f} ms | {rounds_ms} | "
+              f"{statistics.median(ts) / local:.2f}x |")
+    for client in clients.values():
+        client.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--target", required=True)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--dropin", action="store_true",
+                        help="also time the torch drop-in's step by each path (dropin_table)")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.dropin:
+        dropin_table(args.target, args.rounds, 5)
     total = BATCH * SEQLEN
     q, k, v, dout = (torch.randn(total, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
                      for _ in range(4))

@@ -7,6 +7,7 @@ import torch
 
 from attnserve._proto.inference import grpc_service_pb2 as oip
 from attnserve._proto.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.cuda_shared_memory import ipc_handle
 
 ALIGNMENT = 256
 OIP_DTYPES = {torch.bfloat16: "BF16", torch.float16: "FP16", torch.float32: "FP32",
@@ -21,12 +22,7 @@ class CudaRegion:
         self.name = name
         self.buffer = torch.empty(byte_size, dtype=torch.uint8, device=f"cuda:{device}")
         # The handle names the caching allocator's whole block: the buffer starts `base` in.
-        _, handle, _, self.base, *_ = self.buffer.untyped_storage()._share_cuda_()
-        # torch prefixes the cudaIpcMemHandle_t with its format version and handle type ("c":
-        # a cudaMalloc'ed block); the server takes the 64 bytes of the handle itself.
-        if len(handle) == 66 and handle[1:2] == b"c":
-            handle = handle[2:]
-        self.handle = handle
+        self.handle, self.base = ipc_handle(self.buffer)
         self.device = device
         self.used = 0
         self.places = {}
