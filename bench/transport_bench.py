@@ -7,7 +7,7 @@
                    the data channel (payload GB/s: request and response tensor bytes / time),
                    and with --shared-memory through system shared memory too (the server on
                    this host with --allow_shared_memory; issue 21's target: at least 5x the
-                   data channel's payload rate)
+                   payload rate of the same call over loopback TCP)
   torch drop-in    flash_attn_varlen_func forward + backward of 8 x 2048 tokens, 16 heads,
                    head_dim 128, bf16, causal, CUDA tensors (only where CUDA is present): total
                    seconds, and their ratio to 537 MB / raw-socket GB/s (issue 24's target:
@@ -156,16 +156,18 @@ def main() -> int:
         fast = slow = attnserve.Client(args.target, timeout=600)
         transport = "before"
     else:
+        # The drop-in's CUDA tensors would take CUDA shared memory on a server that allows it.
         fast = attnserve.Client(args.target, timeout=600, data_connections=args.connections,
-                                shared_memory="off")
-        slow = attnserve.Client(args.target, timeout=600, transport="grpc", shared_memory="off")
+                                shared_memory="off", cuda_shared_memory="off")
+        slow = attnserve.Client(args.target, timeout=600, transport="grpc", shared_memory="off",
+                                cuda_shared_memory="off")
         transport = fast.active_transport()
     clients = [("data channel", fast)] if transport == "data_channel" else []
     if not args.skip_grpc and not args.before:
         clients.append(("gRPC", slow))
     shared = None
     if args.shared_memory and not args.before:
-        shared = attnserve.Client(args.target, timeout=600)
+        shared = attnserve.Client(args.target, timeout=600, shared_memory="auto")
         if shared.active_transport() != "shared_memory":
             print("no shared memory: is the server on this host, with --allow_shared_memory?",
                   file=sys.stderr)

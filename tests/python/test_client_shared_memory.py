@@ -39,6 +39,12 @@ def _shm_files():
     return {p.name for p in SHM_DIR.glob(f"attnserve-{os.getpid()}-*")}
 
 
+@pytest.fixture(autouse=True)
+def small_calls_take_shared_memory(monkeypatch):
+    """These tests' problems are small: they go through shared memory all the same."""
+    monkeypatch.setattr(attnserve.client, "SHARED_MEMORY_MIN_BYTES", 0)
+
+
 @pytest.fixture
 def clients(oip_server):  # noqa: F811
     """A client through shared memory and one over the data channel, of the same server."""
@@ -241,12 +247,19 @@ def test_a_server_without_the_flag_gets_the_data_channel(server, rng):
         assert not _shm_files()
 
 
-def test_shared_memory_is_off_unless_asked_for(oip_server, rng):  # noqa: F811
-    # Slower than the data channel on the GPU machine so far (bench/RESULTS.md): opt-in.
-    q, k, v, _, cu = _problem(rng, dtype=np.float32)
+def test_by_default_large_calls_take_shared_memory_and_small_ones_the_data_channel(
+        oip_server, rng, monkeypatch):  # noqa: F811
+    monkeypatch.undo()  # the client's own SHARED_MEMORY_MIN_BYTES
+    small = _problem(rng, dtype=np.float32)
+    large = _problem(rng, dtype=np.float32, tokens=(2048, 2048), heads=4, heads_k=4, dim=64)
+    assert 4 * large[0].nbytes >= attnserve.client.SHARED_MEMORY_MIN_BYTES > 4 * small[0].nbytes
     with attnserve.Client(oip_server.target, timeout=CALL_TIMEOUT_S) as client:
-        client.forward(q, k, v, cu, cu)
-        assert client.active_transport() == "data_channel"
+        assert client.active_transport() == "shared_memory"
+        before = oip_server.metric(*SHM_IN)
+        client.forward(*small[:3], small[4], small[4])
+        assert oip_server.metric(*SHM_IN) == before
+        client.forward(*large[:3], large[4], large[4])
+        assert oip_server.metric(*SHM_IN) - before == sum(a.nbytes for a in large[:3])
     assert not _shm_files()
 
 
@@ -280,3 +293,73 @@ def test_cuda_shared_memory_takes_auto_or_off(oip_server):  # noqa: F811
     # CPU tensors never take the CUDA path; on this host without CUDA it is decided lazily.
     with attnserve.Client(oip_server.target, cuda_shared_memory="off") as client:
         assert client._cuda_shared_memory() is None
+
+
+@pytest.fixture
+def small_pipeline(monkeypatch):
+    """Cuts calls of a few KiB into chunks (the pipeline of shared_memory_chunks.py), copies
+    them on several threads (parallel_copy.py), and counts the chunks of each call."""
+    from attnserve import parallel_copy, shared_memory_call, shared_memory_chunks
+    monkeypatch.setattr(shared_memory_chunks, "PIPELINE_MIN_BYTES", 0)
+    monkeypatch.setattr(shared_memory_chunks, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(shared_memory_chunks, "MAX_CHUNKS", 5)
+    monkeypatch.setattr(parallel_copy, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel_copy, "SLICE_MIN_BYTES", 1024)
+    counts = []
+    plan = shared_memory_call.plan_chunks
+
+    def counting_plan(*args):
+        chunks = plan(*args)
+        counts.append(len(chunks))
+        return chunks
+
+    monkeypatch.setattr(shared_memory_call, "plan_chunks", counting_plan)
+    return counts
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["causal", "window-softcap"])
+def test_calls_cut_into_chunks_of_sequences_answer_bitwise_the_same(oip_server, clients, rng,  # noqa: F811,E501
+                                                                    small_pipeline, options):
+    shm, data = clients
+    tokens = (70, 1, 130, 0, 45, 200, 33)
+    q, k, v, dout, cu = _problem(rng, tokens=tokens, dtype=np.float32)
+    cu_k = np.array([0, *np.cumsum([t + 3 * (i % 2) for i, t in enumerate(tokens)])], np.int32)
+    k, v = (rng.standard_normal((cu_k[-1], 2, 32)).astype(np.float32) for _ in range(2))
+    before = oip_server.metric(*SHM_IN)
+    fwd = shm.forward(q, k, v, cu, cu_k, **options)
+    expected = data.forward(q, k, v, cu, cu_k, **options)
+    _same(fwd.out, expected.out)
+    _same(fwd.lse, expected.lse)
+    grads = shm.backward(dout, q, k, v, fwd.out, fwd.lse, cu, cu_k, deterministic=True,
+                         **options)
+    expected_grads = data.backward(dout, q, k, v, expected.out, expected.lse, cu, cu_k,
+                                   deterministic=True, **options)
+    for name in ("dq", "dk", "dv"):
+        _same(getattr(grads, name), getattr(expected_grads, name))
+    # Both calls went as several chunks (cut at sequence boundaries), every byte sent once.
+    assert len(small_pipeline) == 2 and min(small_pipeline) >= 3
+    sent = sum(a.nbytes for a in (q, k, v)) * 2 + dout.nbytes * 2 + fwd.lse.nbytes
+    assert oip_server.metric(*SHM_IN) - before == sent
+
+
+def test_a_chunk_s_error_is_raised_and_the_region_kept(oip_server, clients, rng,  # noqa: F811
+                                                       small_pipeline):
+    shm, _ = clients
+    q, k, v, _, cu = _problem(rng, tokens=(70, 130, 45, 200), dtype=np.float32)
+    with pytest.raises(attnserve.AttentionError, match="softcap") as raised:
+        shm.forward(q, k, v, cu, cu, softcap=-1.0)
+    assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert small_pipeline[-1] > 1 and len(_regions(oip_server)) == 1
+    assert shm.active_transport() == "shared_memory"
+    assert np.isfinite(shm.forward(q, k, v, cu, cu).out).all()
+    assert len(_regions(oip_server)) == 1
+
+
+def test_malformed_offsets_go_as_one_call_named_by_the_server(clients, rng, small_pipeline):
+    shm, _ = clients
+    q, k, v, _, cu = _problem(rng, tokens=(70, 130, 45), dtype=np.float32)
+    bad = cu.copy()
+    bad[1:] -= 1  # ends one token short of q
+    with pytest.raises(attnserve.AttentionError, match="cu_seqlens_q"):
+        shm.forward(q, k, v, bad, cu)
+    assert small_pipeline == [1]

@@ -36,6 +36,11 @@ MAX_RETRIES = 4
 SERVICE = "attnserve.v1.AttentionService"
 TRANSPORTS = ("auto", "grpc")
 SHARED_MEMORY = ("auto", "off")
+# Calls moving fewer bytes than this take the data channel even where shared memory is on: a
+# ModelInfer costs more than a data channel frame, and at 2 MB the two broke even on the H100
+# host (0.13 MB: 0.83 against 0.52 ms; 34 MB: 3.6 against 4.9 ms; bench/RESULTS.md
+# "Co-located clients").
+SHARED_MEMORY_MIN_BYTES = 2 << 20
 # The Open Inference Protocol's answers say nothing of where a request ran.
 _UNREPORTED = Execution(device="", kernel="", queue_us=0, compute_us=0, batched_requests=0)
 # GetServerInfo failures that every call of this client would meet too.
@@ -88,16 +93,18 @@ class Client:
     modify in place). Both write into arrays the caller passes (out=, lse=, dq=, ...) when
     given.
 
-    shared_memory: "auto" passes the tensors of Forward and Backward through POSIX
+    shared_memory: "auto" (default) passes the tensors of Forward and Backward through POSIX
     shared memory when the target is this host (loopback, "localhost", or this host's own name
     or addresses: addresses.is_this_host) and the server, started with
     --allow_shared_memory, maps the client's region, which the first call finds out by
-    registering one; else, and with "off" (the default: on the GPU machine this path measured
-    0.41x the data channel's numpy forward and the drop-in step 2.7x slower, bench/RESULTS.md),
-    the paths above. The Open Inference Protocol has
-    no saved contexts: a forward through shared memory keeps none (keep_context=True gets an
-    empty context_id, which the contract allows) and the backward goes in full, which costs
-    memcpys rather than network bytes. Results are the same, but their `execution` is not
+    registering one; calls of less than SHARED_MEMORY_MIN_BYTES still take the data channel,
+    which answers them sooner. Large calls are cut into chunks of sequences that the client
+    copies on several threads while the server works on the last (shared_memory_call.py): a
+    539 MB numpy forward moved 5.4-5.6x the bytes per second of a raw loopback socket and 2.5x
+    the data channel's on the H100 host (bench/RESULTS.md). Else, and with "off", the paths
+    above. The Open Inference Protocol has no saved contexts: a forward through shared memory
+    keeps none (keep_context=True gets an empty context_id, which the contract allows) and the
+    backward goes in full, which costs memcpys rather than network bytes. Results are the same, but their `execution` is not
     reported (empty device and kernel, zero times). The client's regions are unregistered and
     unlinked by close() and at interpreter exit.
 
@@ -130,7 +137,7 @@ class Client:
                  transport: str = "auto", data_connections: int = DEFAULT_CONNECTIONS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  async_workers: int = DEFAULT_ASYNC_WORKERS, group_chunks: bool = True,
-                 shared_memory: str = "off", cuda_shared_memory: str = "auto"):
+                 shared_memory: str = "auto", cuda_shared_memory: str = "auto"):
         if not 0 <= retries <= MAX_RETRIES:
             raise ValueError(f"retries must be in [0, {MAX_RETRIES}], got {retries}")
         if transport not in TRANSPORTS:
@@ -350,6 +357,14 @@ class Client:
                 self._disable_shared_memory()
             return False
 
+    def _takes_shared_memory(self, payload: int) -> bool:
+        """Whether a call moving `payload` bytes (in and out) goes through shared memory: the
+        path is on and, where a data channel would take it instead, the call is large enough
+        to gain from it (below SHARED_MEMORY_MIN_BYTES the data channel answered first)."""
+        if self._shared_memory() is None:
+            return False
+        return payload >= SHARED_MEMORY_MIN_BYTES or self._data_channel() is None
+
     def active_transport(self) -> str:
         """"shared_memory", "data_channel" or "grpc": where this client's Forward and Backward
         go now (a backward on a context kept before shared memory was decided goes where the
@@ -394,7 +409,8 @@ class Client:
             wire_array(q, "q"), wire_array(k, "k"), wire_array(v, "v"))
         offsets = dict(cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
                        cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"))
-        if q_wire.ndim == 3 and self._shared_memory() is not None:
+        if q_wire.ndim == 3 and self._takes_shared_memory(
+                4 * q_wire.nbytes + q_wire.shape[0] * q_wire.shape[1] * 4):
             total_q, heads = q_wire.shape[:2]
             result_out = _output(out, q_wire.shape, numpy_dtype(q_enum), "out")
             result_lse = _output(lse, (heads, total_q), np.dtype(np.float32), "lse")
@@ -485,8 +501,8 @@ class Client:
                           cu_seqlens_k=_offsets(inputs["cu_seqlens_k"], "cu_seqlens_k"))
         if not context_id:
             fields.update(options=inputs["options"])
-        if (not context_id and all(len(s) == 3 for s in shapes)
-                and self._shared_memory() is not None):
+        if (not context_id and all(len(s) == 3 for s in shapes) and self._takes_shared_memory(
+                2 * sum(wire.nbytes for _, wire in wires.values()))):
             dtype = numpy_dtype(dout_enum)  # the server requires dout's dtype to be q's
             grads = {name: _output(outputs[name], shape, dtype, name)
                      for name, shape in zip(("dq", "dk", "dv"), shapes)}

@@ -23,8 +23,8 @@ import torch
 from ._proto.inference import grpc_service_pb2 as oip
 from ._proto.inference import grpc_service_pb2_grpc as oip_grpc
 from .errors import AttentionError
-from .shared_memory import (_NEVER, _REFUSED, HOUSEKEEPING_TIMEOUT_S, SharedMemoryUnavailable,
-                            _infer_error)
+from .shared_memory import _NEVER, _REFUSED, HOUSEKEEPING_TIMEOUT_S
+from .shared_memory_call import SharedMemoryUnavailable, infer_error
 
 # Tensors start at multiples of this within a buffer (the server's kernels load whole rows).
 ALIGNMENT = 256
@@ -125,7 +125,7 @@ class CudaSharedMemoryPath:
             except grpc.RpcError as error:
                 if "no shared memory region" in (error.details() or ""):
                     self._forget(device.index)  # the server forgot it: register anew next time
-                raise _infer_error(error) from error
+                raise infer_error(error) from error
             answered = {output.name for output in response.outputs}
             results = []
             for name, shape, dtype in outputs:

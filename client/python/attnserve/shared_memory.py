@@ -7,7 +7,8 @@ a ModelInfer request of attention_forward / attention_backward; the server reads
 and writes the outputs into the same object, from which they are copied into the caller's
 arrays. Compared with the data channel over loopback TCP, input bytes are copied once by the
 client and read in place by the server, outputs copied once by each, and none passes through
-the kernel's socket buffers.
+the kernel's socket buffers. How one call uses its region (copies on several threads, large
+calls as a pipeline of chunks of sequences) is shared_memory_call.py's.
 
 One region serves one call at a time; concurrent calls (forward_async) each take a region of a
 small pool, created on demand, so the client's threads never wait for each other.
@@ -26,9 +27,8 @@ from ._proto.attnserve.v1 import attention_pb2 as pb2
 from ._proto.inference import grpc_service_pb2 as oip
 from ._proto.inference import grpc_service_pb2_grpc as oip_grpc
 from .errors import AttentionError
+from .shared_memory_call import InferCall, SharedMemoryUnavailable
 
-# Tensors start at multiples of this, so the server's kernels read aligned rows.
-ALIGNMENT = 64
 # Regions are sized in whole MiB: a call a little larger than the last reuses the region.
 GRANULE = 1 << 20
 # Deadline of the bookkeeping calls (register, unregister) that run outside a caller's call.
@@ -45,18 +45,6 @@ _NEVER = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
 
 # Register answers about the caller, not shared memory: raised as any call's would be.
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-
-
-class SharedMemoryUnavailable(Exception):
-    """This call cannot go through shared memory; `permanent` when no later call can either."""
-
-    def __init__(self, reason: str, permanent: bool):
-        super().__init__(reason)
-        self.permanent = permanent
-
-
-def _aligned(size: int) -> int:
-    return -(-size // ALIGNMENT) * ALIGNMENT
 
 
 class Region:
@@ -91,25 +79,6 @@ class Region:
             self.memory.unlink()
         except FileNotFoundError:  # already gone (someone cleaned /dev/shm): untrack it
             resource_tracker.unregister(self.memory._name, "shared_memory")
-
-
-class Layout:
-    """Where each tensor of one call lies in a region: inputs, then outputs, each aligned."""
-
-    def __init__(self, inputs: Sequence[Tuple[str, np.ndarray]],
-                 outputs: Sequence[Tuple[str, np.ndarray]]):
-        self.offsets: Dict[str, Tuple[int, int]] = {}
-        end = 0
-        for name, array in (*inputs, *outputs):
-            self.offsets[name] = (end, array.nbytes)
-            end = _aligned(end + array.nbytes)
-        self.byte_size = max(end, ALIGNMENT)
-
-    def parameters(self, region: Region, name: str) -> Dict[str, oip.InferParameter]:
-        offset, byte_count = self.offsets[name]
-        return {"shared_memory_region": oip.InferParameter(string_param=region.name),
-                "shared_memory_offset": oip.InferParameter(int64_param=offset),
-                "shared_memory_byte_size": oip.InferParameter(int64_param=byte_count)}
 
 
 def request_parameters(options: pb2.AttentionOptions,
@@ -154,43 +123,20 @@ class SharedMemoryPath:
     def call(self, model: str, inputs: Sequence[Tuple[str, str, np.ndarray]],
              inline: Sequence[Tuple[str, np.ndarray]], outputs: Sequence[Tuple[str, np.ndarray]],
              parameters: Dict[str, oip.InferParameter], timeout: Optional[float]) -> None:
-        """One ModelInfer of `model`: `inputs` (name, OIP datatype, wire array) through a region,
-        `inline` INT32 arrays in the request, the server's `outputs` written into the given
-        arrays (C-contiguous, of the expected shapes and dtypes)."""
-        layout = Layout([(name, array) for name, _, array in inputs], outputs)
+        """One call of `model` through a region (shared_memory_call.py): `inputs` (name, OIP
+        datatype, wire array) copied in, `inline` the INT32 offsets cu_seqlens_q and
+        cu_seqlens_k in the request, the server's `outputs` written into the given arrays
+        (C-contiguous, of the expected shapes and dtypes)."""
         if os.getpid() != self._owner_pid:
             raise SharedMemoryUnavailable("the regions belong to the parent process",
                                           permanent=True)
-        region = self._acquire(layout.byte_size)
-        stale = False  # the server no longer knows the region
+        call = InferCall(self._stub, self._metadata, model, inputs, dict(inline), outputs,
+                         parameters, timeout)
+        region = self._acquire(call.layout.byte_size)
         try:
-            request = oip.ModelInferRequest(model_name=model, parameters=parameters)
-            for name, datatype, array in inputs:
-                offset, byte_count = layout.offsets[name]
-                region.view(offset, byte_count)[:] = array.reshape(-1).view(np.uint8)
-                request.inputs.add(name=name, datatype=datatype, shape=array.shape,
-                                   parameters=layout.parameters(region, name))
-            for name, array in inline:
-                wire = array.astype("<i4")
-                if not np.array_equal(wire, array):  # as protobuf refuses them natively
-                    raise ValueError(f"{name}: values outside the int32 range")
-                request.inputs.add(name=name, datatype="INT32", shape=array.shape)
-                request.raw_input_contents.append(wire.tobytes())
-            for name, _ in outputs:
-                request.outputs.add(name=name, parameters=layout.parameters(region, name))
-            try:
-                response = self._stub.ModelInfer(request, timeout=timeout,
-                                                 metadata=self._metadata)
-            except grpc.RpcError as error:
-                stale = "no shared memory region" in (error.details() or "")
-                raise _infer_error(error) from error
-            answered = {output.name: output for output in response.outputs}
-            for name, array in outputs:
-                _check_output(answered.get(name), array, region.name, name)
-                offset, byte_count = layout.offsets[name]
-                array.reshape(-1).view(np.uint8)[:] = region.view(offset, byte_count)
+            call.run(region)
         finally:
-            self._release(region, keep=not stale)
+            self._release(region, keep=call.region_free)
 
     def _acquire(self, byte_size: int) -> Region:
         """A registered region of at least byte_size bytes, for this caller alone: an idle one,
@@ -256,31 +202,3 @@ class SharedMemoryPath:
             idle, self._idle = self._idle, []
         for region in idle:
             self._drop(region)
-
-
-def _infer_error(error: grpc.RpcError) -> Exception:
-    """SharedMemoryUnavailable for answers about shared memory itself, else the AttentionError
-    every other path raises. A region the server forgot (swept after its idle timeout, lost in
-    a restart) and a server out of reach (which the other paths retry) fail this call only;
-    shared memory turned off or regions refused fail every later one too."""
-    details = error.details() or ""
-    if (error.code() == grpc.StatusCode.UNAVAILABLE
-            or "no shared memory region" in details):
-        return SharedMemoryUnavailable(f"ModelInfer: {error.code().name}: {details}",
-                                       permanent=False)
-    if (error.code() == grpc.StatusCode.FAILED_PRECONDITION
-            or error.code() == grpc.StatusCode.INVALID_ARGUMENT
-            and ".shared_memory_" in details):
-        return SharedMemoryUnavailable(f"ModelInfer: {error.code().name}: {details}",
-                                       permanent=True)
-    return AttentionError(error.code(), details)
-
-
-def _check_output(output, expected: np.ndarray, region: str, name: str) -> None:
-    """The server wrote `name` into the region with the shape the caller's array has."""
-    if (output is None or output.parameters["shared_memory_region"].string_param != region
-            or tuple(output.shape) != expected.shape):
-        shape = None if output is None else list(output.shape)
-        raise AttentionError(grpc.StatusCode.INTERNAL,
-                             f"{name}: the server answered shape {shape} outside region "
-                             f"{region!r}; expected {list(expected.shape)} in it")
