@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <set>
@@ -243,6 +244,36 @@ TEST(ClientSharedMemoryFallbackE2ETest, AServerWithoutTheFlagGetsTheDataChannel)
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("shared_memory=on: "));
   EXPECT_THAT(std::string(status.message()), HasSubstr("--allow_shared_memory"));
+  EXPECT_THAT(ShmFiles(), ::testing::IsEmpty());
+}
+
+// Registration, calls and unregistration carry the client's token; a client without one is
+// refused as on the native path.
+TEST(ClientSharedMemoryTokenE2ETest, RegionsAndCallsCarryTheToken) {
+  const std::string tokens = ::testing::TempDir() + "/shared_memory_tokens";
+  std::ofstream(tokens) << "shm-e2e-token-5d1\n";
+  ClientOptions with_token;
+  with_token.timeout = std::chrono::seconds(60);
+  with_token.bearer_token = "shm-e2e-token-5d1";
+  std::unique_ptr<ServerProcess> server =
+      ServerProcess::Start({"--allow_shared_memory", "--auth_tokens_file=" + tokens}, with_token);
+  ASSERT_NE(server, nullptr);
+  const v1::ForwardRequest request = MakeProblem(v1::DTYPE_FLOAT32, 60).MakeForwardRequest();
+  {
+    with_token.shared_memory = SharedMemory::kOn;
+    std::unique_ptr<Client> client = *Client::Create(server->target(), with_token);
+    absl::StatusOr<v1::ForwardResponse> answer = client->Forward(request);
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(client->ActiveTransport().value_or("?"), "shared memory");
+    EXPECT_EQ(ShmFiles().size(), 1u);
+  }
+  EXPECT_THAT(ShmFiles(), ::testing::IsEmpty());
+  for (SharedMemory shared_memory : {SharedMemory::kAuto, SharedMemory::kOn}) {
+    std::unique_ptr<Client> anonymous = NewClient(*server, shared_memory);
+    const absl::Status status = anonymous->Forward(request).status();
+    EXPECT_EQ(status, NewClient(*server, SharedMemory::kOff)->Forward(request).status());
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+  }
   EXPECT_THAT(ShmFiles(), ::testing::IsEmpty());
 }
 
