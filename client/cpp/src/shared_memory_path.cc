@@ -1,6 +1,7 @@
 #include "client/cpp/src/shared_memory_path.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -104,6 +105,7 @@ SharedMemoryPath::SharedMemoryPath(std::shared_ptr<grpc::Channel> channel, Prepa
     : channel_(std::move(channel)),
       stub_(inference::GRPCInferenceService::NewStub(channel_)),
       prepare_(std::move(prepare)),
+      owner_(getpid()),
       copiers_(std::make_unique<CallWorkers>(kCopyThreads - 1)) {}
 
 SharedMemoryPath::~SharedMemoryPath() {
@@ -114,6 +116,7 @@ SharedMemoryPath::~SharedMemoryPath() {
     for (auto& region : busy_) regions.push_back(std::move(region));
     busy_.clear();
   }
+  if (getpid() != owner_) return;  // the regions go unmapped, left to the owner
   for (auto& region : regions) Drop(std::move(region));
 }
 
@@ -227,6 +230,11 @@ std::optional<ShmUnavailable> SharedMemoryPath::Call(
     offsets.push_back(end);
     output_bytes.push_back(Elements(output.shape) * DTypeItemSize(output.dtype));
     end = Aligned(end + output_bytes.back());
+  }
+  if (getpid() != owner_) {
+    return ShmUnavailable{
+        absl::FailedPreconditionError("the shared memory regions belong to the parent process"),
+        true};
   }
   std::optional<ShmUnavailable> why;
   absl::StatusOr<ShmRegion*> acquired = Acquire(std::max(end, kAlignment), &why);

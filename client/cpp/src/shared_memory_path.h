@@ -10,6 +10,8 @@
 // of a small pool, made on demand and kept for later calls.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,7 +51,8 @@ class SharedMemoryPath {
   // register and unregister, replace with their own).
   using Prepare = std::function<void(grpc::ClientContext& context)>;
   SharedMemoryPath(std::shared_ptr<grpc::Channel> channel, Prepare prepare);
-  // Unregisters and unlinks every region (calls must have ended).
+  // Unregisters and unlinks every region (calls must have ended); in a forked child, only
+  // unmaps them.
   ~SharedMemoryPath();
 
   // Registers a first (1 MiB) region unless one is: the server's answer tells whether it maps
@@ -95,6 +98,9 @@ class SharedMemoryPath {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
   const Prepare prepare_;
+  // A child forked from the owner shares its regions: it must neither write into them nor
+  // unregister or unlink them under the owner's feet.
+  const pid_t owner_;
   std::mutex mu_;
   std::vector<std::unique_ptr<ShmRegion>> idle_;  // registered, no call uses them
   std::vector<std::unique_ptr<ShmRegion>> busy_;

@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(int64_t byte_size) 
 
 ShmRegion::~ShmRegion() {
   munmap(data_, static_cast<size_t>(byte_size_));
-  shm_unlink(key().c_str());
+  if (getpid() == owner_) shm_unlink(key().c_str());
 }
 
 void CopyParallel(char* destination, const char* source, size_t bytes, CallWorkers& workers) {

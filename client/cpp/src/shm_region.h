@@ -2,6 +2,8 @@
 // memory extension), and copies into and out of it split over a few threads.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,7 +22,8 @@ class ShmRegion {
   // container, that touch is a SIGBUS, so posix_fallocate makes it fail here instead) and
   // mapped. RESOURCE_EXHAUSTED when /dev/shm has no room, INTERNAL for other failures.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(int64_t byte_size);
-  // Unmaps and unlinks (an object someone already removed is fine).
+  // Unmaps, and unlinks in the process that created it (a child forked from it leaves the
+  // object to its owner); an object someone already removed is fine.
   ~ShmRegion();
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;
@@ -33,10 +36,11 @@ class ShmRegion {
 
  private:
   ShmRegion(std::string name, char* data, int64_t byte_size)
-      : name_(std::move(name)), data_(data), byte_size_(byte_size) {}
+      : name_(std::move(name)), data_(data), byte_size_(byte_size), owner_(getpid()) {}
   const std::string name_;
   char* const data_;
   const int64_t byte_size_;
+  const pid_t owner_;
 };
 
 // memcpy of `bytes` bytes; copies of several MiB are split into a few chunks, all but one run

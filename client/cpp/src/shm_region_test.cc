@@ -1,6 +1,7 @@
 #include "client/cpp/src/shm_region.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,24 @@ TEST(ShmRegionTest, CreatesAReservedMappedObjectAndUnlinksItWhenDestroyed) {
   EXPECT_EQ(st.st_size, 3 << 20);
   EXPECT_GE(st.st_blocks * 512, 3 << 20);  // reserved, not sparse
   (*region)->data()[(3 << 20) - 1] = 7;    // mapped, writable to the end
+  region->reset();
+  EXPECT_FALSE(Exists(name));
+}
+
+TEST(ShmRegionTest, AForkedChildLeavesTheObjectToItsOwner) {
+  absl::StatusOr<std::unique_ptr<ShmRegion>> region = ShmRegion::Create(1 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const pid_t child = fork();
+  if (child == 0) {
+    region->reset();  // as the child's copy of a Client would at its exit
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  int status = -1;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(Exists((*region)->name()));
+  const std::string name = (*region)->name();
   region->reset();
   EXPECT_FALSE(Exists(name));
 }
