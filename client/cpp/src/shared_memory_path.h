@@ -56,8 +56,8 @@ class SharedMemoryPath {
   ~SharedMemoryPath();
 
   // Registers a first (1 MiB) region unless one is: the server's answer tells whether it maps
-  // this client's memory. OK, unavailable, or (nullopt in `answer` never) the refusal of the
-  // caller itself (UNAUTHENTICATED, PERMISSION_DENIED) as the answer's error.
+  // this client's memory. The answer true, or the refusal of the caller itself
+  // (UNAUTHENTICATED, PERMISSION_DENIED) as its error; else unavailable, saying why.
   ShmOutcome<bool> EnsureRegistered();
 
   // The call through a region. Only for requests whose tensors agree with their shapes and
