@@ -12,12 +12,44 @@
 #include "kernels/kernel_families.h"
 #include "server/engine/attention_request.h"
 #include "server/engine/cuda_lane.h"
+#include "server/engine/group_launch.h"
 
 namespace attnserve::engine {
 
 // The kernels' execution context for a launch on `stream` with this workspace.
 using DeviceContextFn =
     std::function<kernels::ExecutionContext(cudaStream_t stream, void* workspace, size_t bytes)>;
+
+// A forward as a lane runs it in several launches, whatever it came as (one request, or a
+// batch's parts end to end): shapes of the whole (rows: every part's; the data is unused),
+// the tensors' pieces, the offsets, and where the outputs go (none: the lane's pinned memory).
+struct ForwardLaunchSet {
+  TensorView q, k;
+  GatheredInput q_data, k_data, v_data;
+  const std::vector<int32_t>* cu_seqlens_q = nullptr;
+  const std::vector<int32_t>* cu_seqlens_k = nullptr;
+  RequestOptions options;
+  std::vector<char*> destinations;
+};
+
+// What runs around launch g (each may be empty): `ready(g)` before its inputs cross,
+// `before_launch` between the previous launch's end and its own (LaneStep::before_launch),
+// `done(g)` once its outputs are at their destinations (LaneStep::done's rules).
+struct LaunchHooks {
+  std::function<absl::Status(int)> ready;
+  std::function<absl::Status()> before_launch;
+  std::function<void(int)> done;
+};
+
+// Runs `plan`'s launches in order on the lane; the device buffer is laid out as one launch's
+// ([q, k, v, cu_seqlens_q, cu_seqlens_k, the plan's offsets | out, lse]), so a kept context is
+// the same whichever way it ran. Each launch's out rows and lse columns land where the whole
+// launch would have written them.
+absl::StatusOr<LaneRun> RunForwardLaunches(const kernels::KernelFamilyEntry& family,
+                                           const ForwardLaunchSet& set,
+                                           const GroupLaunches& plan, const LaunchHooks& hooks,
+                                           CudaLane& lane, const DeviceContextFn& device_context,
+                                           std::unique_ptr<KeptDeviceMemory>* keep);
 
 // `in.groups` is set. Outputs go to in.output_space's destinations where given, else to the
 // lane's pinned memory (the LaneRun's outputs), as CudaLane::Run's do.
