@@ -3,6 +3,8 @@
 // launch, and come back (out rows, lse columns) while later groups still arrive, each group
 // reported finished once its outputs are at their destinations, so the transport streams
 // them. The device buffer is laid out as a whole forward's, so a kept context is the same.
+// A forward too long for one launch (launch_split.h) runs through the same steps, cut by
+// estimated work instead of arrival.
 #pragma once
 
 #include <functional>

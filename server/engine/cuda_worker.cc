@@ -60,6 +60,23 @@ bool Given(const std::vector<char*>& destinations, size_t output) {
   return output < destinations.size() && destinations[output] != nullptr;
 }
 
+// A backward's launch set, but for its tensors (the caller's to add): the shapes and offsets of
+// the whole (a batch's merged), the request's options, where the outputs go.
+BackwardLaunchSet BackwardSetOf(const BackwardInputs& first, const TensorView& q,
+                                const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
+                                const std::vector<int32_t>& cu_seqlens_k,
+                                const std::vector<char*>& destinations) {
+  BackwardLaunchSet set;
+  set.q = q;
+  set.k = k;
+  set.cu_seqlens_q = &cu_seqlens_q;
+  set.cu_seqlens_k = &cu_seqlens_k;
+  set.options = first.options;
+  set.deterministic = first.deterministic;
+  set.destinations = destinations;
+  return set;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDescription device,
@@ -365,24 +382,14 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
               first.options, 4.0 * q_row_bytes + sizeof(float) * q.shape[1], 4.0 * k_row_bytes);
   absl::StatusOr<LaneRun> run;
   if (!split.empty()) {
-    BackwardLaunchSet set;
-    set.q = q;
-    set.k = k;
+    BackwardLaunchSet set =
+        BackwardSetOf(first, q, k, layout.cu_seqlens_q, layout.cu_seqlens_k, destinations);
     set.tensors = {Gathered(RowPieces(parts, &BackwardInputs::dout)),
                    Gathered(RowPieces(parts, &BackwardInputs::q)),
                    Gathered(RowPieces(parts, &BackwardInputs::k)),
                    Gathered(RowPieces(parts, &BackwardInputs::v)),
                    Gathered(RowPieces(parts, &BackwardInputs::out)), Gathered(LsePieces(parts))};
-    set.cu_seqlens_q = &layout.cu_seqlens_q;
-    set.cu_seqlens_k = &layout.cu_seqlens_k;
-    set.options = first.options;
-    set.deterministic = first.deterministic;
-    set.destinations = destinations;
-    const GroupLaunches plan =
-        PlanSplitLaunches(split, q, k, layout.cu_seqlens_q, layout.cu_seqlens_k);
-    run = RunBackwardLaunches(family, set, plan, StopHooks(lane_index), lane,
-                              DeviceContextMaker(), nullptr);
-    RecordSplit(split.size());
+    run = RunBackwardSplit(family, set, split, lane_index, nullptr);
   } else {
     run = lane.Run(
         {Gathered(RowPieces(parts, &BackwardInputs::dout)),
@@ -461,21 +468,11 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
       family, Direction::kBackward, inputs.q, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
       inputs.options, 2.0 * RowBytes(inputs.q), 2.0 * RowBytes(inputs.k));
   if (!split.empty()) {
-    BackwardLaunchSet set;
-    set.q = inputs.q;
-    set.k = inputs.k;
+    BackwardLaunchSet set = BackwardSetOf(inputs, inputs.q, inputs.k, inputs.cu_seqlens_q,
+                                          inputs.cu_seqlens_k, destinations);
     set.tensors = {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}};
-    set.cu_seqlens_q = &inputs.cu_seqlens_q;
-    set.cu_seqlens_k = &inputs.cu_seqlens_k;
-    set.options = inputs.options;
-    set.deterministic = inputs.deterministic;
-    set.destinations = destinations;
-    const GroupLaunches plan =
-        PlanSplitLaunches(split, inputs.q, inputs.k, inputs.cu_seqlens_q, inputs.cu_seqlens_k);
-    RecordSplit(split.size());
     return BackwardAnswer(family, inputs,
-                          RunBackwardLaunches(family, set, plan, StopHooks(lane_index), lane,
-                                              DeviceContextMaker(), &context));
+                          RunBackwardSplit(family, set, split, lane_index, &context));
   }
   absl::StatusOr<LaneRun> run = lane.Run(
       {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}}, {q_bytes, k_bytes, k_bytes},
@@ -625,6 +622,17 @@ std::vector<LaunchRange> CudaWorker::SplitOf(const kernels::KernelFamilyEntry& f
   request.key_row_bytes = key_row_bytes;
   request.rate = FamilyThroughput(family.name, compute_capability_, host_threads_);
   return PlanLaunchSplit(request, max_launch_seconds_);
+}
+
+absl::StatusOr<LaneRun> CudaWorker::RunBackwardSplit(const kernels::KernelFamilyEntry& family,
+                                                     const BackwardLaunchSet& set,
+                                                     const std::vector<LaunchRange>& split,
+                                                     int lane, const ContextMemory* context) {
+  const GroupLaunches plan =
+      PlanSplitLaunches(split, set.q, set.k, *set.cu_seqlens_q, *set.cu_seqlens_k);
+  RecordSplit(split.size());
+  return RunBackwardLaunches(family, set, plan, StopHooks(lane), *lanes_[lane],
+                             DeviceContextMaker(), context);
 }
 
 LaunchHooks CudaWorker::StopHooks(int lane) const {

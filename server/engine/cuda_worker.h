@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernel_families.h"
+#include "server/engine/cuda_grouped_backward.h"
 #include "server/engine/cuda_grouped_forward.h"
 #include "server/engine/cuda_lane.h"
 #include "server/engine/engine_options.h"
@@ -82,6 +83,12 @@ class CudaWorker : public QueueWorker {
   // the launch passed its deadline or lost its caller (QueueWorker turns it into
   // DEADLINE_EXCEEDED when the deadline passed, as for the CPU device's stop).
   LaunchHooks StopHooks(int lane) const;
+  // A backward cut into `split`'s launches on `lane`, stopping between them; `context`: the
+  // device context it reads, or null.
+  absl::StatusOr<LaneRun> RunBackwardSplit(const kernels::KernelFamilyEntry& family,
+                                           const BackwardLaunchSet& set,
+                                           const std::vector<LaunchRange>& split, int lane,
+                                           const ContextMemory* context);
   void RecordSplit(size_t launches);
   // One backward's answer from its run: dq, dk, dv at their destinations or in the lane's
   // pinned memory (copied into the result).
