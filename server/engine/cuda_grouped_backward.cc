@@ -40,7 +40,7 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
   for (const GroupLaunch& launch : plan.groups) {
     kernels::BackwardParams params;
     params.shape = launch.shape;
-    params.options = options;
+    params.options = LaunchOptions(options, launch);
     params.deterministic = set.deterministic;
     kernel_workspace = std::max(kernel_workspace, family.backward_workspace_bytes(params));
     lse_scratch =
@@ -100,7 +100,7 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
       }
       kernels::BackwardParams params;
       params.shape = launch->shape;
-      params.options = options;
+      params.options = LaunchOptions(options, *launch);
       params.deterministic = set.deterministic;
       params.dout = d.inputs[0] + launch->q0 * q_row;
       params.q = from.q + launch->q0 * q_row;
