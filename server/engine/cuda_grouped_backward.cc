@@ -133,10 +133,13 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
 absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& family,
                                             const BackwardInputs& in, CudaLane& lane,
                                             const DeviceContextFn& device_context,
-                                            const ContextMemory* context) {
+                                            const ContextMemory* context,
+                                            const GroupCut& cut) {
   SequenceGroups& groups = *in.groups;
+  const GroupPieces pieces = CutGroups(groups, cut.cut);
+  if (cut.launches != nullptr) *cut.launches = pieces.ranges.size();
   const GroupLaunches plan =
-      PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+      PlanSplitLaunches(pieces.ranges, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   BackwardLaunchSet set;
   set.q = in.q;
   set.k = in.k;
@@ -151,9 +154,7 @@ absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& fa
   set.options = in.options;
   set.deterministic = in.deterministic;
   set.destinations = in.output_space.destinations;
-  LaunchHooks hooks;
-  hooks.ready = [&groups](int g) { return groups.WaitFor(g); };
-  hooks.done = [&groups](int g) { groups.Finished(g); };
+  const LaunchHooks hooks = ArrivalHooks(groups, pieces.group_of, cut.before_launch);
   return RunBackwardLaunches(family, set, plan, hooks, lane, device_context, context);
 }
 

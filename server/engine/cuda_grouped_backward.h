@@ -42,6 +42,7 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
 absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& family,
                                             const BackwardInputs& in, CudaLane& lane,
                                             const DeviceContextFn& device_context,
-                                            const ContextMemory* context);
+                                            const ContextMemory* context,
+                                            const GroupCut& cut = {});
 
 }  // namespace attnserve::engine

@@ -92,13 +92,32 @@ absl::StatusOr<LaneRun> RunForwardLaunches(const kernels::KernelFamilyEntry& fam
       scratch_bytes + kernel_workspace, steps, keep, set.destinations);
 }
 
+LaunchHooks ArrivalHooks(SequenceGroups& groups, const std::vector<int>& group_of,
+                         std::function<absl::Status()> before_launch) {
+  LaunchHooks hooks;
+  hooks.ready = [&groups, &group_of](int i) {
+    if (i > 0 && group_of[i - 1] == group_of[i]) return absl::OkStatus();
+    return groups.WaitFor(group_of[i]);
+  };
+  hooks.done = [&groups, &group_of](int i) {
+    const size_t next = static_cast<size_t>(i) + 1;
+    if (next < group_of.size() && group_of[next] == group_of[i]) return;
+    groups.Finished(group_of[i]);
+  };
+  hooks.before_launch = std::move(before_launch);
+  return hooks;
+}
+
 absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& family,
                                            const ForwardInputs& in, CudaLane& lane,
                                            const DeviceContextFn& device_context,
-                                           std::unique_ptr<KeptDeviceMemory>* keep) {
+                                           std::unique_ptr<KeptDeviceMemory>* keep,
+                                           const GroupCut& cut) {
   SequenceGroups& groups = *in.groups;
+  const GroupPieces pieces = CutGroups(groups, cut.cut);
+  if (cut.launches != nullptr) *cut.launches = pieces.ranges.size();
   const GroupLaunches plan =
-      PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+      PlanSplitLaunches(pieces.ranges, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   ForwardLaunchSet set;
   set.q = in.q;
   set.k = in.k;
@@ -109,9 +128,7 @@ absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& fam
   set.cu_seqlens_k = &in.cu_seqlens_k;
   set.options = in.options;
   set.destinations = in.output_space.destinations;
-  LaunchHooks hooks;
-  hooks.ready = [&groups](int g) { return groups.WaitFor(g); };
-  hooks.done = [&groups](int g) { groups.Finished(g); };
+  const LaunchHooks hooks = ArrivalHooks(groups, pieces.group_of, cut.before_launch);
   return RunForwardLaunches(family, set, plan, hooks, lane, device_context, keep);
 }
 

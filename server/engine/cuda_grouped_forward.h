@@ -53,11 +53,26 @@ absl::StatusOr<LaneRun> RunForwardLaunches(const kernels::KernelFamilyEntry& fam
                                            CudaLane& lane, const DeviceContextFn& device_context,
                                            std::unique_ptr<KeptDeviceMemory>* keep);
 
+// How a request arriving group by group is cut: each group's pieces (CutGroups' `cut`), and
+// the check between launches (LaunchHooks::before_launch). Both empty: a launch per group,
+// queued without waiting, as before launches were split.
+struct GroupCut {
+  std::function<std::vector<LaunchRange>(int32_t, int32_t)> cut;
+  std::function<absl::Status()> before_launch;
+  size_t* launches = nullptr;  // where given: set to how many launches ran (or were planned)
+};
+
+// The hooks of such a request in `group_of`'s launches (GroupPieces): a group's first launch
+// waits for it to arrive, its last reports it finished. Both must outlive the run.
+LaunchHooks ArrivalHooks(SequenceGroups& groups, const std::vector<int>& group_of,
+                         std::function<absl::Status()> before_launch);
+
 // `in.groups` is set. Outputs go to in.output_space's destinations where given, else to the
 // lane's pinned memory (the LaneRun's outputs), as CudaLane::Run's do.
 absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& family,
                                            const ForwardInputs& in, CudaLane& lane,
                                            const DeviceContextFn& device_context,
-                                           std::unique_ptr<KeptDeviceMemory>* keep);
+                                           std::unique_ptr<KeptDeviceMemory>* keep,
+                                           const GroupCut& cut = {});
 
 }  // namespace attnserve::engine

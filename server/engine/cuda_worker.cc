@@ -286,16 +286,21 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
   const size_t workspace_bytes = family.forward_workspace_bytes(params);
   const std::vector<char*> destinations = DestinationsOf(parts);
   // Per query row: q and out, and lse's float per head; per key row: k and v.
+  const double query_row = 2.0 * q_row_bytes + sizeof(float) * heads;
+  const double key_row = 2.0 * static_cast<double>(RowBytes(first.k));
   const std::vector<LaunchRange> split =
       first.groups != nullptr
           ? std::vector<LaunchRange>{}
           : SplitOf(family, Direction::kForward, q, layout.cu_seqlens_q, layout.cu_seqlens_k,
-                    first.options, 2.0 * q_row_bytes + sizeof(float) * heads,
-                    2.0 * static_cast<double>(RowBytes(first.k)));
+                    first.options, query_row, key_row);
   absl::StatusOr<LaneRun> run;
   if (first.groups != nullptr) {
     // A forward still arriving (it runs alone: one part) runs group by group as it arrives.
-    run = RunForwardInGroups(family, first, lane, DeviceContextMaker(), keep);
+    size_t launches = 0;
+    const GroupCut cut =
+        ArrivalCut(family, Direction::kForward, first, query_row, key_row, lane_index, &launches);
+    run = RunForwardInGroups(family, first, lane, DeviceContextMaker(), keep, cut);
+    if (cut.cut) RecordSplit(launches);
   } else if (!split.empty()) {
     ForwardLaunchSet set;
     set.q = q;
@@ -371,15 +376,23 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
   const int64_t q_row_bytes = RowBytes(first.q), k_row_bytes = RowBytes(first.k);
   const size_t workspace_bytes = family.backward_workspace_bytes(params);
   const std::vector<char*> destinations = DestinationsOf(parts);
+  // Per query row: dout, q, out, dq, and lse's float per head; per key row: k, v, dk, dv.
+  const double query_row = 4.0 * q_row_bytes + sizeof(float) * q.shape[1];
+  const double key_row = 4.0 * k_row_bytes;
   if (first.groups != nullptr) {
     // A backward still arriving (it runs alone: one part) runs group by group as it arrives.
-    return {BackwardAnswer(
-        family, first, RunBackwardInGroups(family, first, lane, DeviceContextMaker(), nullptr))};
+    size_t launches = 0;
+    const GroupCut cut =
+        ArrivalCut(family, Direction::kBackward, first, query_row, key_row, lane_index, &launches);
+    std::vector<absl::StatusOr<BackwardResult>> answers = {BackwardAnswer(
+        family, first,
+        RunBackwardInGroups(family, first, lane, DeviceContextMaker(), nullptr, cut))};
+    if (cut.cut) RecordSplit(launches);
+    return answers;
   }
-  // Per query row: dout, q, out, dq, and lse's float per head; per key row: k, v, dk, dv.
   const std::vector<LaunchRange> split =
       SplitOf(family, Direction::kBackward, q, layout.cu_seqlens_q, layout.cu_seqlens_k,
-              first.options, 4.0 * q_row_bytes + sizeof(float) * q.shape[1], 4.0 * k_row_bytes);
+              first.options, query_row, key_row);
   absl::StatusOr<LaneRun> run;
   if (!split.empty()) {
     BackwardLaunchSet set =
@@ -450,10 +463,18 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
                                                         const ContextMemory& context,
                                                         int lane_index) {
   CudaLane& lane = *lanes_[lane_index];
+  // Only dout comes in and dq, dk, dv go out: the rest lies in the context.
+  const double query_row = 2.0 * RowBytes(inputs.q), key_row = 2.0 * RowBytes(inputs.k);
   if (inputs.groups != nullptr) {
     // dout still arriving: it runs group by group as it arrives.
-    return BackwardAnswer(
-        family, inputs, RunBackwardInGroups(family, inputs, lane, DeviceContextMaker(), &context));
+    size_t launches = 0;
+    const GroupCut cut = ArrivalCut(family, Direction::kBackward, inputs, query_row, key_row,
+                                    lane_index, &launches);
+    absl::StatusOr<BackwardResult> answer = BackwardAnswer(
+        family, inputs,
+        RunBackwardInGroups(family, inputs, lane, DeviceContextMaker(), &context, cut));
+    if (cut.cut) RecordSplit(launches);
+    return answer;
   }
   kernels::BackwardParams params;
   // Host offsets (the context's spec, filled in) for the shape's maxima; device ones below.
@@ -463,10 +484,9 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
   const size_t q_bytes = inputs.q.size_bytes, k_bytes = inputs.k.size_bytes;
   const size_t workspace_bytes = family.backward_workspace_bytes(params);
   const std::vector<char*>& destinations = inputs.output_space.destinations;
-  // Only dout comes in and dq, dk, dv go out: the rest lies in the context.
-  const std::vector<LaunchRange> split = SplitOf(
-      family, Direction::kBackward, inputs.q, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
-      inputs.options, 2.0 * RowBytes(inputs.q), 2.0 * RowBytes(inputs.k));
+  const std::vector<LaunchRange> split =
+      SplitOf(family, Direction::kBackward, inputs.q, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
+              inputs.options, query_row, key_row);
   if (!split.empty()) {
     BackwardLaunchSet set = BackwardSetOf(inputs, inputs.q, inputs.k, inputs.cu_seqlens_q,
                                           inputs.cu_seqlens_k, destinations);
@@ -609,8 +629,8 @@ std::vector<LaunchRange> CudaWorker::SplitOf(const kernels::KernelFamilyEntry& f
                                              const std::vector<int32_t>& cu_seqlens_q,
                                              const std::vector<int32_t>& cu_seqlens_k,
                                              const RequestOptions& options,
-                                             double query_row_bytes,
-                                             double key_row_bytes) const {
+                                             double query_row_bytes, double key_row_bytes,
+                                             int32_t first, int32_t end) const {
   SplitRequest request;
   request.direction = direction;
   request.cu_seqlens_q = &cu_seqlens_q;
@@ -621,7 +641,28 @@ std::vector<LaunchRange> CudaWorker::SplitOf(const kernels::KernelFamilyEntry& f
   request.query_row_bytes = query_row_bytes;
   request.key_row_bytes = key_row_bytes;
   request.rate = FamilyThroughput(family.name, compute_capability_, host_threads_);
-  return PlanLaunchSplit(request, max_launch_seconds_);
+  if (end < 0) end = static_cast<int32_t>(cu_seqlens_q.size()) - 1;
+  return PlanLaunchSplit(request, max_launch_seconds_, first, end);
+}
+
+template <typename Inputs>
+GroupCut CudaWorker::ArrivalCut(const kernels::KernelFamilyEntry& family, Direction direction,
+                                const Inputs& in, double query_row_bytes, double key_row_bytes,
+                                int lane, size_t* launches) const {
+  GroupCut cut;
+  if (SplitOf(family, direction, in.q, in.cu_seqlens_q, in.cu_seqlens_k, in.options,
+              query_row_bytes, key_row_bytes)
+          .empty()) {
+    return cut;
+  }
+  cut.cut = [this, &family, direction, &in, query_row_bytes, key_row_bytes](int32_t first,
+                                                                             int32_t end) {
+    return SplitOf(family, direction, in.q, in.cu_seqlens_q, in.cu_seqlens_k, in.options,
+                   query_row_bytes, key_row_bytes, first, end);
+  };
+  cut.before_launch = StopHooks(lane).before_launch;
+  cut.launches = launches;
+  return cut;
 }
 
 absl::StatusOr<LaneRun> CudaWorker::RunBackwardSplit(const kernels::KernelFamilyEntry& family,

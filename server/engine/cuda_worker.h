@@ -74,11 +74,20 @@ class CudaWorker : public QueueWorker {
       int lane);
   // The launches a request of these offsets runs as on this device (launch_split.h); empty:
   // one. Row bytes: what crosses the host link per query and per key row.
+  // `first`, `end`: only those sequences (end -1: to the last).
   std::vector<LaunchRange> SplitOf(const kernels::KernelFamilyEntry& family, Direction direction,
                                    const TensorView& q, const std::vector<int32_t>& cu_seqlens_q,
                                    const std::vector<int32_t>& cu_seqlens_k,
                                    const RequestOptions& options, double query_row_bytes,
-                                   double key_row_bytes) const;
+                                   double key_row_bytes, int32_t first = 0,
+                                   int32_t end = -1) const;
+  // The same for a request arriving group by group (`in.groups`): when the whole exceeds the
+  // slice, each group cut where it alone does, and the stop check between launches on `lane`;
+  // else nothing (a launch per group, as before). `launches` receives the count.
+  template <typename Inputs>
+  GroupCut ArrivalCut(const kernels::KernelFamilyEntry& family, Direction direction,
+                      const Inputs& in, double query_row_bytes, double key_row_bytes, int lane,
+                      size_t* launches) const;
   // Runs between the launches of a split request on `lane`: CANCELLED once every request in
   // the launch passed its deadline or lost its caller (QueueWorker turns it into
   // DEADLINE_EXCEEDED when the deadline passed, as for the CPU device's stop).

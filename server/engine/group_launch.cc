@@ -15,6 +15,24 @@ GroupLaunches PlanGroupLaunches(const SequenceGroups& groups, const TensorView& 
   return PlanSplitLaunches(ranges, q, k, cu_seqlens_q, cu_seqlens_k);
 }
 
+GroupPieces CutGroups(const SequenceGroups& groups,
+                      const std::function<std::vector<LaunchRange>(int32_t, int32_t)>& cut) {
+  GroupPieces pieces;
+  for (int g = 0; g < groups.count(); ++g) {
+    std::vector<LaunchRange> ranges =
+        cut ? cut(groups.first_sequence(g), groups.end_sequence(g)) : std::vector<LaunchRange>{};
+    if (ranges.empty()) {
+      LaunchRange whole;
+      whole.first_sequence = groups.first_sequence(g);
+      whole.end_sequence = groups.end_sequence(g);
+      ranges.push_back(whole);
+    }
+    pieces.ranges.insert(pieces.ranges.end(), ranges.begin(), ranges.end());
+    pieces.group_of.insert(pieces.group_of.end(), ranges.size(), g);
+  }
+  return pieces;
+}
+
 GroupLaunches PlanSplitLaunches(const std::vector<LaunchRange>& ranges, const TensorView& q,
                                 const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
                                 const std::vector<int32_t>& cu_seqlens_k) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/attention_params.h"
@@ -36,7 +37,17 @@ struct GroupLaunches {
 GroupLaunches PlanGroupLaunches(const SequenceGroups& groups, const TensorView& q,
                                 const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
                                 const std::vector<int32_t>& cu_seqlens_k);
-// The same for the pieces PlanLaunchSplit chose.
+// A request arriving group by group, each group cut where it alone exceeds a launch's slice:
+// the launches in order, and the arrival group each belongs to. `cut(first, end)` gives the
+// pieces of sequences [first, end) (PlanLaunchSplit), empty when they are one launch.
+struct GroupPieces {
+  std::vector<LaunchRange> ranges;
+  std::vector<int> group_of;
+};
+GroupPieces CutGroups(const SequenceGroups& groups,
+                      const std::function<std::vector<LaunchRange>(int32_t, int32_t)>& cut);
+
+// The same for the pieces PlanLaunchSplit (or CutGroups) chose.
 GroupLaunches PlanSplitLaunches(const std::vector<LaunchRange>& ranges, const TensorView& q,
                                 const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
                                 const std::vector<int32_t>& cu_seqlens_k);

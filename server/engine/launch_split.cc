@@ -97,33 +97,38 @@ void AppendRowBlocks(const SplitRequest& r, const PieceCost& cost, int32_t b, in
 }  // namespace
 
 std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& r, double slice_seconds) {
+  return PlanLaunchSplit(r, slice_seconds, 0, static_cast<int32_t>(r.cu_seqlens_q->size()) - 1);
+}
+
+std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& r, double slice_seconds,
+                                         int32_t first, int32_t end) {
   if (!(slice_seconds > 0)) return {};
   const std::vector<int32_t>& cu_q = *r.cu_seqlens_q;
   const std::vector<int32_t>& cu_k = *r.cu_seqlens_k;
-  const int32_t batch = static_cast<int32_t>(cu_q.size()) - 1;
   const bool forward = r.direction == Direction::kForward;
   const PieceCost cost(r, forward ? 1.0 : kBackwardWorkFactor);
   // Most requests are far under a slice: a bound in one pass over the offsets says so without
   // pricing rows.
   double bound = 0;
-  for (int32_t b = 0; b < batch; ++b) {
+  for (int32_t b = first; b < end; ++b) {
     bound += cost.Bound(cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]);
   }
   if (bound <= slice_seconds) return {};
 
   std::vector<LaunchRange> ranges;
   LaunchRange group;
+  group.first_sequence = first;
   double group_seconds = 0;
-  const auto close_group = [&](int32_t end) {
-    if (end > group.first_sequence) {
-      group.end_sequence = end;
+  const auto close_group = [&](int32_t at) {
+    if (at > group.first_sequence) {
+      group.end_sequence = at;
       ranges.push_back(group);
     }
     group = LaunchRange{};
-    group.first_sequence = end;
+    group.first_sequence = at;
     group_seconds = 0;
   };
-  for (int32_t b = 0; b < batch; ++b) {
+  for (int32_t b = first; b < end; ++b) {
     const int64_t len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
     const double seconds = cost.Sequence(len_q, len_k);
     if (forward && seconds > slice_seconds && len_q > kRowBlockAlignment) {
@@ -135,7 +140,7 @@ std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& r, double slice_sec
     if (b > group.first_sequence && group_seconds + seconds > slice_seconds) close_group(b);
     group_seconds += seconds;
   }
-  close_group(batch);
+  close_group(end);
   // One launch after all (the bound overestimated a masked request): run it as always.
   if (ranges.size() <= 1) return {};
   return ranges;

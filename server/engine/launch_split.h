@@ -59,6 +59,9 @@ struct SplitRequest {
 // The launches, in order, covering every sequence once; empty when the request fits one
 // slice (it then runs as one launch, as it always did) or slice_seconds is 0 (off).
 std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& request, double slice_seconds);
+// The same over sequences [first, end) alone (a group that arrives together).
+std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& request, double slice_seconds,
+                                         int32_t first, int32_t end);
 
 // The window a row block's launch runs with (options resolved for the kernels).
 void ShiftWindow(int window_shift, int* window_left, int* window_right);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "server/engine/group_launch.h"
+
 #include <algorithm>
 #include <string>
 
@@ -184,6 +186,32 @@ TEST(LaunchSplitTest, BlocksKeepEveryRowsKeys) {
     }
     EXPECT_EQ(next, c.len_q) << name;
   }
+}
+
+TEST(LaunchSplitTest, ArrivalGroupsAreCutWhereTheyExceedTheSlice) {
+  // Groups [0,2) [2,3) [3,5): the middle one is one long forward sequence, the others fit.
+  const std::vector<int32_t> cu = Offsets({100, 100, 20000, 100, 100});
+  const SplitRequest request = Request(Direction::kForward, cu, cu);
+  const SequenceGroups groups({2, 3, 5}, absl::InfiniteFuture(), nullptr, nullptr);
+  const GroupPieces pieces = CutGroups(groups, [&](int32_t first, int32_t end) {
+    return PlanLaunchSplit(request, 0.1, first, end);
+  });
+  ASSERT_GE(pieces.ranges.size(), 5u);
+  ASSERT_EQ(pieces.group_of.size(), pieces.ranges.size());
+  EXPECT_EQ(pieces.group_of.front(), 0);
+  EXPECT_EQ(pieces.ranges.front().end_sequence, 2);
+  EXPECT_EQ(pieces.group_of.back(), 2);
+  EXPECT_EQ(pieces.ranges.back().first_sequence, 3);
+  for (size_t i = 1; i + 1 < pieces.ranges.size(); ++i) {
+    EXPECT_EQ(pieces.group_of[i], 1);
+    EXPECT_TRUE(pieces.ranges[i].row_block);
+  }
+  // No cut: a launch per group, as before.
+  const GroupPieces whole = CutGroups(groups, nullptr);
+  ASSERT_EQ(whole.ranges.size(), 3u);
+  EXPECT_EQ(whole.group_of, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(whole.ranges[1].first_sequence, 2);
+  EXPECT_EQ(whole.ranges[1].end_sequence, 3);
 }
 
 }  // namespace
