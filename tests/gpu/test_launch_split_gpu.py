@@ -5,6 +5,7 @@ blocks of query rows), beside the native server, whose default slice (0.25 s) ru
 requests as one launch each. The answers must match: bitwise by sequence groups (sequences are
 independent) and for a deterministic backward; blocks of query rows start at multiples of every
 kernel's query tile, so they are expected bitwise too (a separate test says whether they are).
+A forward over the data channel, which arrives group by group, is cut within its groups.
 A request far longer than its deadline stops between launches: the request queued behind it on
 the one lane runs at once instead of waiting for the rest of it. Skipped without the servers."""
 import os
@@ -16,6 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
+import attnserve
 from attnserve._proto.attnserve.v1 import attention_pb2 as pb2
 from attnserve._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
 
@@ -151,6 +153,25 @@ def test_row_blocks_answer_as_one_launch(stubs, case):
         got = case.backward(stubs[1], out, lse)
         for name, w, g in zip(("dq", "dk", "dv"), want, got):
             np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def test_a_forward_over_the_data_channel_is_cut_as_it_arrives(stubs):
+    # The data channel hands the server a request group by group (sequence_groups.h): each
+    # group is cut where it alone exceeds the slice, and the answer is still one launch's.
+    case = ROW_BLOCK_CASES[-1]
+    out, lse = case.forward(stubs[0])
+    before = split_launches(SPLIT_HTTP)
+    with attnserve.Client(SPLIT, timeout=300, shared_memory="off",
+                          cuda_shared_memory="off") as client:
+        got = client.forward(case.q, case.k, case.v, case.cu_q, case.cu_k, causal=case.causal,
+                             window_size=case.window)
+    assert got.execution.device == "cuda:0"
+    assert split_launches(SPLIT_HTTP) - before >= 2
+    finite = np.isfinite(lse)
+    np.testing.assert_array_equal(np.isfinite(got.lse), finite)
+    np.testing.assert_allclose(got.lse[finite], lse[finite], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got.out.astype(np.float32), out.astype(np.float32), rtol=0,
+                               atol=1e-3)
 
 
 @pytest.mark.parametrize("case", ROW_BLOCK_CASES, ids=repr)
