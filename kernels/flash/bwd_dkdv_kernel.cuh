@@ -18,6 +18,7 @@
 
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_cta_order.cuh"
+#include "kernels/flash/bwd_mask_geometry.cuh"
 #include "kernels/flash/bwd_traits.cuh"
 #include "kernels/flash/bwd_warp_gemm.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
@@ -134,12 +135,11 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
   const int len_q = f.cu_seqlens_q[batch + 1] - q_begin;
   const int offset = len_k - len_q;  // query row i's diagonal key is i + offset
 
-  // Query rows that see some key of the block: [row_first, row_last], as query blocks.
+  // The query blocks whose rows see some key of the block.
   const int key_last = min(len_k, key_first + kBlockN) - 1;
-  const int row_first = max(0, key_first - f.window_right - offset);
-  const int row_last = min(len_q - 1, key_last + f.window_left - offset);
-  const int m_begin = row_first / kBlockM;
-  const int m_count = row_first > row_last ? 0 : row_last / kBlockM - m_begin + 1;
+  const QueryTiles tiles = QueryTilesOfKeyBlock<kBlockM>(f, key_first, key_last, len_q, offset);
+  const int m_begin = tiles.begin;
+  const int m_count = tiles.count;
   const int iters = m_count * f.head_group;
 
   const int tid = threadIdx.x;

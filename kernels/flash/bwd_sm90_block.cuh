@@ -13,6 +13,7 @@
 
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_cta_order.cuh"
+#include "kernels/flash/bwd_mask_geometry.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
@@ -98,12 +99,12 @@ class BwdSm90Block {
     len_q_ = f_.cu_seqlens_q[batch + 1] - q_begin_;
     offset_ = len_k_ - len_q_;  // query row i's diagonal key is i + offset
     vecs_valid_ = f_.head_dim / T::kVecElems;
-    // The query tiles whose rows see a key of the block (the sm80 pair kernel's range).
+    // The query tiles whose rows see a key of the block (as the sm80 kernels take them).
     const int key_last = min(len_k_, key_first_ + T::kBlockN) - 1;
-    const int row_first = max(0, key_first_ - f_.window_right - offset_);
-    const int row_last = min(len_q_ - 1, key_last + f_.window_left - offset_);
-    m_begin_ = row_first / T::kBlockM;
-    m_count_ = row_first > row_last ? 0 : row_last / T::kBlockM - m_begin_ + 1;
+    const QueryTiles tiles =
+        QueryTilesOfKeyBlock<T::kBlockM>(f_, key_first_, key_last, len_q_, offset_);
+    m_begin_ = tiles.begin;
+    m_count_ = tiles.count;
     iters_ = m_count_ * f_.head_group;
     // A key block that no mask cuts off from any query row starts at its own query tile and
     // wraps around. Without a mask every CTA of a head has the same tiles, and the CTAs that run
