@@ -198,8 +198,9 @@ class Load:
         local = {"ok": 0, "rejected": 0, "protocol_errors": 0}
         transport = "grpc" if seed == 0 else "auto"
         try:
-            with attnserve.Client(self.target, timeout=CALL_TIMEOUT_S,
-                                  transport=transport) as client, \
+            # Native calls (shared memory has calls of its own, through `oip`).
+            with attnserve.Client(self.target, timeout=CALL_TIMEOUT_S, transport=transport,
+                                  shared_memory="off") as client, \
                     oip_for(self.oip_addresses) as oip:
                 while not self._stop.is_set() and time.monotonic() < self.deadline:
                     one_round(client, rng, local, self.data_address, oip)
@@ -233,7 +234,7 @@ def run_rounds(target: str, rounds: int,
     """A fixed number of rounds from this thread."""
     counts = {"ok": 0, "rejected": 0, "protocol_errors": 0}
     rng = np.random.default_rng(0)
-    with attnserve.Client(target, timeout=CALL_TIMEOUT_S) as client, \
+    with attnserve.Client(target, timeout=CALL_TIMEOUT_S, shared_memory="off") as client, \
             oip_for(oip_addresses) as oip:
         for _ in range(rounds):
             one_round(client, rng, counts, data_address, oip)

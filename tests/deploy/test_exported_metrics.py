@@ -108,11 +108,13 @@ def test_data_channel_calls_are_told_from_native_grpc_ones(live_server, expositi
 
     q, k, v, cu = _problem(np.random.default_rng(1))
     before = counts()
-    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S, transport="grpc") as c:
+    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S, transport="grpc",
+                          shared_memory="off") as c:
         c.forward(q, k, v, cu, cu, causal=True)
     live_server.wait_for_metric("attnserve_requests_total", before[0] + 1, ok_forward)
     assert counts() == (before[0] + 1, before[1])
-    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S) as client:
+    with attnserve.Client(live_server.target, timeout=CALL_TIMEOUT_S,
+                          shared_memory="off") as client:
         client.forward(q, k, v, cu, cu, causal=True)
         assert client.active_transport() == "data_channel"
     live_server.wait_for_metric("attnserve_data_requests_total", before[1] + 1, ok_forward)
