@@ -105,6 +105,7 @@ absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& fa
       kernels::BackwardParams params;
       params.shape = launch->shape;
       params.options = options;
+      params.options.first_sequence = launch->first_sequence;
       params.deterministic = in.deterministic;
       params.dout = d.inputs[0] + launch->q0 * q_row;
       params.q = from.q + launch->q0 * q_row;

@@ -53,6 +53,7 @@ absl::StatusOr<LaneRun> RunForwardInGroups(const kernels::KernelFamilyEntry& fam
       kernels::ForwardParams params;
       params.shape = launch->shape;
       params.options = options;
+      params.options.first_sequence = launch->first_sequence;
       params.q = d.inputs[0] + launch->q0 * q_row;
       params.k = d.inputs[1] + launch->k0 * k_row;
       params.v = d.inputs[2] + launch->k0 * k_row;

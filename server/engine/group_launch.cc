@@ -13,6 +13,7 @@ GroupLaunches PlanGroupLaunches(const SequenceGroups& groups, const TensorView& 
   for (int g = 0; g < groups.count(); ++g) {
     GroupLaunch& launch = plan.groups[g];
     const int32_t b0 = groups.first_sequence(g), b1 = groups.end_sequence(g);
+    launch.first_sequence = b0;
     launch.q0 = cu_seqlens_q[b0];
     launch.q1 = cu_seqlens_q[b1];
     launch.k0 = cu_seqlens_k[b0];
