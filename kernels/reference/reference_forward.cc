@@ -238,8 +238,8 @@ KernelStatus ForwardChunk(const ForwardParams& params, const ExecutionContext& c
   return ParallelFor(items, ResolveWorkers(ctx, items), [&](int64_t item, int worker) {
     const QueryBlock& block = blocks[item / shape.num_heads];
     const int h = static_cast<int>(item % shape.num_heads);
-    ForwardBlock(params, dims, transform, block.b, GetSequence(shape, block.b), block.row_begin, h,
-                 chunk.block(block.b, h / dims.group), scratch[worker]);
+    ForwardBlock(params, dims, transform, block.b, GetSequence(shape, block.b),
+                 block.row_begin, h, chunk.block(block.b, h / dims.group), scratch[worker]);
   }, ctx.should_stop);
 }
 

@@ -32,7 +32,9 @@ absl::Status CpuWorker::CheckRoute(Direction direction, const TensorView& q,
 }
 
 absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, int lane) {
-  if (absl::Status s = CheckRoute(Direction::kForward, inputs.q, inputs.options); !s.ok()) return s;
+  if (absl::Status s = CheckRoute(Direction::kForward, inputs.q, inputs.options); !s.ok()) {
+    return s;
+  }
   kernels::ExecutionContext context = context_;
   context.should_stop = LaneStop(lane);
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, context);
@@ -41,7 +43,9 @@ absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, in
 }
 
 absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, int lane) {
-  if (absl::Status s = CheckRoute(Direction::kBackward, inputs.q, inputs.options); !s.ok()) return s;
+  if (absl::Status s = CheckRoute(Direction::kBackward, inputs.q, inputs.options); !s.ok()) {
+    return s;
+  }
   kernels::ExecutionContext context = context_;
   context.should_stop = LaneStop(lane);
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, context);

@@ -179,7 +179,9 @@ Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog) {
   // Name the options a family lacks, so a dropout or ALiBi request says why it cannot run.
   std::string with;
   if (query.dropout) with += " with options.dropout_p > 0";
-  if (query.alibi) with += query.dropout ? " and options.alibi_slopes" : " with options.alibi_slopes";
+  if (query.alibi) {
+    with += query.dropout ? " and options.alibi_slopes" : " with options.alibi_slopes";
+  }
   if (!with.empty()) with += " (served by: reference, the CPU device)";
   return {"", absl::StrCat("no kernel family of [", families, "] runs a ",
                            DirectionName(query.direction), " of ", kernels::DTypeName(query.dtype),

@@ -93,8 +93,8 @@ absl::Status CheckAlibiSlopes(const OwnedTensor& slopes, const Dims& dims) {
   const std::vector<int64_t> per_head = {dims.num_heads};
   const std::vector<int64_t> per_sequence = {dims.batch, dims.num_heads};
   if (slopes.dtype != DType::kFloat32) {
-    return absl::InvalidArgumentError(absl::StrCat("options.alibi_slopes.dtype: must be float32, got ",
-                                                   kernels::DTypeName(slopes.dtype)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.alibi_slopes.dtype: must be float32, got ", kernels::DTypeName(slopes.dtype)));
   }
   if (slopes.shape != per_head && slopes.shape != per_sequence) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -46,7 +46,8 @@ def test_the_server_drops_exactly_the_reference_mask(client, rng):
                                                  dropout_seed=result.dropout_seed)
     assert _rel(result.out, want) <= 1e-5
     undropped_lse = reference.attention_forward(q, k, v, cu_q, cu_k)[1]
-    np.testing.assert_allclose(result.lse, undropped_lse, rtol=1e-5, atol=1e-5)  # lse ignores dropout
+    # lse is the undropped softmax's.
+    np.testing.assert_allclose(result.lse, undropped_lse, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(result.lse, want_lse, rtol=1e-5, atol=1e-5)
 
 
