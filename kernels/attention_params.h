@@ -27,14 +27,33 @@ inline const char* DTypeName(DType dtype) {
   return "unknown";
 }
 
-// Attention semantics are FlashAttention >= 2.1 varlen: s = scale * q.k^T, softcap, masking
-// (bottom-right aligned causal / sliding window), softmax, times v.
+// Attention semantics are FlashAttention 2.6 varlen: s = scale * q.k^T, softcap, ALiBi
+// (s -= slope * |i + len_k - len_q - j| for query row i and key column j within the sequence),
+// masking (bottom-right aligned causal / sliding window), softmax (lse is of this undropped P),
+// dropout on P (kernels/dropout_mask.h; kept entries scaled by 1 / (1 - dropout_p)), times v.
 struct AttentionOptions {
   float softmax_scale = 0.0f;  // already resolved: never 0 when a kernel sees it
   bool causal = false;
   int window_left = -1;        // -1 = unbounded
   int window_right = -1;       // -1 = unbounded (causal forces 0)
   float softcap = 0.0f;        // 0 = off
+  float dropout_p = 0.0f;      // in [0, 1); 0 = off
+  uint64_t dropout_seed = 0;   // the Philox key (kernels/dropout_mask.h); resolved, never 0 when on
+  // ALiBi slopes, float32: the slope of (sequence b, query head h) is
+  // alibi_slopes[(first_sequence + b) * alibi_slopes_stride + h], so stride 0 is one slope per
+  // head ([num_heads]) and stride num_heads one row per sequence ([batch, num_heads] of the
+  // whole request). Null = off. Host memory; GPU families read alibi_slopes_device, a device
+  // copy with the same layout that the engine's CUDA worker fills, as it does cu_seqlens_*_device.
+  const float* alibi_slopes = nullptr;
+  const float* alibi_slopes_device = nullptr;
+  int alibi_slopes_stride = 0;
+  // Index within the whole request of the launch's sequence 0: the engine launches sub-ranges
+  // of a request's sequences (server/engine/group_launch.h), and the dropout mask and
+  // [batch, num_heads] slopes are keyed by the request's own sequence index.
+  int first_sequence = 0;
+
+  bool has_dropout() const { return dropout_p > 0.0f; }
+  bool has_alibi() const { return alibi_slopes != nullptr || alibi_slopes_device != nullptr; }
 };
 
 // Shapes shared by forward and backward. Tensors are packed and contiguous:

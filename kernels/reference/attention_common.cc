@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/dropout_mask.h"
 #include "kernels/reference/tile_gemm.h"
 
 namespace attnserve::kernels::reference {
@@ -103,6 +104,30 @@ KeyRange TileAlignedUnion(const KeyRange* ranges, int rows, int64_t padded_keys)
   all.first = all.first / kTileCols * kTileCols;
   all.last = std::min(RoundUp(all.last + 1, kTileCols), padded_keys) - 1;
   return all;
+}
+
+AlibiRow GetAlibiRow(const AttentionOptions& options, int b, int h, int64_t len_q, int64_t len_k,
+                     int64_t i) {
+  if (options.alibi_slopes == nullptr) return {};
+  const int64_t row = static_cast<int64_t>(options.first_sequence) + b;
+  return {options.alibi_slopes[row * options.alibi_slopes_stride + h], i + len_k - len_q};
+}
+
+void DropoutMultipliers(const AttentionOptions& options, int b, int h, int64_t i,
+                        const KeyRange& keys, float* multipliers) {
+  const uint32_t threshold = DropoutThreshold(options.dropout_p);
+  const float kept = 1.0f / (1.0f - options.dropout_p);
+  const uint32_t sequence = static_cast<uint32_t>(options.first_sequence + b);
+  // One Philox call covers 4 aligned key columns; start at the group holding keys.first.
+  for (int64_t group = keys.first / 4 * 4; group <= keys.last; group += 4) {
+    const Philox4 bits = DropoutBits(options.dropout_seed, sequence, static_cast<uint32_t>(h),
+                                     static_cast<uint32_t>(i), static_cast<uint32_t>(group));
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t j = group + lane;
+      if (j < keys.first || j > keys.last) continue;
+      multipliers[j - keys.first] = DropoutKeep(bits.v[lane], threshold) ? kept : 0.0f;
+    }
+  }
 }
 
 ScoreTransform::ScoreTransform(const AttentionOptions& options, int head_dim)

@@ -55,6 +55,24 @@ KeyRange VisibleKeys(const AttentionOptions& options, int64_t len_q, int64_t len
 // clipped to the padded key count, so it can be used directly as a GEMM column range.
 KeyRange TileAlignedUnion(const KeyRange* ranges, int rows, int64_t padded_keys);
 
+// ALiBi of one (sequence, head, query row): score(j) -= slope * |diagonal - j| with
+// diagonal = i + len_k - len_q, i and j within the sequence. slope 0 = off.
+struct AlibiRow {
+  float slope = 0.0f;
+  int64_t diagonal = 0;
+  float Bias(int64_t j) const {
+    return -slope * static_cast<float>(diagonal > j ? diagonal - j : j - diagonal);
+  }
+};
+// b is the sequence's index within the launch (options.first_sequence is added here).
+AlibiRow GetAlibiRow(const AttentionOptions& options, int b, int h, int64_t len_q, int64_t len_k,
+                     int64_t i);
+
+// Dropout multipliers of one (sequence, head, query row) for key columns [first, last] of its
+// sequence: 1 / (1 - p) where kept, 0 where dropped (kernels/dropout_mask.h). b as above.
+void DropoutMultipliers(const AttentionOptions& options, int b, int h, int64_t i,
+                        const KeyRange& keys, float* multipliers);
+
 // score = scale * (q . k), then softcap * tanh(score / softcap) when softcap > 0. A zero scale
 // (never sent by the engine) falls back to 1 / sqrt(head_dim).
 class ScoreTransform {

@@ -27,6 +27,7 @@ struct Scratch {
   std::vector<float> q, dout, dq;        // [kQueryBlock x pd]
   std::vector<float> probs, derivative;  // [kQueryBlock x width]: P and d(score)/d(q.k)
   std::vector<float> dscores;            // [kQueryBlock x width]: dP, then dS
+  std::vector<float> dropout;            // one row's dropout multipliers (dropout on only)
 };
 
 // Converts K and V of one (sequence, kv head) and clears its dk/dv accumulators.
@@ -68,25 +69,34 @@ void LoadQueryTile(const BackwardParams& params, const HeadDims& dims, const voi
 // One row over the tile columns `cols`: on entry `probs` holds q.k, on return P = exp(score - lse)
 // and `derivative` d(score)/d(q.k) on the visible keys; P is 0 elsewhere (derivative untouched,
 // the caller zeroed it).
-void ProbabilitiesRow(const ScoreTransform& transform, const KeyRange& visible,
-                      const KeyRange& cols, float lse, float* probs, float* derivative) {
+void ProbabilitiesRow(const ScoreTransform& transform, const AlibiRow& alibi,
+                      const KeyRange& visible, const KeyRange& cols, float lse, float* probs,
+                      float* derivative) {
   const int64_t width = cols.last - cols.first + 1;
   if (visible.empty()) {
     std::fill(probs, probs + width, 0.0f);
     return;
   }
-  for (int64_t j = visible.first - cols.first; j <= visible.last - cols.first; ++j) {
-    probs[j] = std::exp(transform.ScoreAndDerivative(probs[j], &derivative[j]) - lse);
+  if (alibi.slope == 0.0f) {
+    for (int64_t j = visible.first - cols.first; j <= visible.last - cols.first; ++j) {
+      probs[j] = std::exp(transform.ScoreAndDerivative(probs[j], &derivative[j]) - lse);
+    }
+  } else {
+    // ALiBi is a constant per (row, key): it shifts the score, not its derivative.
+    for (int64_t j = visible.first - cols.first; j <= visible.last - cols.first; ++j) {
+      probs[j] = std::exp(transform.ScoreAndDerivative(probs[j], &derivative[j]) +
+                          alibi.Bias(cols.first + j) - lse);
+    }
   }
   std::fill(probs, probs + (visible.first - cols.first), 0.0f);
   std::fill(probs + (visible.last - cols.first) + 1, probs + width, 0.0f);
 }
 
-// One block of up to kQueryBlock rows of query head h: writes its dq rows and accumulates into
-// the item's dk/dv.
+// One block of up to kQueryBlock rows of query head h of sequence `seq` (index b of the
+// launch): writes its dq rows and accumulates into the item's dk/dv.
 void BackwardBlock(const BackwardParams& params, const HeadDims& dims,
-                   const ScoreTransform& transform, const Sequence& seq, int64_t row_begin, int h,
-                   int64_t pk, Scratch& s) {
+                   const ScoreTransform& transform, int b, const Sequence& seq,
+                   int64_t row_begin, int h, int64_t pk, Scratch& s) {
   const AttentionShape& shape = params.shape;
   const int rows = static_cast<int>(std::min<int64_t>(kQueryBlock, seq.len_q - row_begin));
   const int64_t tile_rows = RoundUp(rows, kTileRows);
@@ -128,20 +138,35 @@ void BackwardBlock(const BackwardParams& params, const HeadDims& dims,
       }
       const int64_t row = first_row + r;
       const float lse = LoadFloat(params.lse, h * shape.total_q + row);
-      ProbabilitiesRow(transform, visible[r], cols, lse, probs, derivative);
+      const int64_t i = row_begin + r;
+      ProbabilitiesRow(transform, GetAlibiRow(params.options, b, h, seq.len_q, seq.len_k, i),
+                       visible[r], cols, lse, probs, derivative);
       // D = rowsum(dO o O) with the caller's out, as FlashAttention does.
       LoadRow(shape.dtype, params.out, (row * shape.num_heads + h) * dims.head_dim, d,
               s.row.data());
       const float* dout = s.dout.data() + r * pd;
       float delta = 0.0f;
       for (int c = 0; c < d; ++c) delta += dout[c] * s.row[c];
+      // With dropout (Z the mask, m = Z / (1 - p)): dP = m o (dO.V^T), dS = P o (dP - D) with
+      // the undropped P, and dV takes the dropped m o P; D = rowsum(dO o O) holds as is, O
+      // being the dropped output.
+      const bool dropout = params.options.has_dropout();
+      const int64_t at = visible[r].first - cols.first;
+      if (dropout) {
+        s.dropout.resize(visible[r].last - visible[r].first + 1);
+        DropoutMultipliers(params.options, b, h, i, visible[r], s.dropout.data());
+        for (size_t j = 0; j < s.dropout.size(); ++j) dscores[at + j] *= s.dropout[j];
+      }
       // dS = P o (dP - D) o dscore/d(q.k); masked entries have P = 0 and derivative = 0.
       for (int64_t j = 0; j < width; ++j) {
         dscores[j] = probs[j] == 0.0f ? 0.0f : probs[j] * (dscores[j] - delta) * derivative[j];
       }
+      if (dropout) {
+        for (size_t j = 0; j < s.dropout.size(); ++j) probs[at + j] *= s.dropout[j];
+      }
     }
 
-    // dQ = dS.K, dK += dS^T.Q, dV += P^T.dO
+    // dQ = dS.K, dK += dS^T.Q, dV += P^T.dO (P dropped when dropout is on)
     GemmAccumulate(tile_rows, pd, width, {s.dscores.data(), width, 1},
                    s.k.data() + cols.first * pd, pd, s.dq.data(), pd);
     GemmAccumulate(width, pd, tile_rows, {s.dscores.data(), 1, width}, s.q.data(), pd,
@@ -157,13 +182,14 @@ void BackwardBlock(const BackwardParams& params, const HeadDims& dims,
 
 // All of dq for the query heads of kv head g, and dk/dv of g, for one sequence.
 void BackwardItem(const BackwardParams& params, const HeadDims& dims,
-                  const ScoreTransform& transform, const Sequence& seq, int g, Scratch& s) {
+                  const ScoreTransform& transform, int b, const Sequence& seq, int g,
+                  Scratch& s) {
   const AttentionShape& shape = params.shape;
   const int64_t pk = RoundUp(seq.len_k, kTileCols);
   LoadKv(params, dims, seq, g, pk, s);
   for (int h = g * dims.group; h < (g + 1) * dims.group; ++h) {
     for (int64_t row = 0; row < seq.len_q; row += kQueryBlock) {
-      BackwardBlock(params, dims, transform, seq, row, h, pk, s);
+      BackwardBlock(params, dims, transform, b, seq, row, h, pk, s);
     }
   }
   for (int64_t j = 0; j < seq.len_k; ++j) {
@@ -207,7 +233,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     return ParallelFor(items, static_cast<int>(scratch.size()), [&](int64_t item, int worker) {
       const int b = static_cast<int>(item / shape.num_heads_k);
       const int g = static_cast<int>(item % shape.num_heads_k);
-      BackwardItem(params, dims, transform, GetSequence(shape, b), g, scratch[worker]);
+      BackwardItem(params, dims, transform, b, GetSequence(shape, b), g, scratch[worker]);
     }, ctx.should_stop);
   } catch (const std::exception& e) {
     return KernelStatus::Error(std::string("reference backward failed: ") + e.what());

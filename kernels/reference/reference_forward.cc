@@ -74,6 +74,7 @@ struct Scratch {
   std::vector<float> q;       // [kQueryBlock x padded_dim]
   std::vector<float> scores;  // [kQueryBlock x padded_keys]: scores, then probabilities
   std::vector<float> out;     // [kQueryBlock x padded_dim]
+  std::vector<float> dropout;  // one row's dropout multipliers (dropout on only)
 };
 
 void ConvertKv(const ForwardParams& params, const HeadDims& dims, const Sequence& seq, int g,
@@ -91,10 +92,10 @@ void ConvertKv(const ForwardParams& params, const HeadDims& dims, const Sequence
 }
 
 // Turns one row of raw q.k products over the tile columns `cols` into probabilities, in place:
-// softmax over the row's visible keys, 0 elsewhere. Returns lse, or +inf for a row that sees
-// nothing (all probabilities 0, so its out is 0).
-float SoftmaxRow(const ScoreTransform& transform, const KeyRange& visible, const KeyRange& cols,
-                 float* scores) {
+// softmax over the row's visible keys (ALiBi added to the scores), 0 elsewhere. Returns lse,
+// or +inf for a row that sees nothing (all probabilities 0, so its out is 0).
+float SoftmaxRow(const ScoreTransform& transform, const AlibiRow& alibi, const KeyRange& visible,
+                 const KeyRange& cols, float* scores) {
   const int64_t width = cols.last - cols.first + 1;
   if (visible.empty()) {
     std::fill(scores, scores + width, 0.0f);
@@ -103,9 +104,16 @@ float SoftmaxRow(const ScoreTransform& transform, const KeyRange& visible, const
   float* first = scores + (visible.first - cols.first);
   float* last = scores + (visible.last - cols.first) + 1;
   float max_score = -std::numeric_limits<float>::infinity();
-  for (float* s = first; s != last; ++s) {
-    *s = transform.Score(*s);
-    max_score = std::max(max_score, *s);
+  if (alibi.slope == 0.0f) {
+    for (float* s = first; s != last; ++s) {
+      *s = transform.Score(*s);
+      max_score = std::max(max_score, *s);
+    }
+  } else {
+    for (float* s = first; s != last; ++s) {
+      *s = transform.Score(*s) + alibi.Bias(visible.first + (s - first));
+      max_score = std::max(max_score, *s);
+    }
   }
   float sum = 0.0f;
   for (float* s = first; s != last; ++s) {
@@ -120,9 +128,9 @@ float SoftmaxRow(const ScoreTransform& transform, const KeyRange& visible, const
   return max_score + std::log(sum);
 }
 
-// One block of up to kQueryBlock rows of sequence `seq`, query head h.
+// One block of up to kQueryBlock rows of sequence `seq` (index b of the launch), query head h.
 void ForwardBlock(const ForwardParams& params, const HeadDims& dims,
-                  const ScoreTransform& transform, const Sequence& seq, int64_t row_begin,
+                  const ScoreTransform& transform, int b, const Sequence& seq, int64_t row_begin,
                   int h, const KvBlock& kv, Scratch& scratch) {
   const AttentionShape& shape = params.shape;
   const int rows = static_cast<int>(std::min<int64_t>(kQueryBlock, seq.len_q - row_begin));
@@ -150,10 +158,23 @@ void ForwardBlock(const ForwardParams& params, const HeadDims& dims,
   }
 
   float lse[kQueryBlock];
+  const AttentionOptions& options = params.options;
   for (int r = 0; r < rows; ++r) {
-    lse[r] = width > 0
-                 ? SoftmaxRow(transform, visible[r], cols, scratch.scores.data() + r * width)
-                 : std::numeric_limits<float>::infinity();
+    if (width == 0) {
+      lse[r] = std::numeric_limits<float>::infinity();
+      continue;
+    }
+    const int64_t i = row_begin + r;
+    float* probs = scratch.scores.data() + r * width;
+    lse[r] = SoftmaxRow(transform, GetAlibiRow(options, b, h, seq.len_q, seq.len_k, i),
+                        visible[r], cols, probs);
+    // lse stays that of the undropped softmax (as FlashAttention's); only P.V sees the mask.
+    if (options.has_dropout() && !visible[r].empty()) {
+      scratch.dropout.resize(visible[r].last - visible[r].first + 1);
+      DropoutMultipliers(options, b, h, i, visible[r], scratch.dropout.data());
+      float* kept = probs + (visible[r].first - cols.first);
+      for (size_t j = 0; j < scratch.dropout.size(); ++j) kept[j] *= scratch.dropout[j];
+    }
   }
   if (width > 0) {
     // Padded rows (r >= rows) have all-zero q; zero their probabilities so they stay inert.
@@ -217,8 +238,8 @@ KernelStatus ForwardChunk(const ForwardParams& params, const ExecutionContext& c
   return ParallelFor(items, ResolveWorkers(ctx, items), [&](int64_t item, int worker) {
     const QueryBlock& block = blocks[item / shape.num_heads];
     const int h = static_cast<int>(item % shape.num_heads);
-    ForwardBlock(params, dims, transform, GetSequence(shape, block.b), block.row_begin, h,
-                 chunk.block(block.b, h / dims.group), scratch[worker]);
+    ForwardBlock(params, dims, transform, block.b, GetSequence(shape, block.b),
+                 block.row_begin, h, chunk.block(block.b, h / dims.group), scratch[worker]);
   }, ctx.should_stop);
 }
 

@@ -78,7 +78,30 @@ struct RequestOptions {
   std::optional<int32_t> window_left;
   std::optional<int32_t> window_right;
   float softcap = 0.0f;
+  float dropout_p = 0.0f;  // 0 = off
+  // The request's dropout seed (ForwardRequest / BackwardRequest.dropout_seed): the engine
+  // replaces a forward's 0 by one it picks, before the forward runs or keeps a context.
+  uint64_t dropout_seed = 0;
+  // ALiBi slopes as sent, copied (batch x num_heads floats at most): float32 [num_heads] or
+  // [batch, num_heads] once validated. Absent = off. Owned, so a kept context keeps them.
+  std::optional<OwnedTensor> alibi_slopes;
+
+  bool has_dropout() const { return dropout_p > 0.0f; }
+  bool has_alibi() const { return alibi_slopes.has_value(); }
 };
+
+// Whether two requests ask for the same attention, dropout_seed aside (callers compare it
+// where it matters: a context's backward).
+inline bool SameOptionsButSeed(const RequestOptions& a, const RequestOptions& b) {
+  auto same_slopes = [](const std::optional<OwnedTensor>& x, const std::optional<OwnedTensor>& y) {
+    if (x.has_value() != y.has_value()) return false;
+    return !x || (x->dtype == y->dtype && x->shape == y->shape && x->data == y->data);
+  };
+  return a.softmax_scale == b.softmax_scale && a.causal == b.causal &&
+         a.window_left == b.window_left && a.window_right == b.window_right &&
+         a.softcap == b.softcap && a.dropout_p == b.dropout_p &&
+         same_slopes(a.alibi_slopes, b.alibi_slopes);
+}
 
 struct ForwardInputs {
   TensorView q, k, v;
@@ -121,6 +144,7 @@ struct ForwardResult {
   OwnedTensor out;  // [total_q, num_heads, head_dim], dtype of q
   OwnedTensor lse;  // [num_heads, total_q] float32
   ExecutionReport execution;
+  uint64_t dropout_seed = 0;  // the seed dropout used (the engine sets it); 0 without dropout
   // The kept context's id when keep_context was asked for and it fit the context budget;
   // empty otherwise (the client then sends its backward in full).
   std::string context_id;

@@ -5,10 +5,10 @@
 namespace attnserve::engine {
 namespace {
 
+// Dropout and ALiBi are keyed by a sequence's index within its own request (the mask) and by
+// its request's slopes, which a merged launch would renumber and mix: such requests run alone.
 bool SameOptions(const RequestOptions& a, const RequestOptions& b) {
-  return a.softmax_scale == b.softmax_scale && a.causal == b.causal &&
-         a.window_left == b.window_left && a.window_right == b.window_right &&
-         a.softcap == b.softcap;
+  return SameOptionsButSeed(a, b) && !a.has_dropout() && !a.has_alibi();
 }
 
 bool SameHeads(const TensorView& qa, const TensorView& ka, const TensorView& qb,

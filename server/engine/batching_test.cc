@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "server/engine/cpu_worker.h"
@@ -123,6 +124,30 @@ TEST(BatchingTest, CompatibilityNeedsSameShapeClassAndOptions) {
   fb = b.Forward();
   fb.k.shape[1] = 4;
   EXPECT_FALSE(Compatible(fa, fb));
+}
+
+// The dropout mask is keyed by a sequence's index within its request and [batch, heads] ALiBi
+// slopes by its row: a merged launch would renumber them, so such requests run alone, even
+// beside requests with the very same options.
+TEST(BatchingTest, DropoutAndAlibiRequestsRunAlone) {
+  RandomRequest a({4}, {4}, 1), b({7}, {2}, 2);
+  ForwardInputs fa = a.Forward(), fb = b.Forward();
+  fa.options.dropout_p = fb.options.dropout_p = 0.1f;
+  fa.options.dropout_seed = fb.options.dropout_seed = 5;
+  EXPECT_FALSE(Compatible(fa, fb));
+  fa = a.Forward();
+  fb = b.Forward();
+  OwnedTensor slopes{DType::kFloat32, {fa.q.shape[1]}, std::string(4 * fa.q.shape[1], '\0')};
+  fa.options.alibi_slopes = fb.options.alibi_slopes = slopes;
+  EXPECT_FALSE(Compatible(fa, fb));
+  // Backwards alike (Compatible reads only heads, dtype and options).
+  BackwardInputs ba, bb;
+  fa = a.Forward();
+  fb = b.Forward();
+  ba.q = fa.q, ba.k = fa.k, bb.q = fb.q, bb.k = fb.k;
+  EXPECT_TRUE(Compatible(ba, bb));
+  ba.options.dropout_p = bb.options.dropout_p = 0.1f;
+  EXPECT_FALSE(Compatible(ba, bb));
 }
 
 

@@ -21,16 +21,20 @@ CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& opt
   StartLanes(std::max(1, options.cpu_lanes));
 }
 
-absl::Status CpuWorker::CheckRoute(Direction direction, const TensorView& q) const {
+absl::Status CpuWorker::CheckRoute(Direction direction, const TensorView& q,
+                                   const RequestOptions& options) const {
   const Route route =
-      ChooseRoute({/*compute_capability=*/0, direction, q.dtype, static_cast<int>(q.shape[2])},
+      ChooseRoute({/*compute_capability=*/0, direction, q.dtype, static_cast<int>(q.shape[2]),
+                   /*shared_memory_per_block=*/0, options.has_dropout(), options.has_alibi()},
                   catalog_);
   if (route.family.empty()) return absl::FailedPreconditionError(route.reason);
   return absl::OkStatus();
 }
 
 absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, int lane) {
-  if (absl::Status s = CheckRoute(Direction::kForward, inputs.q); !s.ok()) return s;
+  if (absl::Status s = CheckRoute(Direction::kForward, inputs.q, inputs.options); !s.ok()) {
+    return s;
+  }
   kernels::ExecutionContext context = context_;
   context.should_stop = LaneStop(lane);
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, context);
@@ -39,7 +43,9 @@ absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, in
 }
 
 absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, int lane) {
-  if (absl::Status s = CheckRoute(Direction::kBackward, inputs.q); !s.ok()) return s;
+  if (absl::Status s = CheckRoute(Direction::kBackward, inputs.q, inputs.options); !s.ok()) {
+    return s;
+  }
   kernels::ExecutionContext context = context_;
   context.should_stop = LaneStop(lane);
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, context);

@@ -30,7 +30,8 @@ class CpuWorker : public QueueWorker {
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
   // OK when the catalog's families run this request here; under --kernel=<a GPU family>,
   // FAILED_PRECONDITION with the router's reason.
-  absl::Status CheckRoute(Direction direction, const TensorView& q) const;
+  absl::Status CheckRoute(Direction direction, const TensorView& q,
+                          const RequestOptions& options) const;
 
   const kernels::ExecutionContext context_;
   const KernelCatalog catalog_;

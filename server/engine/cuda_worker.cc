@@ -149,16 +149,18 @@ std::vector<CoverageRow> CudaWorker::coverage() const {
 
 void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal()); }
 
-Route CudaWorker::RouteFor(Direction direction, const TensorView& q) const {
+Route CudaWorker::RouteFor(Direction direction, const TensorView& q,
+                          const RequestOptions& options) const {
   return ChooseRoute({compute_capability_, direction, q.dtype, static_cast<int>(q.shape[2]),
-                      device().shared_memory_per_block},
+                      device().shared_memory_per_block, options.has_dropout(),
+                      options.has_alibi()},
                      catalog_);
 }
 
 absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, int lane) {
   if (IsResident(inputs)) return ExecuteResident(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, inputs.q));
+      FamilyEntry(RouteFor(Direction::kForward, inputs.q, inputs.options));
   if (!family.ok()) return family.status();
   // Empty requests need no device: the reference answers them without copies.
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0) {
@@ -173,7 +175,7 @@ absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, i
 absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int lane) {
   if (IsResident(inputs)) return ExecuteResident(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
+      FamilyEntry(RouteFor(Direction::kBackward, inputs.q, inputs.options));
   if (!family.ok()) return family.status();
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
     return std::move(RunOnDevice(**family, {&inputs}, lane)[0]);
@@ -186,7 +188,7 @@ absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs,
 absl::StatusOr<ForwardResult> CudaWorker::ExecuteKeeping(const ForwardInputs& inputs, int lane,
                                                          std::unique_ptr<ContextMemory>* kept) {
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, inputs.q));
+      FamilyEntry(RouteFor(Direction::kForward, inputs.q, inputs.options));
   if (!family.ok()) return family.status();
   if (!(*family)->runs_on_device || inputs.q.shape[0] == 0) {
     // Ran on the host: its context is kept there too.
@@ -205,7 +207,7 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteOnContext(const BackwardInputs
   // A host context fills the inputs with host views: the ordinary path reads them.
   if (context.memory->on_host()) return Execute(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
+      FamilyEntry(RouteFor(Direction::kBackward, inputs.q, inputs.options));
   if (!family.ok()) return family.status();
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
     return RunOnContext(**family, inputs, *context.memory, lane);
@@ -244,7 +246,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
   if (parts.size() == 1 && IsResident(*parts[0])) return {Execute(*parts[0], lane)};
   // Parts of a batch share dtype and head_dim, so they share a route.
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, parts[0]->q));
+      FamilyEntry(RouteFor(Direction::kForward, parts[0]->q, parts[0]->options));
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0) {
     // Nonzero rows in one part mean nonzero rows in the merge.
     return RunOnDevice(**family, parts, lane);
@@ -256,7 +258,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::ExecuteBatch(
     const std::vector<const BackwardInputs*>& parts, int lane) {
   if (parts.size() == 1 && IsResident(*parts[0])) return {Execute(*parts[0], lane)};
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, parts[0]->q));
+      FamilyEntry(RouteFor(Direction::kBackward, parts[0]->q, parts[0]->options));
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0 &&
       KeyTokens(*parts[0]) > 0) {
     return RunOnDevice(**family, parts, lane);
@@ -574,7 +576,7 @@ absl::Status HostFamilyRefused(const kernels::KernelFamilyEntry& family, const T
 
 absl::StatusOr<ForwardResult> CudaWorker::ExecuteResident(const ForwardInputs& inputs, int lane) {
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, inputs.q));
+      FamilyEntry(RouteFor(Direction::kForward, inputs.q, inputs.options));
   if (!family.ok()) return family.status();
   if (!(*family)->runs_on_device) return HostFamilyRefused(**family, inputs.q);
   if (inputs.q.shape[0] == 0) {  // no query rows: out and lse have no bytes
@@ -592,7 +594,7 @@ absl::StatusOr<ForwardResult> CudaWorker::ExecuteResident(const ForwardInputs& i
 absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs& inputs,
                                                            int lane) {
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
+      FamilyEntry(RouteFor(Direction::kBackward, inputs.q, inputs.options));
   if (!family.ok()) return family.status();
   if (!(*family)->runs_on_device) return HostFamilyRefused(**family, inputs.q);
   if (inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {

@@ -117,7 +117,7 @@ class CudaWorker : public QueueWorker {
                                           size_t workspace_bytes) const;
   DeviceContextFn DeviceContextMaker() const;
   // The routing table's choice for a request of q's dtype and head_dim on this device.
-  Route RouteFor(Direction direction, const TensorView& q) const;
+  Route RouteFor(Direction direction, const TensorView& q, const RequestOptions& options) const;
   void PublishMemoryUse();
 
   std::vector<std::unique_ptr<CudaLane>> lanes_;

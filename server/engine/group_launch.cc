@@ -43,6 +43,7 @@ GroupLaunches PlanSplitLaunches(const std::vector<LaunchRange>& ranges, const Te
     GroupLaunch& launch = plan.groups[g];
     const LaunchRange& range = ranges[g];
     const int32_t b0 = range.first_sequence, b1 = range.end_sequence;
+    launch.first_sequence = b0;
     if (range.row_block) {
       // One sequence's rows [row_begin, row_end) over its keys [0, key_end).
       launch.q0 = cu_seqlens_q[b0] + range.row_begin;
@@ -80,6 +81,7 @@ kernels::AttentionOptions LaunchOptions(const kernels::AttentionOptions& request
                                         const GroupLaunch& launch) {
   kernels::AttentionOptions options = request;
   ShiftWindow(launch.window_shift, &options.window_left, &options.window_right);
+  options.first_sequence = request.first_sequence + launch.first_sequence;
   return options;
 }
 

@@ -20,6 +20,9 @@ struct GroupLaunch {
   int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;  // the group's query and key rows
   size_t cu_q_at = 0, cu_k_at = 0;          // its offsets in GroupLaunches::offsets, in int32s
   int window_shift = 0;  // a block of one sequence's rows: LaunchRange::window_shift
+  // The request's index of the launch's first sequence: the launch sets
+  // AttentionOptions::first_sequence to it (the dropout mask and per-sequence ALiBi slopes).
+  int first_sequence = 0;
   // The launch's shape; cu_seqlens_* point into GroupLaunches::offsets (the device copies are
   // the launch's to fill in).
   kernels::AttentionShape shape;

@@ -49,7 +49,13 @@ struct Row {
   int multiple;
   const char* reason;
   SharedMemoryNeed shared_memory = nullptr;
+  unsigned features = 0;  // kDropout | kAlibi: the options beyond the base semantics it serves
 };
+
+// Row::features bits. The GPU families do not implement dropout or ALiBi yet (the mask's
+// contract is kernels/dropout_mask.h): such requests route to the reference or get an error.
+constexpr unsigned kDropout = 1u << 0;
+constexpr unsigned kAlibi = 1u << 1;
 
 constexpr Direction kFwd = Direction::kForward;
 constexpr Direction kBwd = Direction::kBackward;
@@ -80,9 +86,11 @@ constexpr Row kTable[] = {
     {"cublas", 70, kAnyCc, kBwd, kAllDTypes, 1, kNoHeadDimBound, 1,
      "cuBLAS backward in query chunks: any dtype and head_dim"},
     {"reference", 0, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "exact CPU kernels: every dtype, head_dim and device"},
+     "exact CPU kernels: every dtype, head_dim and device; dropout and ALiBi", nullptr,
+     kDropout | kAlibi},
     {"reference", 0, kAnyCc, kBwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "exact CPU kernels: every dtype, head_dim and device"},
+     "exact CPU kernels: every dtype, head_dim and device; dropout and ALiBi", nullptr,
+     kDropout | kAlibi},
 };
 
 bool AppliesTo(const Row& row, int compute_capability, const KernelCatalog& catalog) {
@@ -100,8 +108,13 @@ bool FitsSharedMemory(const Row& row, Direction direction, int head_dim, int com
   return need > 0 && need <= shared_memory_per_block;
 }
 
+unsigned FeaturesOf(const RouteQuery& q) {
+  return (q.dropout ? kDropout : 0u) | (q.alibi ? kAlibi : 0u);
+}
+
 bool RowCovers(const Row& row, const RouteQuery& q, const KernelCatalog& catalog) {
   return AppliesTo(row, q.compute_capability, catalog) && row.direction == q.direction &&
+         (row.features & FeaturesOf(q)) == FeaturesOf(q) &&
          (row.dtypes & MaskOf(q.dtype)) != 0 && q.head_dim >= row.min_head_dim &&
          q.head_dim <= row.max_head_dim && q.head_dim % row.multiple == 0 &&
          FitsSharedMemory(row, q.direction, q.head_dim, q.compute_capability,
@@ -163,9 +176,16 @@ Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog) {
   for (const std::string& f : catalog.families) {
     absl::StrAppend(&families, families.empty() ? "" : ", ", f);
   }
+  // Name the options a family lacks, so a dropout or ALiBi request says why it cannot run.
+  std::string with;
+  if (query.dropout) with += " with options.dropout_p > 0";
+  if (query.alibi) {
+    with += query.dropout ? " and options.alibi_slopes" : " with options.alibi_slopes";
+  }
+  if (!with.empty()) with += " (served by: reference, the CPU device)";
   return {"", absl::StrCat("no kernel family of [", families, "] runs a ",
                            DirectionName(query.direction), " of ", kernels::DTypeName(query.dtype),
-                           " with head_dim ", query.head_dim, " on compute capability ",
+                           with, " with head_dim ", query.head_dim, " on compute capability ",
                            query.compute_capability / 10, ".", query.compute_capability % 10,
                            too_big)};
 }
@@ -187,6 +207,8 @@ std::vector<CoverageRow> CoverageFor(int compute_capability, int shared_memory_p
     out.min_head_dim = row.min_head_dim;
     out.max_head_dim = max_head_dim;
     out.head_dim_multiple = row.multiple;
+    out.dropout = (row.features & kDropout) != 0;
+    out.alibi = (row.features & kAlibi) != 0;
     out.reason = row.reason;
     if (max_head_dim < row.max_head_dim) {
       absl::StrAppend(&out.reason, "; on this device up to head_dim ", max_head_dim,

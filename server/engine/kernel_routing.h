@@ -25,6 +25,9 @@ struct RouteQuery {
   // whose kernel for the query needs more is passed over (flash at large head dims on
   // sm86/89, whose blocks get 99 KB).
   int shared_memory_per_block = 0;
+  // Options only some families implement: options.dropout_p > 0, options.alibi_slopes.
+  bool dropout = false;
+  bool alibi = false;
 };
 
 struct Route {
@@ -51,6 +54,8 @@ struct CoverageRow {
   int min_head_dim = 1;
   int max_head_dim = 0;  // INT_MAX: no bound of the family's own
   int head_dim_multiple = 1;
+  bool dropout = false;  // serves options.dropout_p > 0
+  bool alibi = false;    // serves options.alibi_slopes
   std::string reason;
 };
 

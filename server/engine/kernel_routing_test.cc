@@ -165,3 +165,33 @@ TEST(KernelRoutingTest, CoverageListsWhatEachDeviceServes) {
 
 }  // namespace
 }  // namespace attnserve::engine
+
+namespace attnserve::engine {
+namespace {
+
+TEST(KernelRouting, DropoutAndAlibiRouteOnlyToFamiliesThatServeThem) {
+  for (bool dropout : {false, true}) {
+    for (bool alibi : {false, true}) {
+      if (!dropout && !alibi) continue;
+      RouteQuery query{0, Direction::kForward, DType::kFloat16, 64, 0, dropout, alibi};
+      EXPECT_EQ(ChooseRoute(query, kAllFamilies).family, "reference");
+      // On a GPU whose catalog has no reference family: an error naming the option.
+      query.compute_capability = 90;
+      const Route route = ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}});
+      EXPECT_EQ(route.family, "");
+      if (dropout) EXPECT_NE(route.reason.find("options.dropout_p"), std::string::npos);
+      if (alibi) EXPECT_NE(route.reason.find("options.alibi_slopes"), std::string::npos);
+    }
+  }
+}
+
+TEST(KernelRouting, CoverageSaysWhichFamiliesServeDropoutAndAlibi) {
+  for (const CoverageRow& row : CoverageFor(90, 0, kAllFamilies)) {
+    const bool reference = row.family == "reference";
+    EXPECT_EQ(row.dropout, reference) << row.family;
+    EXPECT_EQ(row.alibi, reference) << row.family;
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::engine

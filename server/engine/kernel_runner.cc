@@ -45,6 +45,15 @@ kernels::AttentionOptions ResolveOptions(const RequestOptions& o, int head_dim) 
   resolved.window_left = o.window_left.value_or(-1);
   resolved.window_right = o.window_right.value_or(-1);
   resolved.softcap = o.softcap;
+  resolved.dropout_p = o.dropout_p;
+  resolved.dropout_seed = o.dropout_seed;
+  if (o.alibi_slopes) {
+    // Validated float32 [num_heads] or [batch, num_heads]; std::string storage is aligned
+    // for float.
+    resolved.alibi_slopes = reinterpret_cast<const float*>(o.alibi_slopes->data.data());
+    resolved.alibi_slopes_stride =
+        o.alibi_slopes->shape.size() == 2 ? static_cast<int>(o.alibi_slopes->shape[1]) : 0;
+  }
   return resolved;
 }
 
@@ -113,6 +122,7 @@ absl::StatusOr<ForwardResult> RunForwardByGroups(const KernelFamily& family,
       kernels::ForwardParams params;
       params.shape = launch.shape;
       params.options = ResolveOptions(in.options, params.shape.head_dim);
+      params.options.first_sequence = launch.first_sequence;
       params.q = RowsOfView(in.q, q0, q1).data;
       params.k = RowsOfView(in.k, k0, launch.k1).data;
       params.v = RowsOfView(in.v, k0, launch.k1).data;
@@ -164,6 +174,7 @@ absl::StatusOr<BackwardResult> RunBackwardByGroups(const KernelFamily& family,
       kernels::BackwardParams params;
       params.shape = launch.shape;
       params.options = ResolveOptions(in.options, params.shape.head_dim);
+      params.options.first_sequence = launch.first_sequence;
       params.deterministic = in.deterministic;
       params.q = RowsOfView(in.q, q0, q1).data;
       params.k = RowsOfView(in.k, k0, k1).data;

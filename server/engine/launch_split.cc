@@ -128,10 +128,13 @@ std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& r, double slice_sec
     group.first_sequence = at;
     group_seconds = 0;
   };
+  // A row block renumbers its rows from 0 and moves its diagonal by window_shift: the dropout
+  // mask (keyed by the row within its sequence) and ALiBi's distances would move with them.
+  const bool row_blocks = !r.options.has_dropout() && !r.options.has_alibi();
   for (int32_t b = first; b < end; ++b) {
     const int64_t len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
     const double seconds = cost.Sequence(len_q, len_k);
-    if (forward && seconds > slice_seconds && len_q > kRowBlockAlignment) {
+    if (forward && row_blocks && seconds > slice_seconds && len_q > kRowBlockAlignment) {
       close_group(b);
       AppendRowBlocks(r, cost, b, len_q, len_k, slice_seconds, ranges);
       group.first_sequence = b + 1;

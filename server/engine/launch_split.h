@@ -16,6 +16,9 @@
 // row's visible keys unchanged. Blocks start at multiples of kRowBlockAlignment rows, so
 // their query tiles are the whole launch's and each row meets its keys in the same tiles.
 //
+// With dropout or ALiBi a forward too is cut by whole sequences only: a row block renumbers its
+// rows, which key the dropout mask, and moves its diagonal, which ALiBi's distances start from.
+//
 // A backward is cut by whole sequences only: one sequence's dk and dv sum over all of its
 // query rows, so blocks of rows would have to accumulate them across launches (in float32,
 // beside the outputs) and a deterministic backward would have to fix that order too. One very

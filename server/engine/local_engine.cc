@@ -1,6 +1,7 @@
 #include "server/engine/local_engine.h"
 
 #include <algorithm>
+#include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -132,10 +133,31 @@ absl::Status LocalEngine::Enqueue(ForwardJob job) {
   if (absl::Status s = ValidateForward(job.inputs, limits_); !s.ok()) {
     return Reject(s, s.code() == absl::StatusCode::kResourceExhausted ? "limit" : "invalid");
   }
+  ResolveDropoutSeed(job);
   absl::StatusOr<std::optional<size_t>> resident = ResidentWorker(ResidentDevice(job.inputs));
   if (!resident.ok()) return Reject(resident.status(), "invalid");
   const RequestProfile profile = ProfileOf(job.inputs);
   return Admit(std::move(job), profile, *resident);
+}
+
+void LocalEngine::ResolveDropoutSeed(ForwardJob& job) {
+  RequestOptions& options = job.inputs.options;
+  if (!options.has_dropout()) {
+    options.dropout_seed = 0;  // no mask drawn: none to report or keep
+    return;
+  }
+  if (options.dropout_seed == 0) {
+    // Per-thread generators seeded from the OS: no lock, and seeds unpredictable across
+    // requests. 0 means "pick one" on the wire, so it is never picked.
+    thread_local std::mt19937_64 generator(std::random_device{}());
+    while (options.dropout_seed == 0) options.dropout_seed = generator();
+  }
+  // The answer reports the seed so the client's backward draws the same mask.
+  job.done = [seed = options.dropout_seed,
+              done = std::move(job.done)](absl::StatusOr<ForwardResult> result) {
+    if (result.ok()) result->dropout_seed = seed;
+    done(std::move(result));
+  };
 }
 
 absl::StatusOr<std::optional<size_t>> LocalEngine::ResidentWorker(

@@ -77,6 +77,8 @@ class LocalEngine : public Engine {
   void Resubmit(Job job);
   // Fills a backward on a context in from it and holds the context in the job.
   absl::Status ResolveContext(BackwardJob& job);
+  // Replaces a dropout forward's seed 0 by a picked one and makes its answer report the seed.
+  static void ResolveDropoutSeed(ForwardJob& job);
   absl::Status Reject(absl::Status status, const char* reason);
   std::vector<DeviceState> DeviceStates() const;
   void AddInflight(int64_t delta);

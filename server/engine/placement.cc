@@ -18,7 +18,8 @@ bool NearlyEqual(double a, double b) {
 
 std::string FamilyOn(const RequestProfile& request, const DeviceState& device) {
   return ChooseRoute({device.compute_capability, request.direction, request.dtype,
-                      request.head_dim, device.shared_memory_per_block},
+                      request.head_dim, device.shared_memory_per_block, request.dropout,
+                      request.alibi},
                      device.catalog)
       .family;
 }
@@ -64,7 +65,8 @@ absl::Status CheckPlaceable(const RequestProfile& request, const std::vector<Dev
   std::string no_family_reason;
   for (const DeviceState& device : devices) {
     const Route route = ChooseRoute({device.compute_capability, request.direction, request.dtype,
-                                     request.head_dim, device.shared_memory_per_block},
+                                     request.head_dim, device.shared_memory_per_block,
+                                     request.dropout, request.alibi},
                                     device.catalog);
     if (route.family.empty()) {
       no_family_reason = route.reason;

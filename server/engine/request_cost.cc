@@ -44,6 +44,8 @@ RequestProfile Profile(const Inputs& in, Direction direction) {
   profile.flops = AttentionFlops(in);
   profile.scores = ScoreWork(in);
   profile.device_bytes = DeviceBytes(in);
+  profile.dropout = in.options.has_dropout();
+  profile.alibi = in.options.has_alibi();
   return profile;
 }
 

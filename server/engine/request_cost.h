@@ -41,6 +41,8 @@ struct RequestProfile {
   double flops = 0;          // AttentionFlops
   double scores = 0;         // ScoreWork
   int64_t device_bytes = 0;  // DeviceBytes: what it holds on a GPU while it runs
+  bool dropout = false;      // options only some kernel families serve (kernel_routing.h)
+  bool alibi = false;
 };
 
 RequestProfile ProfileOf(const ForwardInputs& in);

@@ -1,6 +1,7 @@
 #include "server/engine/request_validation.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -86,7 +87,46 @@ absl::Status CheckOffsets(const std::vector<int32_t>& cu, const char* name, int6
   return absl::OkStatus();
 }
 
-absl::Status CheckOptions(const RequestOptions& o) {
+// ALiBi slopes: float32 (the codec checked the dtype), [num_heads] or [batch, num_heads],
+// exactly their bytes, every slope finite.
+absl::Status CheckAlibiSlopes(const OwnedTensor& slopes, const Dims& dims) {
+  const std::vector<int64_t> per_head = {dims.num_heads};
+  const std::vector<int64_t> per_sequence = {dims.batch, dims.num_heads};
+  if (slopes.dtype != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.alibi_slopes.dtype: must be float32, got ", kernels::DTypeName(slopes.dtype)));
+  }
+  if (slopes.shape != per_head && slopes.shape != per_sequence) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.alibi_slopes.shape: expected [num_heads] = ", ShapeString(per_head),
+        " or [batch, num_heads] = ", ShapeString(per_sequence), ", got ",
+        ShapeString(slopes.shape)));
+  }
+  if (slopes.data.size() != slopes.size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.alibi_slopes.data: ", slopes.data.size(), " bytes, but float32 ",
+        ShapeString(slopes.shape), " needs ", slopes.size_bytes()));
+  }
+  for (size_t i = 0; i < slopes.data.size() / sizeof(float); ++i) {
+    float slope;
+    std::memcpy(&slope, slopes.data.data() + i * sizeof(float), sizeof(float));
+    if (!std::isfinite(slope)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.alibi_slopes: element ", i, " is ", slope, "; must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const RequestOptions& o, const Dims& dims) {
+  // Written so NaN fails too; p = 1 would drop everything and scale by 1 / 0.
+  if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.dropout_p must be finite and in [0, 1) (0 = off), got ", o.dropout_p));
+  }
+  if (o.alibi_slopes) {
+    if (absl::Status s = CheckAlibiSlopes(*o.alibi_slopes, dims); !s.ok()) return s;
+  }
   if (!std::isfinite(o.softmax_scale) || std::fabs(o.softmax_scale) > kMaxSoftmaxScale) {
     return absl::InvalidArgumentError(
         absl::StrCat("options.softmax_scale must be finite with magnitude at most ",
@@ -183,7 +223,7 @@ absl::Status CheckQkv(const TensorView& q, const TensorView& k, const TensorView
       !s.ok()) {
     return s;
   }
-  return CheckOptions(options);
+  return CheckOptions(options, dims);
 }
 
 }  // namespace
@@ -225,7 +265,14 @@ absl::Status ValidateBackward(const BackwardInputs& in, const Limits& limits) {
         absl::StrCat("lse.shape: expected [num_heads, total_q] = ", ShapeString(lse_shape),
                      ", got ", ShapeString(in.lse.shape)));
   }
-  return CheckByteCount(in.lse, "lse");
+  if (absl::Status s = CheckByteCount(in.lse, "lse"); !s.ok()) return s;
+  // The mask must be the forward's: its seed is not guessable.
+  if (in.options.has_dropout() && in.options.dropout_seed == 0) {
+    return absl::InvalidArgumentError(
+        "dropout_seed: required (nonzero) when options.dropout_p > 0; send the forward's "
+        "ForwardResponse.dropout_seed, or the context_id of a keep_context forward");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve::engine

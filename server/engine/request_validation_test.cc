@@ -1,6 +1,8 @@
 #include "server/engine/request_validation.h"
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -217,6 +219,62 @@ TEST_F(ValidationTest, MissingBackwardTensorsAreNamed) {
   in = Backward();
   in.dout = TensorView{};
   ExpectInvalid(ValidateBackward(in, limits_), "dout: missing");
+}
+
+}  // namespace
+}  // namespace attnserve::engine
+
+namespace attnserve::engine {
+namespace {
+
+OwnedTensor Slopes(std::vector<int64_t> shape, std::vector<float> values) {
+  OwnedTensor t{DType::kFloat32, std::move(shape), ""};
+  t.data.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return t;
+}
+
+TEST_F(ValidationTest, DropoutPMustBeInZeroToOne) {
+  for (float p : {0.0f, 0.5f, 0.999f}) {
+    ForwardInputs in = Forward();
+    in.options.dropout_p = p;
+    EXPECT_TRUE(ValidateForward(in, limits_).ok()) << p;
+  }
+  for (float p : {1.0f, -0.1f, std::nanf(""), INFINITY}) {
+    ForwardInputs in = Forward();
+    in.options.dropout_p = p;
+    ExpectInvalid(ValidateForward(in, limits_), "options.dropout_p");
+  }
+}
+
+TEST_F(ValidationTest, AlibiSlopesArePerHeadOrPerSequenceAndFinite) {
+  ForwardInputs in = Forward();  // batch 2, 4 heads
+  in.options.alibi_slopes = Slopes({4}, {0.1f, 0.2f, 0.3f, 0.4f});
+  EXPECT_TRUE(ValidateForward(in, limits_).ok());
+  in.options.alibi_slopes = Slopes({2, 4}, std::vector<float>(8, 0.5f));
+  EXPECT_TRUE(ValidateForward(in, limits_).ok());
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{2}, {3, 4}, {1, 2, 4}, {}}) {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    in.options.alibi_slopes = Slopes(shape, std::vector<float>(count, 0.5f));
+    ExpectInvalid(ValidateForward(in, limits_), "options.alibi_slopes.shape");
+  }
+  in.options.alibi_slopes = Slopes({4}, {0.1f, 0.2f, 0.3f});  // 12 bytes for 4 floats
+  ExpectInvalid(ValidateForward(in, limits_), "options.alibi_slopes.data");
+  in.options.alibi_slopes = Slopes({4}, {0.1f, std::nanf(""), 0.3f, 0.4f});
+  ExpectInvalid(ValidateForward(in, limits_), "options.alibi_slopes");
+  in.options.alibi_slopes = Slopes({4}, {0.1f, 0.2f, -INFINITY, 0.4f});
+  ExpectInvalid(ValidateForward(in, limits_), "options.alibi_slopes");
+  in.options.alibi_slopes = Slopes({4}, {0.1f, 0.2f, 0.3f, 0.4f});
+  in.options.alibi_slopes->dtype = DType::kFloat16;
+  ExpectInvalid(ValidateForward(in, limits_), "options.alibi_slopes.dtype");
+}
+
+TEST_F(ValidationTest, DropoutBackwardNeedsTheForwardSeed) {
+  BackwardInputs in = Backward();
+  in.options.dropout_p = 0.1f;
+  ExpectInvalid(ValidateBackward(in, limits_), "dropout_seed");
+  in.options.dropout_seed = 42;
+  EXPECT_TRUE(ValidateBackward(in, limits_).ok());
 }
 
 }  // namespace

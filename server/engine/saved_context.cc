@@ -47,12 +47,6 @@ std::string_view BytesOf(const std::vector<int32_t>& v) {
   return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int32_t)};
 }
 
-bool SameOptions(const RequestOptions& a, const RequestOptions& b) {
-  return a.softmax_scale == b.softmax_scale && a.causal == b.causal &&
-         a.window_left == b.window_left && a.window_right == b.window_right &&
-         a.softcap == b.softcap;
-}
-
 absl::Status CheckTensor(const TensorView& sent, const char* name, DType dtype,
                          const std::vector<int64_t>& shape) {
   if (sent.absent()) return absl::OkStatus();
@@ -131,9 +125,17 @@ absl::Status CheckAgreesWithContext(const BackwardInputs& in, const ContextSpec&
   }
   // Options are a message of plain fields: all defaults is what a client that sends none
   // produces, so only other values must match.
-  if (!SameOptions(in.options, RequestOptions{}) && !SameOptions(in.options, spec.options)) {
+  if (!SameOptionsButSeed(in.options, RequestOptions{}) &&
+      !SameOptionsButSeed(in.options, spec.options)) {
     return absl::InvalidArgumentError(
         "options: disagree with the options of the forward that kept the context");
+  }
+  // The context holds the seed its forward used (the server's pick included); 0 = not sent.
+  if (in.options.dropout_seed != 0 && in.options.dropout_seed != spec.options.dropout_seed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dropout_seed: ", in.options.dropout_seed,
+                     " disagrees with the seed of the forward that kept the context, ",
+                     spec.options.dropout_seed));
   }
   return absl::OkStatus();
 }

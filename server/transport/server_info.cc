@@ -26,6 +26,8 @@ void AddRoutes(const std::vector<engine::CoverageRow>& rows, v1::DeviceInfo* dev
     route->set_min_head_dim(row.min_head_dim);
     route->set_max_head_dim(row.max_head_dim == INT_MAX ? 0 : row.max_head_dim);
     route->set_head_dim_multiple(row.head_dim_multiple);
+    route->set_dropout(row.dropout);
+    route->set_alibi(row.alibi);
     route->set_reason(row.reason);
   }
 }

@@ -112,6 +112,15 @@ NaiveProblem Case::naive() const {
   n.window_left = o.window_left;
   n.window_right = o.window_right;
   n.softcap = o.softcap;
+  n.dropout_p = o.dropout_p;
+  n.dropout_seed = o.dropout_seed;
+  if (o.alibi_slopes != nullptr) {
+    // The oracle keys by the launch's sequence index: tests with first_sequence compare
+    // kernel runs against each other instead.
+    const size_t rows = o.alibi_slopes_stride == 0 ? 1 : cu_seqlens_q.size() - 1;
+    n.alibi_slopes.assign(o.alibi_slopes, o.alibi_slopes + rows * problem.num_heads);
+    n.alibi_stride = o.alibi_slopes_stride;
+  }
   return n;
 }
 

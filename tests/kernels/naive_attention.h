@@ -18,6 +18,11 @@ struct NaiveProblem {
   int window_left = -1;  // negative = unbounded
   int window_right = -1;
   double softcap = 0.0;  // 0 = off
+  float dropout_p = 0.0f;  // 0 = off; the mask is kernels/dropout_mask.h's
+  uint64_t dropout_seed = 0;
+  // ALiBi: slope of (sequence b, head h) = alibi_slopes[b * alibi_stride + h]; empty = off.
+  std::vector<double> alibi_slopes;
+  int alibi_stride = 0;
 };
 
 // Packed tensors as in kernels/: q/out [total_q, num_heads, head_dim], k/v [total_k,

@@ -363,3 +363,27 @@ def test_malformed_offsets_go_as_one_call_named_by_the_server(clients, rng, smal
     with pytest.raises(attnserve.AttentionError, match="cu_seqlens_q"):
         shm.forward(q, k, v, bad, cu)
     assert small_pipeline == [1]
+
+
+def test_dropout_with_a_seed_goes_through_shared_memory_and_alibi_or_no_seed_do_not(
+        oip_server, clients, rng):  # noqa: F811
+    """OIP carries dropout only with the caller's seed (its answer has no place for the
+    server's pick) and no ALiBi: such calls take the data channel, with the same answers."""
+    shm, data = clients
+    q, k, v, dout, cu = _problem(rng, dtype=np.float32)
+    seeded = dict(causal=True, dropout_p=0.3, dropout_seed=99)
+    before = oip_server.metric(*SHM_IN)
+    fwd = shm.forward(q, k, v, cu, cu, **seeded)
+    assert fwd.dropout_seed == 99 and oip_server.metric(*SHM_IN) > before
+    expected = data.forward(q, k, v, cu, cu, **seeded)
+    _same(fwd.out, expected.out)
+    grads = shm.backward(dout, q, k, v, fwd.out, fwd.lse, cu, cu, **seeded)
+    expected_grads = data.backward(dout, q, k, v, expected.out, expected.lse, cu, cu, **seeded)
+    for name in ("dq", "dk", "dv"):
+        _same(getattr(grads, name), getattr(expected_grads, name))
+    before = oip_server.metric(*SHM_IN)
+    picked = shm.forward(q, k, v, cu, cu, causal=True, dropout_p=0.3)
+    slopes = np.full(q.shape[1], 0.25, np.float32)
+    alibi = shm.forward(q, k, v, cu, cu, causal=True, alibi_slopes=slopes)
+    assert oip_server.metric(*SHM_IN) == before and picked.dropout_seed != 0
+    _same(alibi.out, data.forward(q, k, v, cu, cu, causal=True, alibi_slopes=slopes).out)

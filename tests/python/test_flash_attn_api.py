@@ -9,7 +9,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnserve import UnsupportedOptionError  # noqa: E402
 from attnserve import flash_attn as fa  # noqa: E402
 from torch_reference import attention_varlen  # noqa: E402
 from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
@@ -162,7 +161,7 @@ def test_unpadded_names_take_flash_attn_1_argument_order(client):
 
 @pytest.mark.parametrize("name", SIGNATURES)
 @pytest.mark.parametrize("option", ["dropout_p", "alibi_slopes"])
-def test_unsupported_options_raise_naming_the_argument(name, option):
+def test_dropout_and_alibi_are_sent_by_every_function(name, option, monkeypatch):
     positional, _ = SIGNATURES[name]
     shapes = {"q": (2, 4, 2, 8), "k": (2, 4, 2, 8), "v": (2, 4, 2, 8), "qkv": (2, 4, 3, 2, 8),
               "kv": (2, 4, 2, 2, 8)}
@@ -182,6 +181,19 @@ def test_unsupported_options_raise_naming_the_argument(name, option):
         if "alibi_slopes" not in positional:
             pytest.skip("flash-attn 1.x has no ALiBi")
         args["alibi_slopes"] = torch.ones(2)
-    # Nobody listens on port 1: anything sent would fail with AttentionError instead.
-    with pytest.raises(UnsupportedOptionError, match=option):
+    sent = {}
+
+    class Sent(Exception):
+        pass
+
+    def spy(*call_args):
+        sent["alibi_slopes"], sent["dropout_p"] = call_args[-2:]
+        raise Sent
+
+    monkeypatch.setattr(fa, "varlen_attention", spy)
+    with pytest.raises(Sent):
         getattr(fa, name)(**args, client="127.0.0.1:1")
+    if option == "dropout_p":
+        assert sent["dropout_p"] == 0.1 and sent["alibi_slopes"] is None
+    else:
+        assert sent["alibi_slopes"] is args["alibi_slopes"] and sent["dropout_p"] == 0.0

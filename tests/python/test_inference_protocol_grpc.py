@@ -114,3 +114,31 @@ def test_statistics_and_metrics_count_inferences(oip_server, triton, rng):
     everything = triton.get_inference_statistics()
     assert {s.name for s in everything.model_stats} == {"attention_forward",
                                                         "attention_backward"}
+
+
+@pytest.mark.parametrize("seed", [12345, -5], ids=["positive", "negative_int64"])
+def test_dropout_with_the_caller_s_seed_matches_reference(triton, seed, rng):
+    arrays = make_problem(rng, np.float32)
+    parameters = {"causal": True, "dropout_p": 0.25, "dropout_seed": seed}
+    # The int64 parameter carries the uint64 seed's bits.
+    options = {"causal": True, "dropout_p": 0.25, "dropout_seed": seed % (1 << 64)}
+    result = triton.infer("attention_forward", inputs_for(tritonclient_grpc, arrays,
+                                                          FORWARD_INPUTS, None),
+                          parameters=parameters)
+    out, lse = check_forward(result, arrays, np.float32, options)
+    arrays.update(out=out, lse=lse)
+    result = triton.infer("attention_backward", inputs_for(tritonclient_grpc, arrays,
+                                                           BACKWARD_INPUTS, None),
+                          parameters=parameters)
+    check_backward(result, arrays, np.float32, options)
+
+
+@pytest.mark.parametrize("parameters,field", [({"dropout_p": 0.1}, "dropout_seed"),
+                                              ({"dropout_p": 1.0, "dropout_seed": 3}, "dropout_p"),
+                                              ({"dropout_p": -0.5, "dropout_seed": 3},
+                                               "dropout_p")],
+                         ids=["no_seed", "one", "negative"])
+def test_bad_dropout_parameters_name_the_field(triton, parameters, field, rng):
+    inputs = inputs_for(tritonclient_grpc, make_problem(rng, np.float32), FORWARD_INPUTS, None)
+    error = error_of(triton, "attention_forward", inputs, parameters=parameters)
+    assert error.status() == "StatusCode.INVALID_ARGUMENT" and field in error.message()

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.masking_utils")
 
 import attnserve  # noqa: E402
-from attnserve import UnsupportedOptionError  # noqa: E402
+from attnserve import transformers_attention  # noqa: E402
 from attnserve.transformers_attention import attnserve_attention  # noqa: E402
 from torch_reference import attention_varlen  # noqa: E402
 from torch_threads import one_torch_thread  # noqa: E402,F401  (autouse fixture)
@@ -140,7 +140,14 @@ def test_cu_seq_lens_alone_delimit_sequences():
     assert weights is None and _rel(out[0], reference) <= 1e-5
 
 
-def test_attention_dropout_is_refused():
+def test_attention_dropout_goes_to_flash_attn_s_dropout_p(monkeypatch):
+    sent = {}
+
+    def spy(*args, **kwargs):
+        sent.update(kwargs)
+        return args[0]
+
+    monkeypatch.setattr(transformers_attention, "flash_attn_func", spy)
     q = torch.randn(1, 2, 4, 8)
-    with pytest.raises(UnsupportedOptionError, match="dropout_p"):
-        attnserve_attention(torch.nn.Module(), q, q, q, None, dropout=0.1)
+    attnserve_attention(torch.nn.Module(), q, q, q, None, dropout=0.1)
+    assert sent["dropout_p"] == 0.1

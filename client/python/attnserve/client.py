@@ -27,7 +27,8 @@ from .messages import (  # noqa: F401
     BackwardResult, Execution, ForwardResult, _check_answer, _grpc_result, _offsets, _output,
     _shape_only, _with_data, attention_options, backward_request, forward_request)
 from .security import Security
-from .shared_memory import DATATYPES, SharedMemoryPath, SharedMemoryUnavailable, request_parameters
+from .shared_memory import (DATATYPES, SharedMemoryPath, SharedMemoryUnavailable, oip_can_carry,
+                            request_parameters)
 from .tensors import numpy_dtype, wire_array
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -322,15 +323,20 @@ class Client:
                 self._cuda_decided = True
             return self._cuda
 
-    def cuda_call(self, model, inputs, inline, outputs, options, deterministic, timeout):
+    def cuda_call(self, model, inputs, inline, outputs, options, deterministic, timeout,
+                  dropout_seed=0):
         """One call of CUDA tensors through CUDA shared memory (CudaSharedMemoryPath.call), or
-        None when it must go another way (after which it stays off if no later call can go)."""
+        None when it must go another way (after which it stays off if no later call can go;
+        calls whose options OIP cannot carry go another way without turning it off)."""
+        if not oip_can_carry(options, dropout_seed):
+            return None
         path = self._cuda_shared_memory()
         if path is None:
             return None
         try:
             return path.call(model, inputs, inline, outputs,
-                             request_parameters(options, deterministic), self._deadline(timeout))
+                             request_parameters(options, deterministic, dropout_seed),
+                             self._deadline(timeout))
         except SharedMemoryUnavailable as error:
             if error.permanent:
                 with self._cuda_lock:
@@ -395,7 +401,8 @@ class Client:
     # --- calls --------------------------------------------------------------------------------
 
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
-                window_size=(-1, -1), softcap=0.0, *, keep_context=False, timeout=None,
+                window_size=(-1, -1), softcap=0.0, *, alibi_slopes=None, dropout_p=0.0,
+                dropout_seed=0, keep_context=False, timeout=None,
                 out: Optional[np.ndarray] = None,
                 lse: Optional[np.ndarray] = None) -> ForwardResult:
         """flash_attn_varlen_func's forward: out and lse for packed q [total_q, H, D],
@@ -404,15 +411,21 @@ class Client:
         keep_context=True asks the server to keep what a Backward needs; the result's
         context_id (empty if the server keeps none) then goes to backward(context_id=...), or
         to release_context if no backward follows. out= and lse= are arrays to write the
-        results into (C-contiguous, writable, of the results' shapes and dtypes)."""
+        results into (C-contiguous, writable, of the results' shapes and dtypes).
+
+        alibi_slopes: float32 [H] or [batch, H]. dropout_p > 0 drops probabilities with the mask
+        of dropout_seed (0: the server picks one); the result's dropout_seed is the one used,
+        for backward(dropout_seed=...)."""
         options = attention_options(softmax_scale=softmax_scale, causal=causal,
-                                    window_size=window_size, softcap=softcap)
+                                    window_size=window_size, softcap=softcap,
+                                    alibi_slopes=alibi_slopes, dropout_p=dropout_p)
         (q_enum, q_wire), (k_enum, k_wire), (v_enum, v_wire) = (
             wire_array(q, "q"), wire_array(k, "k"), wire_array(v, "v"))
         offsets = dict(cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
                        cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"))
-        if q_wire.ndim == 3 and self._takes_shared_memory(
-                4 * q_wire.nbytes + q_wire.shape[0] * q_wire.shape[1] * 4):
+        if (q_wire.ndim == 3 and oip_can_carry(options, dropout_seed)
+                and self._takes_shared_memory(
+                    4 * q_wire.nbytes + q_wire.shape[0] * q_wire.shape[1] * 4)):
             total_q, heads = q_wire.shape[:2]
             result_out = _output(out, q_wire.shape, numpy_dtype(q_enum), "out")
             result_lse = _output(lse, (heads, total_q), np.dtype(np.float32), "lse")
@@ -422,8 +435,9 @@ class Client:
                      (("q", q_enum, q_wire), ("k", k_enum, k_wire), ("v", v_enum, v_wire))],
                     [(name, np.asarray(values)) for name, values in offsets.items()],
                     [("out", result_out), ("lse", result_lse)],
-                    request_parameters(options, None), timeout):
-                return ForwardResult(out=result_out, lse=result_lse, execution=_UNREPORTED)
+                    request_parameters(options, None, dropout_seed), timeout):
+                return ForwardResult(out=result_out, lse=result_lse, execution=_UNREPORTED,
+                                     dropout_seed=dropout_seed if dropout_p else 0)
         # Malformed shapes go to gRPC, whose answer names the field; the data channel must size
         # the answer before it asks.
         channel = self._data_channel() if q_wire.ndim == 3 else None
@@ -431,7 +445,8 @@ class Client:
             request = pb2.ForwardRequest(q=_with_data(q_wire, q_enum),
                                          k=_with_data(k_wire, k_enum),
                                          v=_with_data(v_wire, v_enum), options=options,
-                                         keep_context=keep_context, **offsets)
+                                         keep_context=keep_context, dropout_seed=dropout_seed,
+                                         **offsets)
             response = self._call(self.stub.Forward, request, timeout)
             result_out = _grpc_result(response.out, out, "out")
             result_lse = _grpc_result(response.lse, lse, "lse")
@@ -439,7 +454,8 @@ class Client:
             request = pb2.ForwardRequest(q=_shape_only(q_wire, q_enum),
                                          k=_shape_only(k_wire, k_enum),
                                          v=_shape_only(v_wire, v_enum), options=options,
-                                         keep_context=keep_context, **offsets)
+                                         keep_context=keep_context, dropout_seed=dropout_seed,
+                                         **offsets)
             total_q, heads = q_wire.shape[:2]
             result_out = _output(out, q_wire.shape, numpy_dtype(q_enum), "out")
             result_lse = _output(lse, (heads, total_q), np.dtype(np.float32), "lse")
@@ -450,10 +466,12 @@ class Client:
         return ForwardResult(out=result_out, lse=result_lse,
                              execution=Execution.from_proto(response.execution),
                              context_id=response.context_id,
-                             context_address=response.context_address)
+                             context_address=response.context_address,
+                             dropout_seed=response.dropout_seed)
 
     def backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale=None,
                  causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False, *,
+                 alibi_slopes=None, dropout_p=0.0, dropout_seed=0,
                  context_id: str = "", context_address: str = "", keep_context: bool = False,
                  timeout=None, dq: Optional[np.ndarray] = None, dk: Optional[np.ndarray] = None,
                  dv: Optional[np.ndarray] = None) -> BackwardResult:
@@ -464,17 +482,21 @@ class Client:
         only, and out and lse not at all, unless the server no longer has the context
         (NOT_FOUND): then the whole request is sent, without the caller noticing. So they may
         be anything with .shape whose np.asarray() makes the array, fetched only then. The
-        context is released unless keep_context. dq=, dk=, dv= are arrays to write into."""
+        context is released unless keep_context. dq=, dk=, dv= are arrays to write into.
+        With dropout_p > 0, dropout_seed must be the forward's (ForwardResult.dropout_seed);
+        a context remembers it (and its options), so it may be left 0 then."""
         options = attention_options(softmax_scale=softmax_scale, causal=causal,
-                                    window_size=window_size, softcap=softcap)
-        full = dict(q=q, k=k, v=v, out=out, lse=lse,
+                                    window_size=window_size, softcap=softcap,
+                                    alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+        full = dict(q=q, k=k, v=v, out=out, lse=lse, dropout_seed=dropout_seed,
                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, options=options)
         outputs = dict(dq=dq, dk=dk, dv=dv)
         if not context_id:
             return self._backward(dout, full, deterministic, "", False, timeout, outputs)
         route = self._for_context(context_address)
         try:
-            shapes = dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+            shapes = dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          dropout_seed=dropout_seed)
             return route._backward(dout, shapes, deterministic, context_id, keep_context,
                                    timeout, outputs)
         except AttentionError as error:
@@ -497,14 +519,15 @@ class Client:
         wires = {"dout": (dout_enum, dout_wire)}
         wires.update((name, wire_array(inputs[name], name)) for name in names[1:])
         fields = dict(deterministic=deterministic, context_id=context_id,
-                      keep_context=keep_context)
+                      keep_context=keep_context, dropout_seed=inputs["dropout_seed"])
         if not context_id or inputs["cu_seqlens_q"] is not None:
             fields.update(cu_seqlens_q=_offsets(inputs["cu_seqlens_q"], "cu_seqlens_q"),
                           cu_seqlens_k=_offsets(inputs["cu_seqlens_k"], "cu_seqlens_k"))
         if not context_id:
             fields.update(options=inputs["options"])
-        if (not context_id and all(len(s) == 3 for s in shapes) and self._takes_shared_memory(
-                2 * sum(wire.nbytes for _, wire in wires.values()))):
+        if (not context_id and all(len(s) == 3 for s in shapes)
+                and oip_can_carry(inputs["options"], inputs["dropout_seed"])
+                and self._takes_shared_memory(2 * sum(wire.nbytes for _, wire in wires.values()))):
             dtype = numpy_dtype(dout_enum)  # the server requires dout's dtype to be q's
             grads = {name: _output(outputs[name], shape, dtype, name)
                      for name, shape in zip(("dq", "dk", "dv"), shapes)}
@@ -512,7 +535,8 @@ class Client:
                     "attention_backward",
                     [(name, DATATYPES[enum], wire) for name, (enum, wire) in wires.items()],
                     [(name, np.asarray(fields[name])) for name in ("cu_seqlens_q", "cu_seqlens_k")],
-                    list(grads.items()), request_parameters(inputs["options"], deterministic),
+                    list(grads.items()),
+                    request_parameters(inputs["options"], deterministic, inputs["dropout_seed"]),
                     timeout):
                 return BackwardResult(execution=_UNREPORTED, **grads)
         channel = self._data_channel() if all(len(s) == 3 for s in shapes) else None

@@ -13,10 +13,14 @@ Tensors may live on the CPU or a GPU; results come back on q's device and dtype 
 bfloat16 or float32). With return_attn_probs=True a function returns FlashAttention's triple
 (out, softmax_lse, S_dmask): softmax_lse in FlashAttention's shape ([batch, heads, seqlen] for
 padded calls, [heads, total_q] for varlen ones, [batch, heads, max_seqlen_q] for the 1.x names),
-float32, not differentiable; S_dmask is None, as in flash-attn 2.6 without dropout (the server
-never materialises probabilities). max_seqlen arguments are accepted and unused (the server reads
-lengths from cu_seqlens). dropout_p > 0, alibi_slopes and block_table raise
-attnserve.UnsupportedOptionError (a NotImplementedError) before anything is sent.
+float32, not differentiable; S_dmask is always None, with dropout too (the server never
+materialises probabilities or the mask; flash-attn returns them only for testing). max_seqlen
+arguments are accepted and unused (the server reads lengths from cu_seqlens). dropout_p and
+alibi_slopes (float32 [nheads] or [batch, nheads]) have flash-attn 2.6's semantics; the backward
+draws the forward's dropout mask (the server's seed travels with the autograd graph). The
+server's CPU device serves them; its GPU kernel families do not yet, and say so in the error.
+block_table raises attnserve.UnsupportedOptionError (a NotImplementedError) before anything is
+sent.
 
 Keyword-only extras on every function: client (a Client, a target string, or None for
 attnserve.set_default_client's or $ATTNSERVE_TARGET's) and timeout (seconds per call).
@@ -41,13 +45,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ClientArg = Union[Client, str, None]
 
 
-def _check_options(dropout_p, alibi_slopes, block_table=None) -> None:
-    if dropout_p:
-        raise UnsupportedOptionError(f"dropout_p={dropout_p}: attnserve has no attention dropout "
-                                     "yet; pass dropout_p=0.0")
-    if alibi_slopes is not None:
-        raise UnsupportedOptionError("alibi_slopes: attnserve does not support ALiBi yet; pass "
-                                     "alibi_slopes=None")
+def _check_options(block_table=None) -> None:
     if block_table is not None:
         raise UnsupportedOptionError("block_table: attnserve has no paged KV cache; pass "
                                      "block_table=None")
@@ -71,19 +69,18 @@ def _cu_seqlens(cu_seqlens) -> torch.Tensor:
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, softmax_scale, causal, window_size,
             softcap, alibi_slopes, deterministic, client, timeout, block_table=None):
     """out [total_q, H, D] and lse [H, total_q] of packed q, k, v [tokens, heads, head_dim]."""
-    _check_options(dropout_p, alibi_slopes, block_table)
+    _check_options(block_table)
     for tensor, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(tensor, name, 3, "[tokens, heads, head_dim]")
     return varlen_attention(q, k, v, _cu_seqlens(cu_seqlens_q), _cu_seqlens(cu_seqlens_k),
                             softmax_scale, causal, window_size, softcap, deterministic, client,
-                            timeout)
+                            timeout, alibi_slopes, dropout_p)
 
 
 def _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
             deterministic, return_attn_probs, client, timeout):
     """FlashAttention's padded call: [batch, seqlen, heads, head_dim] tensors as equal-length
     packed sequences."""
-    _check_options(dropout_p, alibi_slopes)
     for tensor, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(tensor, name, 4, "[batch, seqlen, heads, head_dim]")
     batch, seqlen_q, heads, _ = q.shape
@@ -94,7 +91,7 @@ def _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, ali
                                 k.reshape(batch * seqlen_k, *k.shape[2:]),
                                 v.reshape(batch * seqlen_k, *v.shape[2:]), cu_seqlens_q,
                                 cu_seqlens_k, softmax_scale, causal, window_size, softcap,
-                                deterministic, client, timeout)
+                                deterministic, client, timeout, alibi_slopes, dropout_p)
     out = out.view(batch, seqlen_q, heads, -1)
     if not return_attn_probs:
         return out

@@ -33,6 +33,9 @@ class ForwardResult:
     execution: Execution
     context_id: str = ""       # the kept context (keep_context=True); empty when none was kept
     context_address: str = ""  # the replica holding it, when the server knows its address
+    # The seed dropout used (the server's pick when the call sent 0): pass it to backward().
+    # 0 without dropout.
+    dropout_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,15 @@ def _offsets(values, name: str) -> list:
 
 def attention_options(softmax_scale: Optional[float] = None, causal: bool = False,
                       window_size: Tuple[int, int] = (-1, -1),
-                      softcap: float = 0.0) -> pb2.AttentionOptions:
-    """flash_attn_varlen_func's keyword arguments as the wire's AttentionOptions."""
+                      softcap: float = 0.0, alibi_slopes=None,
+                      dropout_p: float = 0.0) -> pb2.AttentionOptions:
+    """flash_attn_varlen_func's keyword arguments as the wire's AttentionOptions.
+    alibi_slopes ([num_heads] or [batch, num_heads], float32) go as they are: the server
+    checks their dtype, shape and values."""
     options = pb2.AttentionOptions(softmax_scale=softmax_scale or 0.0, causal=causal,
-                                   softcap=softcap)
+                                   softcap=softcap, dropout_p=dropout_p)
+    if alibi_slopes is not None:
+        options.alibi_slopes.CopyFrom(to_tensor(alibi_slopes, "alibi_slopes"))
     left, right = window_size
     # -1 means unbounded, which the wire says by leaving the optional field out.
     if left != -1:
@@ -67,22 +75,25 @@ def attention_options(softmax_scale: Optional[float] = None, causal: bool = Fals
     return options
 
 
-def forward_request(q, k, v, cu_seqlens_q, cu_seqlens_k, **options) -> pb2.ForwardRequest:
+def forward_request(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_seed: int = 0,
+                    **options) -> pb2.ForwardRequest:
     return pb2.ForwardRequest(
         q=to_tensor(q, "q"), k=to_tensor(k, "k"), v=to_tensor(v, "v"),
         cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"),
-        options=attention_options(**options))
+        options=attention_options(**options), dropout_seed=dropout_seed)
 
 
 def backward_request(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                     deterministic: bool = False, **options) -> pb2.BackwardRequest:
+                     deterministic: bool = False, dropout_seed: int = 0,
+                     **options) -> pb2.BackwardRequest:
     return pb2.BackwardRequest(
         dout=to_tensor(dout, "dout"), q=to_tensor(q, "q"), k=to_tensor(k, "k"),
         v=to_tensor(v, "v"), out=to_tensor(out, "out"), lse=to_tensor(lse, "lse"),
         cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"),
-        options=attention_options(**options), deterministic=deterministic)
+        options=attention_options(**options), deterministic=deterministic,
+        dropout_seed=dropout_seed)
 
 
 def _output(array: Optional[np.ndarray], shape, dtype: np.dtype, name: str) -> np.ndarray:

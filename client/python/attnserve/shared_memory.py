@@ -81,11 +81,22 @@ class Region:
             resource_tracker.unregister(self.memory._name, "shared_memory")
 
 
-def request_parameters(options: pb2.AttentionOptions,
-                       deterministic: Optional[bool]) -> Dict[str, oip.InferParameter]:
+def oip_can_carry(options: pb2.AttentionOptions, dropout_seed: int) -> bool:
+    """Whether the OIP models can run these options: they take no ALiBi, and dropout only with
+    the caller's seed (an OIP answer has no place for one the server would pick)."""
+    return not options.HasField("alibi_slopes") and (not options.dropout_p or dropout_seed != 0)
+
+
+def request_parameters(options: pb2.AttentionOptions, deterministic: Optional[bool],
+                       dropout_seed: int = 0) -> Dict[str, oip.InferParameter]:
     """The native AttentionOptions as DESIGN.md's OIP request parameters. Values the native
     wire leaves at their defaults (scale 0, softcap 0, unbounded windows) are left out."""
     parameters = {"causal": oip.InferParameter(bool_param=options.causal)}
+    if options.dropout_p:
+        parameters["dropout_p"] = oip.InferParameter(double_param=options.dropout_p)
+        # int64 on OIP: the uint64 seed's bits.
+        signed = dropout_seed - (1 << 64) if dropout_seed >= 1 << 63 else dropout_seed
+        parameters["dropout_seed"] = oip.InferParameter(int64_param=signed)
     if options.softmax_scale:
         parameters["softmax_scale"] = oip.InferParameter(double_param=options.softmax_scale)
     if options.softcap:

@@ -15,8 +15,9 @@ keyword arguments. It serves, like transformers' FlashAttention path:
   cache included);
 - GQA/MQA, `scaling`, `softcap`, and `sliding_window` as FlashAttention's window
   (sliding_window - 1, sliding_window - 1), as transformers maps it.
-Attention dropout (a model's attention_dropout in training) raises UnsupportedOptionError, as
-does output_attentions' need for probabilities (they are never materialised).
+Attention dropout (a model's attention_dropout in training) goes to the server as flash-attn's
+dropout_p (the CPU device serves it; GPU kernel families say they do not yet). output_attentions'
+need for probabilities raises UnsupportedOptionError (they are never materialised).
 
 Needs transformers >= 4.53 (AttentionMaskInterface; AttentionInterface came in 4.48). Older
 versions build 4-D masks for custom attention, which a varlen server cannot take: use

@@ -48,13 +48,28 @@ absl::StatusOr<engine::TensorView> DecodeTensor(const v1::Tensor& tensor, const 
   return view;
 }
 
-engine::RequestOptions DecodeOptions(const v1::AttentionOptions& options) {
+absl::StatusOr<engine::RequestOptions> DecodeOptions(const v1::AttentionOptions& options,
+                                                     uint64_t dropout_seed) {
   engine::RequestOptions out;
   out.softmax_scale = options.softmax_scale();
   out.causal = options.causal();
   if (options.has_window_left()) out.window_left = options.window_left();
   if (options.has_window_right()) out.window_right = options.window_right();
   out.softcap = options.softcap();
+  out.dropout_p = options.dropout_p();
+  out.dropout_seed = dropout_seed;
+  if (options.has_alibi_slopes()) {
+    // Copied: a few floats, and a kept context must outlive the request's bytes.
+    const v1::Tensor& slopes = options.alibi_slopes();
+    if (slopes.dtype() != v1::DTYPE_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.alibi_slopes.dtype: must be DTYPE_FLOAT32, got ",
+          v1::DType_IsValid(slopes.dtype()) ? v1::DType_Name(slopes.dtype())
+                                            : absl::StrCat(static_cast<int>(slopes.dtype()))));
+    }
+    out.alibi_slopes = engine::OwnedTensor{
+        DType::kFloat32, {slopes.shape().begin(), slopes.shape().end()}, slopes.data()};
+  }
   return out;
 }
 
@@ -99,7 +114,10 @@ absl::StatusOr<engine::ForwardInputs> DecodeForward(const v1::ForwardRequest& re
   }
   in.cu_seqlens_q.assign(request.cu_seqlens_q().begin(), request.cu_seqlens_q().end());
   in.cu_seqlens_k.assign(request.cu_seqlens_k().begin(), request.cu_seqlens_k().end());
-  in.options = DecodeOptions(request.options());
+  absl::StatusOr<engine::RequestOptions> options =
+      DecodeOptions(request.options(), request.dropout_seed());
+  if (!options.ok()) return options.status();
+  in.options = *std::move(options);
   in.keep_context = request.keep_context();
   return in;
 }
@@ -119,7 +137,10 @@ absl::StatusOr<engine::BackwardInputs> DecodeBackward(const v1::BackwardRequest&
   }
   in.cu_seqlens_q.assign(request.cu_seqlens_q().begin(), request.cu_seqlens_q().end());
   in.cu_seqlens_k.assign(request.cu_seqlens_k().begin(), request.cu_seqlens_k().end());
-  in.options = DecodeOptions(request.options());
+  absl::StatusOr<engine::RequestOptions> options =
+      DecodeOptions(request.options(), request.dropout_seed());
+  if (!options.ok()) return options.status();
+  in.options = *std::move(options);
   in.deterministic = request.deterministic();
   in.context_id = request.context_id();
   in.keep_context = request.keep_context();
@@ -129,6 +150,7 @@ absl::StatusOr<engine::BackwardInputs> DecodeBackward(const v1::BackwardRequest&
 int64_t EncodeForward(engine::ForwardResult result, v1::ForwardResponse* response) {
   EncodeExecution(result.execution, response->mutable_execution());
   response->set_context_id(std::move(result.context_id));
+  response->set_dropout_seed(result.dropout_seed);
   return EncodeTensor(std::move(result.out), response->mutable_out()) +
          EncodeTensor(std::move(result.lse), response->mutable_lse());
 }

@@ -147,7 +147,11 @@ absl::Status DecodeParameters(const InferRequest& request, bool backward,
     }
     if (name == "window_left" || name == "window_right" || name == "dropout_seed") {
       if (as_int == nullptr) return absl::InvalidArgumentError(field + ": must be an integer");
-      if (name == "dropout_seed") continue;  // no dropout here: nothing to seed
+      if (name == "dropout_seed") {
+        // int64 on this protocol: its bits are the uint64 seed (negative values included).
+        options->dropout_seed = static_cast<uint64_t>(*as_int);
+        continue;
+      }
       if (*as_int < std::numeric_limits<int32_t>::min() ||
           *as_int > std::numeric_limits<int32_t>::max()) {
         return absl::InvalidArgumentError(field + ": out of the int32 range");
@@ -167,14 +171,24 @@ absl::Status DecodeParameters(const InferRequest& request, bool backward,
     }
     if (!std::isfinite(number)) return absl::InvalidArgumentError(field + ": must be finite");
     if (name == "dropout_p") {
-      if (number != 0) {
+      // Checked after the rounding to float, which the kernels see (0.9999999999 is 1.0f).
+      const float p = static_cast<float>(number);
+      if (!(p >= 0.0f && p < 1.0f)) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ": dropout is not supported by this server (got ", number, ")"));
+            absl::StrCat(field, ": must be in [0, 1) (0 = off), got ", number));
       }
+      options->dropout_p = p;
       continue;
     }
     (name == "softmax_scale" ? options->softmax_scale : options->softcap) =
         static_cast<float>(number);
+  }
+  // The answer has no place for a seed the server would pick, and the backward needs the
+  // forward's: on this protocol the caller always chooses it. (ALiBi is not offered here.)
+  if (options->has_dropout() && options->dropout_seed == 0) {
+    return absl::InvalidArgumentError(
+        "parameters.dropout_seed: required (nonzero) when dropout_p > 0 on the KServe API, "
+        "which returns no seed; the backward must send the same one");
   }
   return absl::OkStatus();
 }

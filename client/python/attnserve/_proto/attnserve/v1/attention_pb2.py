@@ -24,45 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61ttnserve/v1/attention.proto\x12\x0c\x61ttnserve.v1\"I\n\x06Tensor\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.attnserve.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xa0\x01\n\x10\x41ttentionOptions\x12\x15\n\rsoftmax_scale\x18\x01 \x01(\x02\x12\x0e\n\x06\x63\x61usal\x18\x02 \x01(\x08\x12\x18\n\x0bwindow_left\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x0cwindow_right\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x0f\n\x07softcap\x18\x05 \x01(\x02\x42\x0e\n\x0c_window_leftB\x0f\n\r_window_right\"\xe6\x01\n\x0e\x46orwardRequest\x12\x1f\n\x01q\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01k\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01v\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x14\n\x0c\x63u_seqlens_q\x18\x04 \x03(\x05\x12\x14\n\x0c\x63u_seqlens_k\x18\x05 \x03(\x05\x12/\n\x07options\x18\x06 \x01(\x0b\x32\x1e.attnserve.v1.AttentionOptions\x12\x14\n\x0ckeep_context\x18\x07 \x01(\x08\"\xb0\x01\n\x0f\x46orwardResponse\x12!\n\x03out\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12!\n\x03lse\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12*\n\texecution\x18\x03 \x01(\x0b\x32\x17.attnserve.v1.Execution\x12\x12\n\ncontext_id\x18\x04 \x01(\t\x12\x17\n\x0f\x63ontext_address\x18\x05 \x01(\t\"\xfc\x02\n\x0f\x42\x61\x63kwardRequest\x12\"\n\x04\x64out\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01q\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01k\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01v\x18\x04 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12!\n\x03out\x18\x05 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12!\n\x03lse\x18\x06 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x14\n\x0c\x63u_seqlens_q\x18\x07 \x03(\x05\x12\x14\n\x0c\x63u_seqlens_k\x18\x08 \x03(\x05\x12/\n\x07options\x18\t \x01(\x0b\x32\x1e.attnserve.v1.AttentionOptions\x12\x15\n\rdeterministic\x18\n \x01(\x08\x12\x12\n\ncontext_id\x18\x0b \x01(\t\x12\x14\n\x0ckeep_context\x18\x0c \x01(\x08\"\xa4\x01\n\x10\x42\x61\x63kwardResponse\x12 \n\x02\x64q\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12 \n\x02\x64k\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12 \n\x02\x64v\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12*\n\texecution\x18\x04 \x01(\x0b\x32\x17.attnserve.v1.Execution\"k\n\tExecution\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0e\n\x06kernel\x18\x02 \x01(\t\x12\x10\n\x08queue_us\x18\x03 \x01(\x03\x12\x12\n\ncompute_us\x18\x04 \x01(\x03\x12\x18\n\x10\x62\x61tched_requests\x18\x05 \x01(\x05\"+\n\x15ReleaseContextRequest\x12\x12\n\ncontext_id\x18\x01 \x01(\t\"*\n\x16ReleaseContextResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x16\n\x14GetServerInfoRequest\"\xb9\x02\n\nDeviceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x03\x12\x19\n\x11memory_free_bytes\x18\x05 \x01(\x03\x12\x17\n\x0fkernel_families\x18\x06 \x03(\t\x12!\n\x19native_compute_capability\x18\x07 \x01(\t\x12)\n\x06routes\x18\x08 \x03(\x0b\x32\x19.attnserve.v1.KernelRoute\x12\x1f\n\x17shared_memory_per_block\x18\t \x01(\x03\x12\x16\n\x0eout_of_service\x18\n \x01(\x08\x12\r\n\x05\x66\x61ult\x18\x0b \x01(\t\x12\x0c\n\x04uuid\x18\x0c \x01(\t\"\xac\x01\n\x0bKernelRoute\x12\x0e\n\x06\x66\x61mily\x18\x01 \x01(\t\x12\x11\n\tdirection\x18\x02 \x01(\t\x12#\n\x06\x64types\x18\x03 \x03(\x0e\x32\x13.attnserve.v1.DType\x12\x14\n\x0cmin_head_dim\x18\x04 \x01(\x05\x12\x14\n\x0cmax_head_dim\x18\x05 \x01(\x05\x12\x19\n\x11head_dim_multiple\x18\x06 \x01(\x05\x12\x0e\n\x06reason\x18\x07 \x01(\t\"\xa2\x02\n\x0cServerLimits\x12\x19\n\x11max_message_bytes\x18\x01 \x01(\x03\x12\x18\n\x10max_total_tokens\x18\x02 \x01(\x03\x12\x14\n\x0cmax_head_dim\x18\x03 \x01(\x05\x12\x15\n\rmax_num_heads\x18\x04 \x01(\x05\x12\x11\n\tmax_batch\x18\x05 \x01(\x05\x12\x1f\n\x17max_concurrent_requests\x18\x06 \x01(\x03\x12\x1c\n\x14max_deadline_seconds\x18\x07 \x01(\x03\x12\x1c\n\x14\x63ontext_memory_bytes\x18\x08 \x01(\x03\x12\x1b\n\x13\x63ontext_ttl_seconds\x18\t \x01(\x03\x12#\n\x1bmax_request_compute_seconds\x18\n \x01(\x01\"\x95\x01\n\x0f\x44\x61taChannelInfo\x12\x0c\n\x04port\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12\x17\n\x0fmax_chunk_bytes\x18\x04 \x01(\x03\x12#\n\x1bmax_connections_per_session\x18\x05 \x01(\x05\x12\x0b\n\x03tls\x18\x06 \x01(\x08\"\xf8\x01\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12)\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x18.attnserve.v1.DeviceInfo\x12\x17\n\x0fkernel_families\x18\x03 \x03(\t\x12*\n\x06limits\x18\x04 \x01(\x0b\x32\x1a.attnserve.v1.ServerLimits\x12#\n\x06\x64types\x18\x05 \x03(\x0e\x32\x13.attnserve.v1.DType\x12\x33\n\x0c\x64\x61ta_channel\x18\x06 \x01(\x0b\x32\x1d.attnserve.v1.DataChannelInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t*X\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT16\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT32\x10\x03\x32\xd1\x02\n\x10\x41ttentionService\x12\x46\n\x07\x46orward\x12\x1c.attnserve.v1.ForwardRequest\x1a\x1d.attnserve.v1.ForwardResponse\x12I\n\x08\x42\x61\x63kward\x12\x1d.attnserve.v1.BackwardRequest\x1a\x1e.attnserve.v1.BackwardResponse\x12M\n\rGetServerInfo\x12\".attnserve.v1.GetServerInfoRequest\x1a\x18.attnserve.v1.ServerInfo\x12[\n\x0eReleaseContext\x12#.attnserve.v1.ReleaseContextRequest\x1a$.attnserve.v1.ReleaseContextResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61ttnserve/v1/attention.proto\x12\x0c\x61ttnserve.v1\"I\n\x06Tensor\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.attnserve.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xdf\x01\n\x10\x41ttentionOptions\x12\x15\n\rsoftmax_scale\x18\x01 \x01(\x02\x12\x0e\n\x06\x63\x61usal\x18\x02 \x01(\x08\x12\x18\n\x0bwindow_left\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x0cwindow_right\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x0f\n\x07softcap\x18\x05 \x01(\x02\x12\x11\n\tdropout_p\x18\x06 \x01(\x02\x12*\n\x0c\x61libi_slopes\x18\x07 \x01(\x0b\x32\x14.attnserve.v1.TensorB\x0e\n\x0c_window_leftB\x0f\n\r_window_right\"\xfc\x01\n\x0e\x46orwardRequest\x12\x1f\n\x01q\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01k\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01v\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x14\n\x0c\x63u_seqlens_q\x18\x04 \x03(\x05\x12\x14\n\x0c\x63u_seqlens_k\x18\x05 \x03(\x05\x12/\n\x07options\x18\x06 \x01(\x0b\x32\x1e.attnserve.v1.AttentionOptions\x12\x14\n\x0ckeep_context\x18\x07 \x01(\x08\x12\x14\n\x0c\x64ropout_seed\x18\x08 \x01(\x04\"\xc6\x01\n\x0f\x46orwardResponse\x12!\n\x03out\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12!\n\x03lse\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12*\n\texecution\x18\x03 \x01(\x0b\x32\x17.attnserve.v1.Execution\x12\x12\n\ncontext_id\x18\x04 \x01(\t\x12\x17\n\x0f\x63ontext_address\x18\x05 \x01(\t\x12\x14\n\x0c\x64ropout_seed\x18\x06 \x01(\x04\"\x92\x03\n\x0f\x42\x61\x63kwardRequest\x12\"\n\x04\x64out\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01q\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01k\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1f\n\x01v\x18\x04 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12!\n\x03out\x18\x05 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12!\n\x03lse\x18\x06 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x14\n\x0c\x63u_seqlens_q\x18\x07 \x03(\x05\x12\x14\n\x0c\x63u_seqlens_k\x18\x08 \x03(\x05\x12/\n\x07options\x18\t \x01(\x0b\x32\x1e.attnserve.v1.AttentionOptions\x12\x15\n\rdeterministic\x18\n \x01(\x08\x12\x12\n\ncontext_id\x18\x0b \x01(\t\x12\x14\n\x0ckeep_context\x18\x0c \x01(\x08\x12\x14\n\x0c\x64ropout_seed\x18\r \x01(\x04\"\xa4\x01\n\x10\x42\x61\x63kwardResponse\x12 \n\x02\x64q\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12 \n\x02\x64k\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12 \n\x02\x64v\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12*\n\texecution\x18\x04 \x01(\x0b\x32\x17.attnserve.v1.Execution\"k\n\tExecution\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0e\n\x06kernel\x18\x02 \x01(\t\x12\x10\n\x08queue_us\x18\x03 \x01(\x03\x12\x12\n\ncompute_us\x18\x04 \x01(\x03\x12\x18\n\x10\x62\x61tched_requests\x18\x05 \x01(\x05\"+\n\x15ReleaseContextRequest\x12\x12\n\ncontext_id\x18\x01 \x01(\t\"*\n\x16ReleaseContextResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x16\n\x14GetServerInfoRequest\"\xb9\x02\n\nDeviceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x03\x12\x19\n\x11memory_free_bytes\x18\x05 \x01(\x03\x12\x17\n\x0fkernel_families\x18\x06 \x03(\t\x12!\n\x19native_compute_capability\x18\x07 \x01(\t\x12)\n\x06routes\x18\x08 \x03(\x0b\x32\x19.attnserve.v1.KernelRoute\x12\x1f\n\x17shared_memory_per_block\x18\t \x01(\x03\x12\x16\n\x0eout_of_service\x18\n \x01(\x08\x12\r\n\x05\x66\x61ult\x18\x0b \x01(\t\x12\x0c\n\x04uuid\x18\x0c \x01(\t\"\xcc\x01\n\x0bKernelRoute\x12\x0e\n\x06\x66\x61mily\x18\x01 \x01(\t\x12\x11\n\tdirection\x18\x02 \x01(\t\x12#\n\x06\x64types\x18\x03 \x03(\x0e\x32\x13.attnserve.v1.DType\x12\x14\n\x0cmin_head_dim\x18\x04 \x01(\x05\x12\x14\n\x0cmax_head_dim\x18\x05 \x01(\x05\x12\x19\n\x11head_dim_multiple\x18\x06 \x01(\x05\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0f\n\x07\x64ropout\x18\x08 \x01(\x08\x12\r\n\x05\x61libi\x18\t \x01(\x08\"\xa2\x02\n\x0cServerLimits\x12\x19\n\x11max_message_bytes\x18\x01 \x01(\x03\x12\x18\n\x10max_total_tokens\x18\x02 \x01(\x03\x12\x14\n\x0cmax_head_dim\x18\x03 \x01(\x05\x12\x15\n\rmax_num_heads\x18\x04 \x01(\x05\x12\x11\n\tmax_batch\x18\x05 \x01(\x05\x12\x1f\n\x17max_concurrent_requests\x18\x06 \x01(\x03\x12\x1c\n\x14max_deadline_seconds\x18\x07 \x01(\x03\x12\x1c\n\x14\x63ontext_memory_bytes\x18\x08 \x01(\x03\x12\x1b\n\x13\x63ontext_ttl_seconds\x18\t \x01(\x03\x12#\n\x1bmax_request_compute_seconds\x18\n \x01(\x01\"\x95\x01\n\x0f\x44\x61taChannelInfo\x12\x0c\n\x04port\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12\x17\n\x0fmax_chunk_bytes\x18\x04 \x01(\x03\x12#\n\x1bmax_connections_per_session\x18\x05 \x01(\x05\x12\x0b\n\x03tls\x18\x06 \x01(\x08\"\xf8\x01\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12)\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x18.attnserve.v1.DeviceInfo\x12\x17\n\x0fkernel_families\x18\x03 \x03(\t\x12*\n\x06limits\x18\x04 \x01(\x0b\x32\x1a.attnserve.v1.ServerLimits\x12#\n\x06\x64types\x18\x05 \x03(\x0e\x32\x13.attnserve.v1.DType\x12\x33\n\x0c\x64\x61ta_channel\x18\x06 \x01(\x0b\x32\x1d.attnserve.v1.DataChannelInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t*X\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT16\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT32\x10\x03\x32\xd1\x02\n\x10\x41ttentionService\x12\x46\n\x07\x46orward\x12\x1c.attnserve.v1.ForwardRequest\x1a\x1d.attnserve.v1.ForwardResponse\x12I\n\x08\x42\x61\x63kward\x12\x1d.attnserve.v1.BackwardRequest\x1a\x1e.attnserve.v1.BackwardResponse\x12M\n\rGetServerInfo\x12\".attnserve.v1.GetServerInfoRequest\x1a\x18.attnserve.v1.ServerInfo\x12[\n\x0eReleaseContext\x12#.attnserve.v1.ReleaseContextRequest\x1a$.attnserve.v1.ReleaseContextResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnserve._proto.attnserve.v1.attention_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=2655
-  _globals['_DTYPE']._serialized_end=2743
+  _globals['_DTYPE']._serialized_start=2816
+  _globals['_DTYPE']._serialized_end=2904
   _globals['_TENSOR']._serialized_start=46
   _globals['_TENSOR']._serialized_end=119
   _globals['_ATTENTIONOPTIONS']._serialized_start=122
-  _globals['_ATTENTIONOPTIONS']._serialized_end=282
-  _globals['_FORWARDREQUEST']._serialized_start=285
-  _globals['_FORWARDREQUEST']._serialized_end=515
-  _globals['_FORWARDRESPONSE']._serialized_start=518
-  _globals['_FORWARDRESPONSE']._serialized_end=694
-  _globals['_BACKWARDREQUEST']._serialized_start=697
-  _globals['_BACKWARDREQUEST']._serialized_end=1077
-  _globals['_BACKWARDRESPONSE']._serialized_start=1080
-  _globals['_BACKWARDRESPONSE']._serialized_end=1244
-  _globals['_EXECUTION']._serialized_start=1246
-  _globals['_EXECUTION']._serialized_end=1353
-  _globals['_RELEASECONTEXTREQUEST']._serialized_start=1355
-  _globals['_RELEASECONTEXTREQUEST']._serialized_end=1398
-  _globals['_RELEASECONTEXTRESPONSE']._serialized_start=1400
-  _globals['_RELEASECONTEXTRESPONSE']._serialized_end=1442
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1444
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1466
-  _globals['_DEVICEINFO']._serialized_start=1469
-  _globals['_DEVICEINFO']._serialized_end=1782
-  _globals['_KERNELROUTE']._serialized_start=1785
-  _globals['_KERNELROUTE']._serialized_end=1957
-  _globals['_SERVERLIMITS']._serialized_start=1960
-  _globals['_SERVERLIMITS']._serialized_end=2250
-  _globals['_DATACHANNELINFO']._serialized_start=2253
-  _globals['_DATACHANNELINFO']._serialized_end=2402
-  _globals['_SERVERINFO']._serialized_start=2405
-  _globals['_SERVERINFO']._serialized_end=2653
-  _globals['_ATTENTIONSERVICE']._serialized_start=2746
-  _globals['_ATTENTIONSERVICE']._serialized_end=3083
+  _globals['_ATTENTIONOPTIONS']._serialized_end=345
+  _globals['_FORWARDREQUEST']._serialized_start=348
+  _globals['_FORWARDREQUEST']._serialized_end=600
+  _globals['_FORWARDRESPONSE']._serialized_start=603
+  _globals['_FORWARDRESPONSE']._serialized_end=801
+  _globals['_BACKWARDREQUEST']._serialized_start=804
+  _globals['_BACKWARDREQUEST']._serialized_end=1206
+  _globals['_BACKWARDRESPONSE']._serialized_start=1209
+  _globals['_BACKWARDRESPONSE']._serialized_end=1373
+  _globals['_EXECUTION']._serialized_start=1375
+  _globals['_EXECUTION']._serialized_end=1482
+  _globals['_RELEASECONTEXTREQUEST']._serialized_start=1484
+  _globals['_RELEASECONTEXTREQUEST']._serialized_end=1527
+  _globals['_RELEASECONTEXTRESPONSE']._serialized_start=1529
+  _globals['_RELEASECONTEXTRESPONSE']._serialized_end=1571
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1573
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1595
+  _globals['_DEVICEINFO']._serialized_start=1598
+  _globals['_DEVICEINFO']._serialized_end=1911
+  _globals['_KERNELROUTE']._serialized_start=1914
+  _globals['_KERNELROUTE']._serialized_end=2118
+  _globals['_SERVERLIMITS']._serialized_start=2121
+  _globals['_SERVERLIMITS']._serialized_end=2411
+  _globals['_DATACHANNELINFO']._serialized_start=2414
+  _globals['_DATACHANNELINFO']._serialized_end=2563
+  _globals['_SERVERINFO']._serialized_start=2566
+  _globals['_SERVERINFO']._serialized_end=2814
+  _globals['_ATTENTIONSERVICE']._serialized_start=2907
+  _globals['_ATTENTIONSERVICE']._serialized_end=3244
 # @@protoc_insertion_point(module_scope)

@@ -29,21 +29,25 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class AttentionOptions(_message.Message):
-    __slots__ = ("softmax_scale", "causal", "window_left", "window_right", "softcap")
+    __slots__ = ("softmax_scale", "causal", "window_left", "window_right", "softcap", "dropout_p", "alibi_slopes")
     SOFTMAX_SCALE_FIELD_NUMBER: _ClassVar[int]
     CAUSAL_FIELD_NUMBER: _ClassVar[int]
     WINDOW_LEFT_FIELD_NUMBER: _ClassVar[int]
     WINDOW_RIGHT_FIELD_NUMBER: _ClassVar[int]
     SOFTCAP_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_P_FIELD_NUMBER: _ClassVar[int]
+    ALIBI_SLOPES_FIELD_NUMBER: _ClassVar[int]
     softmax_scale: float
     causal: bool
     window_left: int
     window_right: int
     softcap: float
-    def __init__(self, softmax_scale: _Optional[float] = ..., causal: bool = ..., window_left: _Optional[int] = ..., window_right: _Optional[int] = ..., softcap: _Optional[float] = ...) -> None: ...
+    dropout_p: float
+    alibi_slopes: Tensor
+    def __init__(self, softmax_scale: _Optional[float] = ..., causal: bool = ..., window_left: _Optional[int] = ..., window_right: _Optional[int] = ..., softcap: _Optional[float] = ..., dropout_p: _Optional[float] = ..., alibi_slopes: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "options", "keep_context")
+    __slots__ = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "options", "keep_context", "dropout_seed")
     Q_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     V_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +55,7 @@ class ForwardRequest(_message.Message):
     CU_SEQLENS_K_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     KEEP_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_SEED_FIELD_NUMBER: _ClassVar[int]
     q: Tensor
     k: Tensor
     v: Tensor
@@ -58,24 +63,27 @@ class ForwardRequest(_message.Message):
     cu_seqlens_k: _containers.RepeatedScalarFieldContainer[int]
     options: AttentionOptions
     keep_context: bool
-    def __init__(self, q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ..., keep_context: bool = ...) -> None: ...
+    dropout_seed: int
+    def __init__(self, q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ..., keep_context: bool = ..., dropout_seed: _Optional[int] = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
-    __slots__ = ("out", "lse", "execution", "context_id", "context_address")
+    __slots__ = ("out", "lse", "execution", "context_id", "context_address", "dropout_seed")
     OUT_FIELD_NUMBER: _ClassVar[int]
     LSE_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_SEED_FIELD_NUMBER: _ClassVar[int]
     out: Tensor
     lse: Tensor
     execution: Execution
     context_id: str
     context_address: str
-    def __init__(self, out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., context_id: _Optional[str] = ..., context_address: _Optional[str] = ...) -> None: ...
+    dropout_seed: int
+    def __init__(self, out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., context_id: _Optional[str] = ..., context_address: _Optional[str] = ..., dropout_seed: _Optional[int] = ...) -> None: ...
 
 class BackwardRequest(_message.Message):
-    __slots__ = ("dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "options", "deterministic", "context_id", "keep_context")
+    __slots__ = ("dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "options", "deterministic", "context_id", "keep_context", "dropout_seed")
     DOUT_FIELD_NUMBER: _ClassVar[int]
     Q_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +96,7 @@ class BackwardRequest(_message.Message):
     DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_SEED_FIELD_NUMBER: _ClassVar[int]
     dout: Tensor
     q: Tensor
     k: Tensor
@@ -100,7 +109,8 @@ class BackwardRequest(_message.Message):
     deterministic: bool
     context_id: str
     keep_context: bool
-    def __init__(self, dout: _Optional[_Union[Tensor, _Mapping]] = ..., q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ..., deterministic: bool = ..., context_id: _Optional[str] = ..., keep_context: bool = ...) -> None: ...
+    dropout_seed: int
+    def __init__(self, dout: _Optional[_Union[Tensor, _Mapping]] = ..., q: _Optional[_Union[Tensor, _Mapping]] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ..., out: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., cu_seqlens_q: _Optional[_Iterable[int]] = ..., cu_seqlens_k: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[AttentionOptions, _Mapping]] = ..., deterministic: bool = ..., context_id: _Optional[str] = ..., keep_context: bool = ..., dropout_seed: _Optional[int] = ...) -> None: ...
 
 class BackwardResponse(_message.Message):
     __slots__ = ("dq", "dk", "dv", "execution")
@@ -173,7 +183,7 @@ class DeviceInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ..., native_compute_capability: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[KernelRoute, _Mapping]]] = ..., shared_memory_per_block: _Optional[int] = ..., out_of_service: bool = ..., fault: _Optional[str] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class KernelRoute(_message.Message):
-    __slots__ = ("family", "direction", "dtypes", "min_head_dim", "max_head_dim", "head_dim_multiple", "reason")
+    __slots__ = ("family", "direction", "dtypes", "min_head_dim", "max_head_dim", "head_dim_multiple", "reason", "dropout", "alibi")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     DTYPES_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +191,8 @@ class KernelRoute(_message.Message):
     MAX_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
     HEAD_DIM_MULTIPLE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_FIELD_NUMBER: _ClassVar[int]
+    ALIBI_FIELD_NUMBER: _ClassVar[int]
     family: str
     direction: str
     dtypes: _containers.RepeatedScalarFieldContainer[DType]
@@ -188,7 +200,9 @@ class KernelRoute(_message.Message):
     max_head_dim: int
     head_dim_multiple: int
     reason: str
-    def __init__(self, family: _Optional[str] = ..., direction: _Optional[str] = ..., dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., min_head_dim: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., head_dim_multiple: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    dropout: bool
+    alibi: bool
+    def __init__(self, family: _Optional[str] = ..., direction: _Optional[str] = ..., dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., min_head_dim: _Optional[int] = ..., max_head_dim: _Optional[int] = ..., head_dim_multiple: _Optional[int] = ..., reason: _Optional[str] = ..., dropout: bool = ..., alibi: bool = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_message_bytes", "max_total_tokens", "max_head_dim", "max_num_heads", "max_batch", "max_concurrent_requests", "max_deadline_seconds", "context_memory_bytes", "context_ttl_seconds", "max_request_compute_seconds")
