@@ -2,7 +2,7 @@
 import collections
 import json
 
-from invariants import PHASES, outcomes, rss_growth
+from invariants import lifetime_phases, outcomes, rss_growth
 
 CODES_ORDER = ("OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
                "UNAVAILABLE", "UNIMPLEMENTED", "INTERNAL", "KILLED")
@@ -30,6 +30,8 @@ def markdown(data) -> str:
     lines = [f"# attnserve soak, {data['started']}", "",
              f"Command: `{data['command']}`  ",
              f"Machine: {data['machine']}; binary `{data['binary']}`.  ",
+             f"Devices `{data.get('devices', 'cpu')}`, optional phases: "
+             f"{', '.join(data.get('features') or ['none'])}.  ",
              f"Duration {data['elapsed_s']:.0f} s, {data['workers']} client processes, "
              f"seed {data['seed']}, load average before/after {data['loadavg_before']} / "
              f"{data['loadavg_after']}.", "",
@@ -50,11 +52,17 @@ def markdown(data) -> str:
               + (", ".join(f"{k} {v}" for k, v in sorted(
                   (n[len('gap_refused|'):], c) for n, c in counts.items()
                   if n.startswith("gap_refused|"))) or "none") + ".", "",
+              "Calls refused UNAVAILABLE for a device fault: "
+              + (", ".join(f"{k} {v}" for k, v in sorted(
+                  (n[len('device_refused|'):], c) for n, c in counts.items()
+                  if n.startswith("device_refused|"))) or "none") + ".", "",
               "## Server lifetimes", "",
               "| lifetime | exit (in flight at SIGTERM) "
               "| median RSS after warmup -> before load end (KiB) "
-              "| RSS range under load (KiB) | fds warmup -> load end | server requests_total "
-              "(final scrape) |", "|---|---|---|---|---|---|"]
+              "| RSS range under load (KiB) | fds warmup -> load end "
+              "| device memory used, median (MiB) | device faults, resets, memory waits "
+              "| server requests_total (final scrape) |", "|---|---|---|---|---|---|---|---|"]
+    phases = lifetime_phases([lifetime["name"] for lifetime in data["lifetimes"]])
     for lifetime in data["lifetimes"]:
         samples = lifetime["samples"]
         growth = rss_growth(lifetime, data["limits"]["rss_window_s"]) or ("?", "?")
@@ -62,12 +70,18 @@ def markdown(data) -> str:
         until = samples.get("load_end", {}).get("t", float("inf"))
         rss = [x["rss_kib"] for x in lifetime["series"] if since <= x["t"] <= until] or [0]
         rest = f"; at rest {samples['rest']['rss_kib']}" if "rest" in samples else ""
-        requests = (lifetime["final_metrics"] or {}).get("requests", {})
-        lines.append(f"| {lifetime['name']} ({'+'.join(PHASES[lifetime['name']])}) | "
+        final = lifetime["final_metrics"] or {}
+        requests, device = final.get("requests", {}), final.get("device", {})
+        memory = rss_growth(lifetime, data["limits"]["rss_window_s"], "device_memory_used")
+        memory = f"{memory[0] >> 20} -> {memory[1] >> 20}" if memory else "?"
+        fault = f"; injected {lifetime['fault']}" if lifetime.get("fault") else ""
+        lines.append(f"| {lifetime['name']} ({'+'.join(phases[lifetime['name']])}) | "
                      f"{lifetime['exit_code']} ({lifetime['inflight_at_sigterm']}) | "
                      f"{growth[0]} -> {growth[1]} | "
                      f"{min(rss)}-{max(rss)}{rest} | {samples.get('warmup', {}).get('fds')} -> "
-                     f"{samples.get('load_end', {}).get('fds')} | "
+                     f"{samples.get('load_end', {}).get('fds')} | {memory} | "
+                     f"{device.get('device_faults')}, {final.get('device_resets', {})}, "
+                     f"{device.get('memory_waits')}{fault} | "
                      + ", ".join(f"{k} {v}" for k, v in sorted(requests.items())) + " |")
     lines += ["", "## Checks", ""]
     for result in data["checks"]:
