@@ -68,6 +68,10 @@ class Lifetime:
     def __init__(self, name, binary, flags, ports=None, fault=None):
         self.name = name
         self.fault = fault  # its --inject_device_fault, or None
+        # When its devices were last seen going out of service (None: all in service), and
+        # whether it ended early for that (soak.py --out-of-service-restart).
+        self.out_of_service_since = None
+        self.cut_short = False
         self.server = ServerProcess(binary, flags)
         if ports is not None:  # a restart: the clients keep their target and data channel
             self.server.grpc_port, self.server.http_port, self.server.data_port = ports
@@ -166,7 +170,8 @@ class Lifetime:
         return self.exit_code
 
     def summary(self) -> dict:
-        return {"name": self.name, "fault": self.fault, "ports": list(self.ports),
+        return {"name": self.name, "fault": self.fault, "cut_short": self.cut_short,
+                "ports": list(self.ports),
                 "exit_code": self.exit_code,
                 "inflight_at_sigterm": self.inflight_at_sigterm,
                 "samples": self.samples, "series": self.series,

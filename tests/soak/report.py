@@ -75,6 +75,8 @@ def markdown(data) -> str:
         memory = rss_growth(lifetime, data["limits"]["rss_window_s"], "device_memory_used")
         memory = f"{memory[0] >> 20} -> {memory[1] >> 20}" if memory else "?"
         fault = f"; injected {lifetime['fault']}" if lifetime.get("fault") else ""
+        if lifetime.get("cut_short"):
+            fault += " (ended early: its device stayed out of service)"
         lines.append(f"| {lifetime['name']} ({'+'.join(phases[lifetime['name']])}) | "
                      f"{lifetime['exit_code']} ({lifetime['inflight_at_sigterm']}) | "
                      f"{growth[0]} -> {growth[1]} | "

@@ -63,7 +63,7 @@ CPU_DEFAULTS = {"duration": 300, "devices": "cpu", "features": "", "lifetimes": 
 MEMORY_RSS_GROWTH_MIB = 96
 # The injected fault, in lifetimes that get one: the first at this launch, then every so many
 # launches (where the binary's --inject_device_fault knows +EVERY; else only the first).
-DEFAULT_FAULT = "300+1500"
+DEFAULT_FAULT = "2000+3000"
 
 
 def parse_args(argv=None):
@@ -90,6 +90,11 @@ def parse_args(argv=None):
                         help="1-based lifetimes that get the fault (default: the even ones; a "
                              "trapped kernel may leave a GPU out of service until the process "
                              "restarts, so the next lifetime shows it back)")
+    parser.add_argument("--out-of-service-restart", type=float, default=20, metavar="S",
+                        help="a lifetime whose injected fault has left its device out of "
+                             "service this long (a GPU whose trapped kernel's sticky error "
+                             "survives cudaDeviceReset, README 'Device faults') ends early, as "
+                             "the liveness probe would restart it (default %(default)s)")
     parser.add_argument("--max-device-memory-growth-mib", type=float, default=64,
                         help="allowed growth of the median device memory in use (the server's "
                              "attnserve_device_memory_used_bytes) over each lifetime's load")
@@ -241,8 +246,11 @@ class Soak:
         self.counts["failures"] += 1
         self.failures.append(what)
 
-    def wait_until(self, t, sample_label_at=None):
-        """Sleeps until monotonic time t, sampling RSS/fds and watching the server."""
+    def wait_until(self, t, sample_label_at=None, may_cut_short=False):
+        """Sleeps until monotonic time t, sampling RSS/fds and watching the server. With
+        may_cut_short, returns early once the warmup sample is taken and a device faulted on
+        purpose has stayed out of service for --out-of-service-restart seconds, as the liveness
+        probe would restart such a server."""
         next_sample = time.monotonic()
         while time.monotonic() < t:
             if not self.current.alive():
@@ -252,12 +260,23 @@ class Soak:
                           f"{self.current.server.log()[-3000:]}")
                 return False
             now = time.monotonic()
+            sample = None
             if sample_label_at and now >= sample_label_at[1]:
-                self.current.sample(sample_label_at[0])
+                sample = self.current.sample(sample_label_at[0])
                 sample_label_at = None
             elif now >= next_sample:
-                self.current.sample()
+                sample = self.current.sample()
                 next_sample = now + SAMPLE_INTERVAL_S
+            if sample is not None and self.current.fault:
+                if not sample.get("devices_unhealthy"):
+                    self.current.out_of_service_since = None
+                elif self.current.out_of_service_since is None:
+                    self.current.out_of_service_since = now
+                elif (may_cut_short and "warmup" in self.current.samples
+                      and now - self.current.out_of_service_since
+                      >= self.args.out_of_service_restart):
+                    self.current.cut_short = True
+                    return True
             time.sleep(min(0.2, max(0.0, t - time.monotonic())))
         return True
 
@@ -296,11 +315,12 @@ class Soak:
         for restart in range(args.lifetimes - 1):
             restart_at = self.current.ready_at + share
             alive = self.wait_until(restart_at - VICTIM_QUIET_S,
-                                    ("warmup", self.current.ready_at + args.warmup))
+                                    ("warmup", self.current.ready_at + args.warmup),
+                                    may_cut_short=True)
             self.victims_allowed.clear()
             if alive:
                 with self.victim_running:
-                    alive = self.wait_until(restart_at)
+                    alive = self.wait_until(min(restart_at, time.monotonic() + VICTIM_QUIET_S))
             if not alive:
                 break
             self.restart(restart)

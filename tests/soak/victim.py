@@ -7,6 +7,7 @@ knows how many calls it started and how they ended before it died:
 """
 import pathlib
 import sys
+import time
 
 sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent),
                 str(pathlib.Path(__file__).resolve().parents[1] / "python")]
@@ -34,6 +35,8 @@ def main(target: str, seed: int, rpc: str) -> None:
             # "device": refused for a device fault, which the soak allows (worker.py).
             refused = worker.device_refused(error.code(), error.details())
             print(f"error {error.code().name}" + (" device" if refused else ""), flush=True)
+            if refused:  # as the workers do: no spinning while the device is out of service
+                time.sleep(worker.DEVICE_REFUSED_PAUSE_S)
 
 
 if __name__ == "__main__":
