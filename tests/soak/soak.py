@@ -14,7 +14,15 @@ server holds no data channel buffers, sessions or connections and frees saved co
 their TTL, and that both servers exited 0. Writes soak.json and soak.md into --out; exit
 status 0 only if every check passed.
 
+--lifetimes N restarts the server N-1 times. --features turns on the GPU soak's phases
+(workload.py): GPU dtypes and tolerances, device memory exhausted by groups of large requests,
+clients that stop reading, and device faults injected (--inject_device_fault) into some
+lifetimes, where UNAVAILABLE naming the fault is an allowed answer and the device must come
+back after a reset or say it is out of service; device memory in use is sampled as RSS is.
+--gpu sets them all, --devices=auto and the GPU soak's duration (scripts/soak.sh --gpu).
+
     tests/soak/soak.py --duration 300 --workers 3 --out /tmp/soak
+    tests/soak/soak.py --gpu --binary .gpu-bundle/bin/attnserve --out $OUT
 """
 import argparse
 import collections
