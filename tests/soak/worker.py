@@ -417,20 +417,11 @@ class Worker:
             (name, weight) for name, weight in OPTIONAL_ACTIONS if name in workload.FEATURES)))
         action = str(self.rng.choice(names, p=np.array(weights) / sum(weights)))
         rpc = RPCS[int(self.rng.random() < 0.4)]
-        if action == "memory":
-            self.memory_pressure()
-            return
-        if action == "unread":
-            self.unread()
-            return
-        if action == "client":
-            self.client_valid(rpc)
-            return
-        if action == "context":
-            self.context_step()
-            return
-        if action == "data_close":
-            self.data_close()
+        plain = {"memory": self.memory_pressure, "unread": self.unread,
+                 "client": lambda: self.client_valid(rpc), "context": self.context_step,
+                 "data_close": self.data_close}
+        if action in plain:
+            plain[action]()
             return
         if action == "malformed":
             name = str(self.rng.choice(list(workload.MALFORMED)))
