@@ -8,6 +8,17 @@ CODES_ORDER = ("OK", "CANCELLED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "RESO
                "UNAVAILABLE", "UNIMPLEMENTED", "INTERNAL", "KILLED")
 
 
+DETAIL_CHARS = 90
+
+
+def by_code(requests):
+    """[(code, calls)] over every rpc, from {"Rpc|CODE": n}."""
+    codes = collections.Counter()
+    for name, n in requests.items():
+        codes[name.split("|", 1)[1]] += n
+    return sorted(codes.items())
+
+
 def tables(counts):
     """Calls by kind and how they ended; verified answers by rpc and dtype."""
     by_kind = collections.defaultdict(collections.Counter)
@@ -61,7 +72,8 @@ def markdown(data) -> str:
               "| median RSS after warmup -> before load end (KiB) "
               "| RSS range under load (KiB) | fds warmup -> load end "
               "| device memory used, median (MiB) | device faults, resets, memory waits "
-              "| server requests_total (final scrape) |", "|---|---|---|---|---|---|---|---|"]
+              "| server requests_total by code (final scrape) |",
+              "|---|---|---|---|---|---|---|---|"]
     phases = lifetime_phases([lifetime["name"] for lifetime in data["lifetimes"]])
     for lifetime in data["lifetimes"]:
         samples = lifetime["samples"]
@@ -84,12 +96,16 @@ def markdown(data) -> str:
                      f"{samples.get('load_end', {}).get('fds')} | {memory} | "
                      f"{device.get('device_faults')}, {final.get('device_resets', {})}, "
                      f"{device.get('memory_waits')}{fault} | "
-                     + ", ".join(f"{k} {v}" for k, v in sorted(requests.items())) + " |")
+                     + ", ".join(f"{k} {v}" for k, v in by_code(requests)) + " |")
     lines += ["", "## Checks", ""]
     for result in data["checks"]:
         mark = "pass" if result["ok"] else "**FAIL**"
-        lines.append(f"- {mark}: {result['check']}"
-                     + (f" — {result['detail']}" if result["detail"] else ""))
+        # Passing checks' details shortened, so that soak.md stays printable (soak.json has
+        # them whole).
+        detail = result["detail"]
+        if result["ok"] and len(detail) > DETAIL_CHARS:
+            detail = detail[:DETAIL_CHARS] + "…"
+        lines.append(f"- {mark}: {result['check']}" + (f" — {detail}" if detail else ""))
     if data["failures"]:
         lines += ["", "## Failures (first 50)", ""] + [f"- `{f}`" for f in data["failures"][:50]]
     lines += ["", f"Verdict: **{'PASS' if data['passed'] else 'FAIL'}**", ""]
