@@ -9,8 +9,8 @@
 # scripts/soak.sh --gpu: the GPU soak on the GPU machine, building nothing and needing no venv:
 # the server prebuilt in .gpu-bundle/ (make_gpu_bundle.sh; --binary to use another), plain
 # python3 (numpy, ml_dtypes, grpcio >= 1.76 and protobuf >= 6.31.1; /tmp/site is used when
-# present, as scripts/gpu_e2e.sh leaves it). 10 minutes on --devices=auto in three server
-# lifetimes: the CPU soak's faults plus a small device memory budget exceeded by groups of large
+# present, as scripts/gpu_e2e.sh leaves it). About 9 minutes (510 s of load) on
+# --devices=auto in three server lifetimes: the CPU soak's faults plus a small device memory budget exceeded by groups of large
 # requests, clients that stop reading, saved contexts expiring under load, fp16/bf16 mostly,
 # and a kernel that traps (--inject_device_fault) in the second lifetime. Figures:
 # $OUT/soak.{json,md} (OUT defaults to build/soak-gpu).

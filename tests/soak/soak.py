@@ -60,8 +60,10 @@ VICTIM_QUIET_S = 5.0
 REST_MARGIN_S = 1.5
 
 
-# --gpu: the GPU soak's defaults (each can still be given explicitly).
-GPU_DEFAULTS = {"duration": 600, "devices": "auto", "features": ",".join(workload.KNOWN_FEATURES),
+# --gpu: the GPU soak's defaults (each can still be given explicitly). 510 s of load, with the
+# three starts, two drains and the rest at the end about 9 minutes: within the 10 minutes one
+# command may run on the GPU machine, so that soak.json is written.
+GPU_DEFAULTS = {"duration": 510, "devices": "auto", "features": ",".join(workload.KNOWN_FEATURES),
                 "lifetimes": 3, "workers": 4, "warmup": 30}
 CPU_DEFAULTS = {"duration": 300, "devices": "cpu", "features": "", "lifetimes": 2, "workers": 3,
                 "warmup": 15}
@@ -71,7 +73,7 @@ CPU_DEFAULTS = {"duration": 300, "devices": "cpu", "features": "", "lifetimes": 
 MEMORY_RSS_GROWTH_MIB = 96
 # The injected fault, in lifetimes that get one: the first at this launch, then every so many
 # launches (where the binary's --inject_device_fault knows +EVERY; else only the first).
-DEFAULT_FAULT = "2000+3000"
+DEFAULT_FAULT = "1000+2000"
 
 
 def parse_args(argv=None):
@@ -108,7 +110,7 @@ def parse_args(argv=None):
                              "attnserve_device_memory_used_bytes) over each lifetime's load")
     parser.add_argument("--duration", type=float,
                         help="seconds of load in all, shared evenly by the lifetimes (300; "
-                             "--gpu: 600); restarts add their own time")
+                             "--gpu: 510); restarts add their own time")
     parser.add_argument("--workers", type=int, help="client processes (3; --gpu: 4)")
     parser.add_argument("--warmup", type=float,
                         help="seconds after each server start before the RSS/fd baseline (15; "
