@@ -4,7 +4,7 @@
 # (default /tmp/attn_gpu_out); the last lines printed are the test summary and the table.
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
-#                    [--variants] [--bwd-variant NAME=FLAGS]... [--tests PATH]
+#                    [--bwd-variant NAME=FLAGS]... [--tests PATH]
 #                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-path-column NAME=OFF]...
 #                    [--bwd-atomic-only] [--bwd-variant-tests EXPR] [--ref-tree DIR]
 #
@@ -13,11 +13,10 @@
 # --head-dims LIST (e.g. "192;256") builds only those head dims (ATTN_HEAD_DIMS; a shorter build).
 # --bwd-path-column NAME=OFF (repeatable) adds a backward benchmark column NAME: the same
 # build with code path OFF disabled (bench_flash.py --lib; e.g. ours-sm80bwd=no-sm90-bwd).
-# --variants also builds the tile-size variants in bench/tile_variants/*.inc (hdim 64/128/256
-# only, in the background while the tests run) and benchmarks them as extra columns.
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128, or --head-dims) with FLAGS
-# added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_BWD_DKDV_WARPS=4") and adds NAME as
-# columns of the backward benchmark.
+# added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_SM90_FWD_STAGES=3", a knob of
+# kernels/flash/tuning.h) and adds NAME as columns of the backward benchmark (a forward knob's
+# build is then timed with bench_flash.py --lib NAME=build-gpu-bwd-NAME/lib/libattn_capi.so).
 # --bwd-atomic-only times the atomic-dQ mode only (no NAME-det columns: the deterministic mode
 # runs the sm80 kernels, which the --bwd-variant flags of the Hopper kernels do not change).
 # --bwd-variant-tests EXPR runs, after the benchmarks, the --tests PATH cases selected by
@@ -35,7 +34,6 @@ run_tests=1
 run_bench=1
 run_fwd_bench=1
 run_bwd_bench=1
-variants=0
 bwd_variants=()
 test_path=tests/kernels/gpu
 bwd_head_dims=64,128,192,256
@@ -68,7 +66,6 @@ while (($#)); do
     --skip-bench) run_bench=0 ;;
     --skip-fwd-bench) run_fwd_bench=0 ;;
     --skip-bwd-bench) run_bwd_bench=0 ;;
-    --variants) variants=1 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -99,20 +96,6 @@ if ! configure_and_build build-gpu "$OUT/build.log" "${build_head_dims[@]}"; the
 fi
 echo "build: $(( $(date +%s) - start )) s"
 grep -E "spill stores" "$OUT/build.log" | sort | uniq -c
-
-variant_libs=()
-if ((variants)); then
-  for inc in bench/tile_variants/*.inc; do
-    name="$(basename "$inc" .inc)"
-    dir="build-gpu-$name"
-    mkdir -p "$dir/overrides"
-    cp "$inc" "$dir/overrides/attn_flash_tile_overrides.inc"
-    flags="-DATTN_FLASH_TILE_OVERRIDES -I$PWD/$dir/overrides"
-    configure_and_build "$dir" "$OUT/build-variants.log.$name" -DATTN_HEAD_DIMS="64;128;256" \
-      "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
-    variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
-  done
-fi
 
 ref_libs=()
 if [[ -n "$ref_tree" ]]; then
@@ -145,13 +128,9 @@ wait
 for log in "$OUT"/build-bwd-variant.log.*; do
   [[ -e "$log" ]] && grep -E "spill stores|error" "$log" | sort | uniq -c
 done
-if ((variants)); then
-  cat "$OUT"/build-variants.log.* | grep -E "spill stores|error" | sort | uniq -c
-  cat "$OUT"/build-variants.log.* >"$OUT/build-variants.log" && rm -f "$OUT"/build-variants.log.*
-fi
 
 if ((run_bench && run_fwd_bench)); then
-  python3 bench/bench_flash.py --lib "ours=$ATTN_CAPI" "${variant_libs[@]}" "${ref_libs[@]}" \
+  python3 bench/bench_flash.py --lib "ours=$ATTN_CAPI" "${ref_libs[@]}" \
     --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 fi
 if ((run_bench && run_bwd_bench)); then

@@ -47,6 +47,10 @@ start_server faults 8041 8040 --data_port=8042 --inject_device_fault=cuda:0@3/1 
   --device_reset_interval_seconds=0.2
 # CUDA shared memory: tests/gpu/test_cuda_shared_memory_gpu.py registers device memory by IPC.
 start_server shm 8051 8050 --data_port=8052 --allow_shared_memory
+# Launches of about 2 ms on one lane: tests/gpu/test_launch_split_gpu.py compares its answers
+# with the native server's single launches and stops a 2M-token request at its deadline.
+start_server split 8061 8060 --data_port=8062 --max_launch_seconds=0.002 --cuda_lanes=1 \
+  --max_total_tokens=4194304
 
 status=0
 ctl=.gpu-bundle/bin/attnctl
@@ -61,6 +65,8 @@ ATTNSERVE_GPU_TARGET=localhost:8001 ATTNSERVE_GPU_EMULATED_TARGET=localhost:8011
   ATTNSERVE_GPU_SM86_TARGET=localhost:8031 ATTNSERVE_GPU_CUBLAS_TARGET=localhost:8021 \
   ATTNSERVE_GPU_FAULT_TARGET=localhost:8041 ATTNSERVE_GPU_FAULT_HTTP=http://127.0.0.1:8040 \
   ATTNSERVE_GPU_SHM_TARGET=localhost:8051 ATTNSERVE_GPU_SHM_HTTP=http://127.0.0.1:8050 \
+  ATTNSERVE_GPU_HTTP=http://127.0.0.1:8000 ATTNSERVE_GPU_SPLIT_TARGET=localhost:8061 \
+  ATTNSERVE_GPU_SPLIT_HTTP=http://127.0.0.1:8060 \
   python3 -m pytest -q -p no:cacheprovider tests/gpu \
   2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())" \

@@ -28,12 +28,8 @@ namespace attnserve::kernels::flash {
 // dQ_accum[rows of the tile] += dS K for the 64 query rows of the tile: dS^T at `ds_smem`
 // ([key][query], read transposed as the A operand) and the block's K (`k_frag`: a lane's
 // ldmatrix.trans address into it). Warp w takes query rows 16 (w % 4) .. +15 and, with 8 warps,
-// half of the columns (w / 4); k runs over all resident keys. Float atomics, v2 where there.
-// (Benchmark builds may define ATTN_FLASH_BWD_DQ_RED_V4=0 to compare with v2 reductions.)
-#ifndef ATTN_FLASH_BWD_DQ_RED_V4
-#define ATTN_FLASH_BWD_DQ_RED_V4 1
-#endif
-inline constexpr bool kDqRedV4 = ATTN_FLASH_BWD_DQ_RED_V4 != 0;
+// half of the columns (w / 4); k runs over all resident keys. Float atomics: v4 reductions on
+// sm_90 (red.global.add.v4.f32 exists there only), v2 below.
 
 template <typename T>
 __device__ __forceinline__ void AccumulateDqAtomic(float* dq_accum, int64_t row_stride,
@@ -77,7 +73,7 @@ __device__ __forceinline__ void AccumulateDqAtomic(float* dq_accum, int64_t row_
       }
     }
 #if __CUDA_ARCH__ >= 900
-    if constexpr (kDqRedV4) {
+    {
       // Lanes 2j and 2j+1 of a quad swap halves: the even one gets row `group`, columns
       // 4j..4j+3 of the 8-column tile, the odd one row group + 8: one v4 reduction each per
       // tile instead of two v2 (the reduction count, not bytes, limits L2 throughput).

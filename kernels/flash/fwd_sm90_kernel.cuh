@@ -27,22 +27,18 @@
 
 namespace attnserve::kernels::flash {
 
-// Ping-pong between the consumer warpgroups (FlashAttention-3): each issues its GEMMs of a tile
-// only in its turn and passes the turn on once they are issued, so one warpgroup's softmax runs
-// under the other's GEMMs instead of all of them competing for the tensor cores at once.
-#ifndef ATTN_FLASH_SM90_FWD_PINGPONG
-#define ATTN_FLASH_SM90_FWD_PINGPONG 1
-#endif
-
 // One consumer warpgroup's share of a block: its 64 query rows against every key tile.
 template <DType kDType, int kHeadDim>
 class FwdSm90BlockRunner {
   using T = FwdSm90Traits<kDType, kHeadDim>;
   using Ring = FwdSm90Ring<T>;
+  // Ping-pong between the consumer warpgroups (FlashAttention-3): each issues its GEMMs of a
+  // tile only in its turn and passes the turn on once they are issued, so one warpgroup's softmax
+  // runs under the other's GEMMs instead of all of them competing for the tensor cores at once
+  // (+5 to +20% at head dim 64 against no turns: NOTES.md "Tuning knobs").
   // Named barrier of warpgroup w's turn: 1 + w (0 is __syncthreads'), between w (bar.sync) and
   // the warpgroup before it (bar.arrive).
   static constexpr int kTurnBarrier = 1;
-  static constexpr bool kPingPong = ATTN_FLASH_SM90_FWD_PINGPONG != 0;
   using Element = typename T::Element;
   using Mma = ptx::Wgmma<Element, T::kBlockN>;    // S = Q K^T: 64 x kBlockN per warpgroup
   using MmaPv = ptx::Wgmma<Element, kHeadDim>;    // O += P V: 64 x kHeadDim per warpgroup
@@ -75,11 +71,9 @@ class FwdSm90BlockRunner {
     // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
     // rescaled under a running P V and serializes every wgmma (C7515).
     const int last = block_.n_end - 1;
-    if constexpr (kPingPong) {
-      // The last warpgroup hands the first turn to warpgroup 0.
-      if (warpgroup_ == T::kConsumerWarpgroups - 1) {
-        ptx::NamedBarrierArrive<256>(kTurnBarrier);
-      }
+    // The last warpgroup hands the first turn to warpgroup 0.
+    if (warpgroup_ == T::kConsumerWarpgroups - 1) {
+      ptx::NamedBarrierArrive<256>(kTurnBarrier);
     }
     if (last >= block_.mask_from || last < block_.mask_below) {
       Step<true, false>(last, 0, p);
@@ -148,16 +142,14 @@ class FwdSm90BlockRunner {
     // the two GEMMs would make ptxas re-fence the registers of the second (C7519).
     ring_.WaitFull(Ring::kK, i);
     if constexpr (kPv) ring_.WaitFull(Ring::kV, i - 1);
-    if constexpr (kPingPong) ptx::NamedBarrierSync<256>(kTurnBarrier + warpgroup_);
+    ptx::NamedBarrierSync<256>(kTurnBarrier + warpgroup_);
     float s[T::kSTiles][4];
     ptx::WgmmaFence();
     IssueScores(s, ring_.K(i));
     if constexpr (kPv) IssuePV(p, ring_.V(i - 1));
-    if constexpr (kPingPong) {
-      // The turn goes to the next warpgroup; the last one's final turn has no taker.
-      if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
-        ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
-      }
+    // The turn goes to the next warpgroup; the last one's final turn has no taker.
+    if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
+      ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
     }
     ptx::WgmmaWait<kPv ? 1 : 0>(s);
     ring_.Release(Ring::kK, i);

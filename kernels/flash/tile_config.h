@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/flash/arch.h"
+#include "kernels/flash/tuning.h"
 
 namespace attnserve::kernels::flash {
 
@@ -18,28 +19,12 @@ struct ForwardTiles {
   int warps;    // each warp owns block_m / warps query rows (16 or 32)
 };
 
-// Tuning hook for benchmark builds only: with ATTN_FLASH_TILE_OVERRIDES defined (for C++ and
-// CUDA alike), rows such as `{128, {128, 64, 4}},` from attn_flash_tile_overrides.inc on the
-// include path replace the heuristic for their head dims. Normal builds define neither.
-struct TileOverride {
-  int head_dim;
-  ForwardTiles tiles;
-};
-inline constexpr TileOverride kTileOverrides[] = {
-#ifdef ATTN_FLASH_TILE_OVERRIDES
-#include "attn_flash_tile_overrides.inc"
-#endif
-    {0, {0, 0, 0}}};
-
 // sm80/sm90 (A100, H100) with mma.sync: 228 KB shared memory and 64K registers per SM. Measured
 // on the H100 (bench/RESULTS.md): larger key tiles win even where ptxas spills a few bytes
 // (12-92 per thread, L1-resident), so hdim 64 and 128 take them; FlashAttention-2's own
 // hdim-128 kernel spills more. More query rows per warp (32 rather than 16) halve the
 // shared-memory traffic of K/V fragments per mma.
 constexpr ForwardTiles Sm80ForwardTiles(int head_dim) {
-  for (const TileOverride& o : kTileOverrides) {
-    if (o.head_dim == head_dim) return o.tiles;
-  }
   // 32: 32 rows per warp, 64-key tiles; S (64 floats) plus O (32) leave room for prefetch.
   if (head_dim <= 32) return {128, 64, 4};
   // 64: 128-key tiles halve the online-softmax rescales per key; 1.03-1.13x the 64-key
@@ -82,14 +67,10 @@ inline constexpr int kSm90ForwardHeadDims[] = {64, 128, 256};
 // Query rows per CTA at head dim 64: 192 (three consumer warpgroups, FlashAttention-3's hdim-64
 // tile). Measured against 128 with the warp-specialized kernel (H100, bf16, bench/RESULTS.md
 // "Hopper forward, warp specialized"): +8 to +26% on every anchor row but 32x512 causal (-5%).
-// ATTN_FLASH_SM90_HDIM64_ROWS=128 builds the two-warpgroup tile (benchmarks).
-#ifndef ATTN_FLASH_SM90_HDIM64_ROWS
-#define ATTN_FLASH_SM90_HDIM64_ROWS 192
-#endif
 constexpr int Sm90ForwardBlockM(int head_dim) {
   // At 128 and 256 two consumer warpgroups of 64 rows: O (64/128 floats) plus S and P leave no
   // registers for a third (160 per consumer thread with four warpgroups; enough at 64).
-  return head_dim <= 64 ? ATTN_FLASH_SM90_HDIM64_ROWS : 128;
+  return head_dim <= 64 ? 192 : 128;
 }
 constexpr int Sm90ForwardBlockN(int head_dim) {
   // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay under the cap,
@@ -102,11 +83,9 @@ constexpr int Sm90ForwardBlockN(int head_dim) {
 // bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is worth +2 to +7% at head
 // dim 128 on every row with 2048 keys or more (-2 to -3% at 32x512; 225 KB of shared memory with
 // Q) and 0 to -2% at 64; at 256 only two fit.
-// ATTN_FLASH_SM90_FWD_STAGES overrides the count at head dims up to 128 (benchmarks).
+// A benchmark build may set the count at head dims up to 128 (tuning.h).
 constexpr int Sm90ForwardStages(int head_dim) {
-#ifdef ATTN_FLASH_SM90_FWD_STAGES
-  if (head_dim <= 128) return ATTN_FLASH_SM90_FWD_STAGES;
-#endif
+  if (kSm90ForwardStagesOverride != 0 && head_dim <= 128) return kSm90ForwardStagesOverride;
   return head_dim == 128 ? 3 : 2;
 }
 // Q, the K and V stages, 1 KB to align the tiles to the swizzle atoms, and four 8-byte mbarriers
@@ -130,10 +109,7 @@ inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 192, 256};
 // of the CTA's pool: 240 at 24. At 32 the consumers would get 232, and at head dim 128 ptxas then
 // spills 56 bytes and serializes the wgmma (C7512); at 24 the producer spills a few bytes instead
 // (a few local loads per tile, off the consumers' path).
-#ifndef ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS
-#define ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS 24
-#endif
-inline constexpr int kSm90BackwardProducerRegisters = ATTN_FLASH_SM90_BWD_PRODUCER_REGISTERS;
+inline constexpr int kSm90BackwardProducerRegisters = 24;
 constexpr int Sm90BackwardBlockN(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 constexpr int Sm90BackwardBlockM(int head_dim) {
   // 64-query tiles: S^T and dP^T 32 floats each per thread beside dK + dV (64 / 128 floats at
@@ -198,11 +174,9 @@ inline constexpr int kBackwardDqWarps = 4;      // dQ pass: 64 resident query ro
 // dK/dV kernel: 8 warps (128 keys per CTA, FlashAttention-2's key block) on Sm80: every streamed
 // Q/dO tile feeds twice the keys, so per flop the Q/dO reloads and the float32 dQ atomics (one
 // tile-rows x d add per streamed tile and CTA) are halved against 64-key blocks. 4 warps (64
-// keys) on Sm75, whose 64 KB of shared memory hold no 128-row K and V.
-// (Benchmark builds may define ATTN_FLASH_BWD_DKDV_WARPS=4 for C++ and CUDA alike to compare.)
-#ifndef ATTN_FLASH_BWD_DKDV_WARPS
-#define ATTN_FLASH_BWD_DKDV_WARPS 8
-#endif
+// keys) on Sm75, whose 64 KB of shared memory hold no 128-row K and V. (4 warps on Sm80 measured
+// 23-29% slower at head dim 128: NOTES.md "Tuning knobs".)
+inline constexpr int kBackwardWideWarps = 8;
 // The variant for devices whose blocks cannot hold the wide one (an A100 gives 163 KB, the wide
 // kernel needs 173-178 KB at head dims 64 and 128; sm86/89 give 99 KB): 4 warps, 64 keys, 16
 // keys per warp. The dispatcher picks it at run time (bwd_launch.cuh).
@@ -212,21 +186,12 @@ inline constexpr int kBackwardLargeHeadDim = 128;
 
 // FlashAttention-2's warp layout for the dK/dV kernel (bwd_dkdv_pair_kernel.cuh) at head dims
 // 64 and 128 on Sm80: 32 keys per warp pair, P^T and dS^T through shared memory; at 192 and 256
-// with 64-key blocks (always). (Benchmark builds may define ATTN_FLASH_BWD_PAIR=0 to compare
-// with 16 keys per warp at 64 and 128, or ATTN_FLASH_BWD_PAIR_HDIM64=0 at head dim 64 only.)
-#ifndef ATTN_FLASH_BWD_PAIR
-#define ATTN_FLASH_BWD_PAIR 1
-#endif
-#ifndef ATTN_FLASH_BWD_PAIR_HDIM64
-#define ATTN_FLASH_BWD_PAIR_HDIM64 1
-#endif
+// with 64-key blocks (always). (It measured +13 to +27% over 16 keys per warp at 64 and 128:
+// NOTES.md "Tuning knobs".)
 // Streamed query rows per stage of the pair layout at head dim 64 (FlashAttention-2's 128 x 128
 // tile there: each warp's score tiles are 32 keys x 64 queries, so every K/V fragment feeds twice
 // the products; measured +6-10% over 64 rows, bench/RESULTS.md; 252 registers, no spills).
-// (Benchmark builds may define ATTN_FLASH_BWD_PAIR64_ROWS=64.)
-#ifndef ATTN_FLASH_BWD_PAIR64_ROWS
-#define ATTN_FLASH_BWD_PAIR64_ROWS 128
-#endif
+inline constexpr int kBackwardPair64StreamRows = 128;
 
 // Geometry of one dK/dV kernel variant: the wide one (where the block's shared memory holds it)
 // or the narrow one (A100, sm86/89).
@@ -257,12 +222,9 @@ constexpr BackwardDkDvShape BackwardDkDvShapeFor(int head_dim, bool wide) {
     // no longer overlap the previous tile's math there).
     return {8, 64, kBackwardStreamRows, wide ? 2 : 1, true, wide ? 2 : 1};
   }
-  const int warps = wide ? (Arch::kAsyncCopy ? ATTN_FLASH_BWD_DKDV_WARPS : 4)
-                         : kBackwardNarrowWarps;
-  const bool pair = ATTN_FLASH_BWD_PAIR && Arch::kAsyncCopy && warps == 8 &&
-                    (head_dim == 128 || (ATTN_FLASH_BWD_PAIR_HDIM64 && head_dim == 64));
-  const int stream_rows =
-      pair && head_dim == 64 ? ATTN_FLASH_BWD_PAIR64_ROWS : kBackwardStreamRows;
+  const int warps = wide ? (Arch::kAsyncCopy ? kBackwardWideWarps : 4) : kBackwardNarrowWarps;
+  const bool pair = Arch::kAsyncCopy && warps == 8 && (head_dim == 128 || head_dim == 64);
+  const int stream_rows = pair && head_dim == 64 ? kBackwardPair64StreamRows : kBackwardStreamRows;
   return {warps, warps * 16, stream_rows, kStages, pair, kStages};
 }
 

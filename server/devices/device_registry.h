@@ -19,6 +19,7 @@ struct DeviceDescription {
   int ordinal = 0;                 // CUDA ordinal; 0 for the CPU
   std::string name;                // "cpu" or "cuda:N"
   std::string model;               // "NVIDIA H100 80GB HBM3" or the CPU's model name
+  std::string uuid;                // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"; empty for the CPU
   std::string compute_capability;  // "9.0" as routed; empty for the CPU
   // The GPU's own capability when --emulate_compute_capability overrides compute_capability
   // (the kernels then run that older architecture's code paths); empty otherwise.

@@ -27,51 +27,47 @@ Sources SourcesOf(const DeviceBuffers& d, const ContextMemory* context) {
 
 }  // namespace
 
-absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& family,
-                                            const BackwardInputs& in, CudaLane& lane,
-                                            const DeviceContextFn& device_context,
+absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& family,
+                                            const BackwardLaunchSet& set,
+                                            const GroupLaunches& plan, const LaunchHooks& hooks,
+                                            CudaLane& lane, const DeviceContextFn& device_context,
                                             const ContextMemory* context) {
-  SequenceGroups& groups = *in.groups;
-  const int64_t heads = in.q.shape[1], total_q = in.q.shape[0], total_k = in.k.shape[0];
-  const size_t q_row = RowBytesOf(in.q), k_row = RowBytesOf(in.k), lse_row = sizeof(float);
-  const GroupLaunches plan =
-      PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
-  const kernels::AttentionOptions options = ResolveOptions(in.options, in.q.shape[2]);
+  const int64_t heads = set.q.shape[1], total_q = set.q.shape[0], total_k = set.k.shape[0];
+  const size_t q_row = RowBytesOf(set.q), k_row = RowBytesOf(set.k), lse_row = sizeof(float);
+  const size_t lse_bytes = static_cast<size_t>(heads * total_q) * lse_row;
+  const kernels::AttentionOptions options = ResolveOptions(set.options, set.q.shape[2]);
   size_t kernel_workspace = 0, lse_scratch = 0;
   for (const GroupLaunch& launch : plan.groups) {
     kernels::BackwardParams params;
     params.shape = launch.shape;
-    params.options = options;
-    params.deterministic = in.deterministic;
+    params.options = LaunchOptions(options, launch);
+    params.deterministic = set.deterministic;
     kernel_workspace = std::max(kernel_workspace, family.backward_workspace_bytes(params));
     lse_scratch =
         std::max(lse_scratch, static_cast<size_t>(heads * (launch.q1 - launch.q0)) * lse_row);
   }
-  // Workspace: [the group's lse, [heads, rows] as its launch reads it | the kernel's own].
+  // Workspace: [the launch's lse, [heads, rows] as it reads it | the kernel's own].
   const size_t scratch_bytes = AlignedScratch(lse_scratch);
-  // Inputs: dout, then (when they travel) q, k, v, out, lse; the groups' offsets last.
-  std::vector<GatheredInput> inputs = {{{in.dout.data, in.dout.size_bytes}}};
-  if (context == nullptr) {
-    for (const TensorView* t : {&in.q, &in.k, &in.v, &in.out, &in.lse}) {
-      inputs.push_back({{t->data, t->size_bytes}});
-    }
-  }
+  // Inputs: dout, then (when they travel) q, k, v, out, lse; the launches' offsets last.
+  std::vector<GatheredInput> inputs = set.tensors;
   const size_t offsets_input = inputs.size();
   inputs.push_back({{plan.offsets.data(), plan.offsets_bytes()}});
 
-  std::vector<LaneStep> steps(groups.count());
-  for (int g = 0; g < groups.count(); ++g) {
+  const int count = static_cast<int>(plan.groups.size());
+  std::vector<LaneStep> steps(count);
+  for (int g = 0; g < count; ++g) {
     const GroupLaunch& group = plan.groups[g];
     const int64_t q_rows = group.q1 - group.q0, k_rows = group.k1 - group.k0;
     LaneStep& step = steps[g];
-    step.ready = [&groups, g] { return groups.WaitFor(g); };
+    if (hooks.ready) step.ready = [&hooks, g] { return hooks.ready(g); };
+    step.before_launch = hooks.before_launch;
     const ByteRange query_rows{group.q0 * q_row, group.q1 * q_row};
     const ByteRange key_rows{group.k0 * k_row, group.k1 * k_row};
     const auto with_first = [g](size_t bytes) { return g == 0 ? ByteRange{0, bytes} : ByteRange{}; };
     step.inputs = {query_rows};
     if (context == nullptr) {
-      step.inputs.insert(step.inputs.end(), {query_rows, key_rows, key_rows, query_rows,
-                                             with_first(in.lse.size_bytes)});
+      step.inputs.insert(step.inputs.end(),
+                         {query_rows, key_rows, key_rows, query_rows, with_first(lse_bytes)});
     }
     step.inputs.push_back(with_first(plan.offsets_bytes()));
     step.launch = [&, launch = &group, q_rows, k_rows](const DeviceBuffers& d,
@@ -104,8 +100,8 @@ absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& fa
       }
       kernels::BackwardParams params;
       params.shape = launch->shape;
-      params.options = options;
-      params.deterministic = in.deterministic;
+      params.options = LaunchOptions(options, *launch);
+      params.deterministic = set.deterministic;
       params.dout = d.inputs[0] + launch->q0 * q_row;
       params.q = from.q + launch->q0 * q_row;
       params.k = from.k + launch->k0 * k_row;
@@ -126,12 +122,40 @@ absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& fa
     step.outputs = {{group.q0 * q_row, q_rows * q_row, 1, 0},
                     {group.k0 * k_row, k_rows * k_row, 1, 0},
                     {group.k0 * k_row, k_rows * k_row, 1, 0}};
-    step.done = [&groups, g] { groups.Finished(g); };
+    if (hooks.done) step.done = [&hooks, g] { hooks.done(g); };
   }
   const size_t q_bytes = static_cast<size_t>(total_q) * q_row;
   const size_t k_bytes = static_cast<size_t>(total_k) * k_row;
   return lane.RunSteps(inputs, {q_bytes, k_bytes, k_bytes}, scratch_bytes + kernel_workspace,
-                       steps, /*keep=*/nullptr, in.output_space.destinations);
+                       steps, /*keep=*/nullptr, set.destinations);
+}
+
+absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& family,
+                                            const BackwardInputs& in, CudaLane& lane,
+                                            const DeviceContextFn& device_context,
+                                            const ContextMemory* context,
+                                            const GroupCut& cut) {
+  SequenceGroups& groups = *in.groups;
+  const GroupPieces pieces = CutGroups(groups, cut.cut);
+  if (cut.launches != nullptr) *cut.launches = pieces.ranges.size();
+  const GroupLaunches plan =
+      PlanSplitLaunches(pieces.ranges, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  BackwardLaunchSet set;
+  set.q = in.q;
+  set.k = in.k;
+  set.tensors = {{{in.dout.data, in.dout.size_bytes}}};
+  if (context == nullptr) {
+    for (const TensorView* t : {&in.q, &in.k, &in.v, &in.out, &in.lse}) {
+      set.tensors.push_back({{t->data, t->size_bytes}});
+    }
+  }
+  set.cu_seqlens_q = &in.cu_seqlens_q;
+  set.cu_seqlens_k = &in.cu_seqlens_k;
+  set.options = in.options;
+  set.deterministic = in.deterministic;
+  set.destinations = in.output_space.destinations;
+  const LaunchHooks hooks = ArrivalHooks(groups, pieces.group_of, cut.before_launch);
+  return RunBackwardLaunches(family, set, plan, hooks, lane, device_context, context);
 }
 
 }  // namespace attnserve::engine

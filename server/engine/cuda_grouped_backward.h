@@ -15,12 +15,34 @@
 
 namespace attnserve::engine {
 
+// A backward as a lane runs it in several launches (ForwardLaunchSet's counterpart): dout, then
+// (without a context) q, k, v, out and lse ([heads, total_q]), as pieces.
+struct BackwardLaunchSet {
+  TensorView q, k;
+  std::vector<GatheredInput> tensors;
+  const std::vector<int32_t>* cu_seqlens_q = nullptr;
+  const std::vector<int32_t>* cu_seqlens_k = nullptr;
+  RequestOptions options;
+  bool deterministic = false;
+  std::vector<char*> destinations;
+};
+
+// Runs `plan`'s launches (groups of whole sequences: a backward is never cut inside one,
+// launch_split.h says why) in order on the lane, each writing its rows of dq, dk and dv.
+// `context`: the device context it reads q, k, v, out and lse from, or null when they travel.
+absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& family,
+                                            const BackwardLaunchSet& set,
+                                            const GroupLaunches& plan, const LaunchHooks& hooks,
+                                            CudaLane& lane, const DeviceContextFn& device_context,
+                                            const ContextMemory* context);
+
 // `in.groups` is set; q, k and v give the shapes (a context's, filled in). `context`: the
 // device context the backward runs on, or null when every input travels. Outputs go to
 // in.output_space's destinations where given, else to the lane's pinned memory.
 absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& family,
                                             const BackwardInputs& in, CudaLane& lane,
                                             const DeviceContextFn& device_context,
-                                            const ContextMemory* context);
+                                            const ContextMemory* context,
+                                            const GroupCut& cut = {});
 
 }  // namespace attnserve::engine

@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -45,7 +46,20 @@ size_t BytesFrom(void* pointer) {
   return base + size > at ? static_cast<size_t>(base + size - at) : 0;
 }
 
+// Resets of each device so far (NoteDeviceReset): a handle opened under one count is mapped
+// only while the count stands.
+constexpr int kMaxDevices = 64;
+std::atomic<uint64_t> g_resets[kMaxDevices];
+
+uint64_t Resets(int ordinal) {
+  return ordinal >= 0 && ordinal < kMaxDevices ? g_resets[ordinal].load() : 0;
+}
+
 }  // namespace
+
+void NoteDeviceReset(int ordinal) {
+  if (ordinal >= 0 && ordinal < kMaxDevices) g_resets[ordinal].fetch_add(1);
+}
 
 absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> OpenIpcMemory(int ordinal,
                                                                    const std::string& ipc_handle,
@@ -72,11 +86,16 @@ absl::StatusOr<std::shared_ptr<ForeignDeviceMemory>> OpenIpcMemory(int ordinal,
         absl::StrCat("byte_size: ", byte_size, " exceed the ", available,
                      " bytes of the exported allocation"));
   }
-  return std::make_shared<ForeignDeviceMemory>(ordinal, static_cast<char*>(pointer), byte_size,
-                                               [ordinal, pointer] {
-                                                 OnDevice on(ordinal);
-                                                 cudaIpcCloseMemHandle(pointer);
-                                               });
+  const uint64_t opened_under = Resets(ordinal);
+  auto mapped = [ordinal, opened_under] { return Resets(ordinal) == opened_under; };
+  return std::make_shared<ForeignDeviceMemory>(
+      ordinal, static_cast<char*>(pointer), byte_size,
+      [ordinal, pointer, mapped] {
+        if (!mapped()) return;  // the reset unmapped it, in a context that is gone
+        OnDevice on(ordinal);
+        cudaIpcCloseMemHandle(pointer);
+      },
+      mapped);
 }
 
 }  // namespace attnserve::engine

@@ -244,6 +244,10 @@ absl::StatusOr<LaneRun> CudaLane::RunSteps(const std::vector<GatheredInput>& inp
     ATTN_RETURN_IF_CUDA_ERROR(pending.Issue(stream_));
     stage_end = absl::Now();
     run.stage_in_seconds += absl::ToDoubleSeconds(stage_end - stage_start);
+    if (step.before_launch) {
+      if (s > 0) ATTN_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(events_[2 * s - 1]));
+      if (absl::Status go = step.before_launch(); !go.ok()) return go;
+    }
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(events_[2 * s], stream_));
     if (absl::Status launched = step.launch(buffers, stream_); !launched.ok()) return launched;
     ATTN_RETURN_IF_CUDA_ERROR(cudaEventRecord(events_[2 * s + 1], stream_));

@@ -88,6 +88,13 @@ struct LaneStep {
   std::function<absl::Status()> ready;  // may be empty; blocks until the step's bytes are in
   std::vector<ByteRange> inputs;        // one per input
   std::function<absl::Status(const DeviceBuffers&, cudaStream_t)> launch;
+  // May be empty. Set: once the step's inputs are on their way, the lane waits until the
+  // previous step's kernels have finished and then calls it; an error ends the run there, so
+  // a request split into launches (launch_split.h) stops between them when its deadline
+  // passes or its caller leaves, with at most this step's copies still to finish. The wait
+  // leaves the device idle between the launches for the host's turnaround (tens of
+  // microseconds against a slice of a quarter second); unset, steps queue without waiting.
+  std::function<absl::Status()> before_launch;
   std::vector<OutputBlock> outputs;  // one per output
   // May be empty. Runs on a CUDA driver thread, in step order, before Run returns: it must not
   // call CUDA and must not block.

@@ -60,6 +60,23 @@ bool Given(const std::vector<char*>& destinations, size_t output) {
   return output < destinations.size() && destinations[output] != nullptr;
 }
 
+// A backward's launch set, but for its tensors (the caller's to add): the shapes and offsets of
+// the whole (a batch's merged), the request's options, where the outputs go.
+BackwardLaunchSet BackwardSetOf(const BackwardInputs& first, const TensorView& q,
+                                const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
+                                const std::vector<int32_t>& cu_seqlens_k,
+                                const std::vector<char*>& destinations) {
+  BackwardLaunchSet set;
+  set.q = q;
+  set.k = k;
+  set.cu_seqlens_q = &cu_seqlens_q;
+  set.cu_seqlens_k = &cu_seqlens_k;
+  set.options = first.options;
+  set.deterministic = first.deterministic;
+  set.destinations = destinations;
+  return set;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaWorker>> CudaWorker::Create(devices::DeviceDescription device,
@@ -102,6 +119,8 @@ CudaWorker::CudaWorker(devices::DeviceDescription device, const EngineOptions& o
     : QueueWorker(device, options, metrics, contexts),
       lanes_(std::move(lanes)),
       stage_threads_per_lane_(options.stage_threads_per_lane),
+      max_launch_seconds_(options.max_launch_seconds),
+      host_threads_(options.cpu_threads),
       cpu_context_{options.cpu_threads},
       compute_capability_(ParseComputeCapability(device.compute_capability)),
       catalog_(options.forced_kernel_family.empty()
@@ -143,7 +162,7 @@ absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, i
   if (!family.ok()) return family.status();
   // Empty requests need no device: the reference answers them without copies.
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0) {
-    return std::move(RunOnDevice(**family, {&inputs}, *lanes_[lane])[0]);
+    return std::move(RunOnDevice(**family, {&inputs}, lane)[0]);
   }
   // The reference family runs on the host: Execution reports device "cpu".
   absl::StatusOr<ForwardResult> result = RunForward(kReferenceFamily, inputs, cpu_context_);
@@ -157,7 +176,7 @@ absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs,
       FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
   if (!family.ok()) return family.status();
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
-    return std::move(RunOnDevice(**family, {&inputs}, *lanes_[lane])[0]);
+    return std::move(RunOnDevice(**family, {&inputs}, lane)[0]);
   }
   absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, cpu_context_);
   if (result.ok()) result->execution.device = "cpu";
@@ -175,7 +194,7 @@ absl::StatusOr<ForwardResult> CudaWorker::ExecuteKeeping(const ForwardInputs& in
   }
   std::unique_ptr<KeptDeviceMemory> buffer;
   absl::StatusOr<ForwardResult> result =
-      std::move(RunOnDevice(**family, {&inputs}, *lanes_[lane], &buffer)[0]);
+      std::move(RunOnDevice(**family, {&inputs}, lane, &buffer)[0]);
   if (result.ok() && buffer != nullptr) *kept = ContextInForwardBuffer(std::move(buffer));
   return result;
 }
@@ -189,7 +208,7 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteOnContext(const BackwardInputs
       FamilyEntry(RouteFor(Direction::kBackward, inputs.q));
   if (!family.ok()) return family.status();
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
-    return RunOnContext(**family, inputs, *context.memory, *lanes_[lane]);
+    return RunOnContext(**family, inputs, *context.memory, lane);
   }
   // The backward runs on the host: it reads host copies of the context.
   absl::StatusOr<std::unique_ptr<ContextMemory>> host = CopyToHost(context);
@@ -228,7 +247,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
       FamilyEntry(RouteFor(Direction::kForward, parts[0]->q));
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0) {
     // Nonzero rows in one part mean nonzero rows in the merge.
-    return RunOnDevice(**family, parts, *lanes_[lane]);
+    return RunOnDevice(**family, parts, lane);
   }
   return QueueWorker::ExecuteBatch(parts, lane);
 }
@@ -240,7 +259,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::ExecuteBatch(
       FamilyEntry(RouteFor(Direction::kBackward, parts[0]->q));
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0 &&
       KeyTokens(*parts[0]) > 0) {
-    return RunOnDevice(**family, parts, *lanes_[lane]);
+    return RunOnDevice(**family, parts, lane);
   }
   return QueueWorker::ExecuteBatch(parts, lane);
 }
@@ -250,7 +269,8 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::ExecuteBatch(
 // into its own answer: one host copy each way per byte.
 std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
     const kernels::KernelFamilyEntry& family, const std::vector<const ForwardInputs*>& parts,
-    CudaLane& lane, std::unique_ptr<KeptDeviceMemory>* keep) {
+    int lane_index, std::unique_ptr<KeptDeviceMemory>* keep) {
+  CudaLane& lane = *lanes_[lane_index];
   const ForwardInputs& first = *parts[0];
   const BatchLayout layout = LayOutBatch(parts);
   const int64_t total_q = layout.q_row.back(), total_k = layout.k_row.back();
@@ -265,10 +285,38 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
   const size_t lse_bytes = sizeof(float) * heads * total_q;
   const size_t workspace_bytes = family.forward_workspace_bytes(params);
   const std::vector<char*> destinations = DestinationsOf(parts);
+  // Per query row: q and out, and lse's float per head; per key row: k and v.
+  const double query_row = 2.0 * q_row_bytes + sizeof(float) * heads;
+  const double key_row = 2.0 * static_cast<double>(RowBytes(first.k));
+  const std::vector<LaunchRange> split =
+      first.groups != nullptr
+          ? std::vector<LaunchRange>{}
+          : SplitOf(family, Direction::kForward, q, layout.cu_seqlens_q, layout.cu_seqlens_k,
+                    first.options, query_row, key_row);
   absl::StatusOr<LaneRun> run;
   if (first.groups != nullptr) {
     // A forward still arriving (it runs alone: one part) runs group by group as it arrives.
-    run = RunForwardInGroups(family, first, lane, DeviceContextMaker(), keep);
+    size_t launches = 0;
+    const GroupCut cut =
+        ArrivalCut(family, Direction::kForward, first, query_row, key_row, lane_index, &launches);
+    run = RunForwardInGroups(family, first, lane, DeviceContextMaker(), keep, cut);
+    if (cut.cut) RecordSplit(launches);
+  } else if (!split.empty()) {
+    ForwardLaunchSet set;
+    set.q = q;
+    set.k = k;
+    set.q_data = Gathered(RowPieces(parts, &ForwardInputs::q));
+    set.k_data = Gathered(RowPieces(parts, &ForwardInputs::k));
+    set.v_data = Gathered(RowPieces(parts, &ForwardInputs::v));
+    set.cu_seqlens_q = &layout.cu_seqlens_q;
+    set.cu_seqlens_k = &layout.cu_seqlens_k;
+    set.options = first.options;
+    set.destinations = destinations;
+    const GroupLaunches plan =
+        PlanSplitLaunches(split, q, k, layout.cu_seqlens_q, layout.cu_seqlens_k);
+    const LaunchHooks hooks = StopHooks(lane_index);
+    run = RunForwardLaunches(family, set, plan, hooks, lane, DeviceContextMaker(), keep);
+    RecordSplit(split.size());
   } else {
     run = lane.Run(
         {Gathered(RowPieces(parts, &ForwardInputs::q)),
@@ -313,7 +361,8 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
 
 std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
     const kernels::KernelFamilyEntry& family, const std::vector<const BackwardInputs*>& parts,
-    CudaLane& lane) {
+    int lane_index) {
+  CudaLane& lane = *lanes_[lane_index];
   const BackwardInputs& first = *parts[0];
   const BatchLayout layout = LayOutBatch(parts);
   const int64_t total_q = layout.q_row.back(), total_k = layout.k_row.back();
@@ -327,38 +376,62 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
   const int64_t q_row_bytes = RowBytes(first.q), k_row_bytes = RowBytes(first.k);
   const size_t workspace_bytes = family.backward_workspace_bytes(params);
   const std::vector<char*> destinations = DestinationsOf(parts);
+  // Per query row: dout, q, out, dq, and lse's float per head; per key row: k, v, dk, dv.
+  const double query_row = 4.0 * q_row_bytes + sizeof(float) * q.shape[1];
+  const double key_row = 4.0 * k_row_bytes;
   if (first.groups != nullptr) {
     // A backward still arriving (it runs alone: one part) runs group by group as it arrives.
-    return {BackwardAnswer(
-        family, first, RunBackwardInGroups(family, first, lane, DeviceContextMaker(), nullptr))};
+    size_t launches = 0;
+    const GroupCut cut =
+        ArrivalCut(family, Direction::kBackward, first, query_row, key_row, lane_index, &launches);
+    std::vector<absl::StatusOr<BackwardResult>> answers = {BackwardAnswer(
+        family, first,
+        RunBackwardInGroups(family, first, lane, DeviceContextMaker(), nullptr, cut))};
+    if (cut.cut) RecordSplit(launches);
+    return answers;
   }
-  absl::StatusOr<LaneRun> run = lane.Run(
-      {Gathered(RowPieces(parts, &BackwardInputs::dout)),
-       Gathered(RowPieces(parts, &BackwardInputs::q)),
-       Gathered(RowPieces(parts, &BackwardInputs::k)),
-       Gathered(RowPieces(parts, &BackwardInputs::v)),
-       Gathered(RowPieces(parts, &BackwardInputs::out)), Gathered(LsePieces(parts)),
-       {Bytes(layout.cu_seqlens_q)}, {Bytes(layout.cu_seqlens_k)}},
-      {static_cast<size_t>(total_q * q_row_bytes), static_cast<size_t>(total_k * k_row_bytes),
-       static_cast<size_t>(total_k * k_row_bytes)},
-      workspace_bytes,
-      [&](const DeviceBuffers& d, cudaStream_t stream) {
-        params.dout = d.inputs[0];
-        params.q = d.inputs[1];
-        params.k = d.inputs[2];
-        params.v = d.inputs[3];
-        params.out = d.inputs[4];
-        params.lse = reinterpret_cast<const float*>(d.inputs[5]);
-        params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(d.inputs[6]);
-        params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[7]);
-        params.dq = d.outputs[0];
-        params.dk = d.outputs[1];
-        params.dv = d.outputs[2];
-        return KernelLaunchStatus(family, "backward",
-                          family.backward(params, DeviceContext(stream, d.workspace,
-                                                                workspace_bytes)));
-      },
-      /*keep=*/nullptr, destinations);
+  const std::vector<LaunchRange> split =
+      SplitOf(family, Direction::kBackward, q, layout.cu_seqlens_q, layout.cu_seqlens_k,
+              first.options, query_row, key_row);
+  absl::StatusOr<LaneRun> run;
+  if (!split.empty()) {
+    BackwardLaunchSet set =
+        BackwardSetOf(first, q, k, layout.cu_seqlens_q, layout.cu_seqlens_k, destinations);
+    set.tensors = {Gathered(RowPieces(parts, &BackwardInputs::dout)),
+                   Gathered(RowPieces(parts, &BackwardInputs::q)),
+                   Gathered(RowPieces(parts, &BackwardInputs::k)),
+                   Gathered(RowPieces(parts, &BackwardInputs::v)),
+                   Gathered(RowPieces(parts, &BackwardInputs::out)), Gathered(LsePieces(parts))};
+    run = RunBackwardSplit(family, set, split, lane_index, nullptr);
+  } else {
+    run = lane.Run(
+        {Gathered(RowPieces(parts, &BackwardInputs::dout)),
+         Gathered(RowPieces(parts, &BackwardInputs::q)),
+         Gathered(RowPieces(parts, &BackwardInputs::k)),
+         Gathered(RowPieces(parts, &BackwardInputs::v)),
+         Gathered(RowPieces(parts, &BackwardInputs::out)), Gathered(LsePieces(parts)),
+         {Bytes(layout.cu_seqlens_q)}, {Bytes(layout.cu_seqlens_k)}},
+        {static_cast<size_t>(total_q * q_row_bytes), static_cast<size_t>(total_k * k_row_bytes),
+         static_cast<size_t>(total_k * k_row_bytes)},
+        workspace_bytes,
+        [&](const DeviceBuffers& d, cudaStream_t stream) {
+          params.dout = d.inputs[0];
+          params.q = d.inputs[1];
+          params.k = d.inputs[2];
+          params.v = d.inputs[3];
+          params.out = d.inputs[4];
+          params.lse = reinterpret_cast<const float*>(d.inputs[5]);
+          params.shape.cu_seqlens_q_device = reinterpret_cast<const int32_t*>(d.inputs[6]);
+          params.shape.cu_seqlens_k_device = reinterpret_cast<const int32_t*>(d.inputs[7]);
+          params.dq = d.outputs[0];
+          params.dk = d.outputs[1];
+          params.dv = d.outputs[2];
+          return KernelLaunchStatus(family, "backward",
+                            family.backward(params, DeviceContext(stream, d.workspace,
+                                                                  workspace_bytes)));
+        },
+        /*keep=*/nullptr, destinations);
+  }
   if (!run.ok()) return std::vector<absl::StatusOr<BackwardResult>>(parts.size(), run.status());
   const absl::Time split_start = absl::Now();
   std::vector<absl::StatusOr<BackwardResult>> answers;
@@ -388,11 +461,20 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
 absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFamilyEntry& family,
                                                         const BackwardInputs& inputs,
                                                         const ContextMemory& context,
-                                                        CudaLane& lane) {
+                                                        int lane_index) {
+  CudaLane& lane = *lanes_[lane_index];
+  // Only dout comes in and dq, dk, dv go out: the rest lies in the context.
+  const double query_row = 2.0 * RowBytes(inputs.q), key_row = 2.0 * RowBytes(inputs.k);
   if (inputs.groups != nullptr) {
     // dout still arriving: it runs group by group as it arrives.
-    return BackwardAnswer(
-        family, inputs, RunBackwardInGroups(family, inputs, lane, DeviceContextMaker(), &context));
+    size_t launches = 0;
+    const GroupCut cut = ArrivalCut(family, Direction::kBackward, inputs, query_row, key_row,
+                                    lane_index, &launches);
+    absl::StatusOr<BackwardResult> answer = BackwardAnswer(
+        family, inputs,
+        RunBackwardInGroups(family, inputs, lane, DeviceContextMaker(), &context, cut));
+    if (cut.cut) RecordSplit(launches);
+    return answer;
   }
   kernels::BackwardParams params;
   // Host offsets (the context's spec, filled in) for the shape's maxima; device ones below.
@@ -402,6 +484,16 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
   const size_t q_bytes = inputs.q.size_bytes, k_bytes = inputs.k.size_bytes;
   const size_t workspace_bytes = family.backward_workspace_bytes(params);
   const std::vector<char*>& destinations = inputs.output_space.destinations;
+  const std::vector<LaunchRange> split =
+      SplitOf(family, Direction::kBackward, inputs.q, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
+              inputs.options, query_row, key_row);
+  if (!split.empty()) {
+    BackwardLaunchSet set = BackwardSetOf(inputs, inputs.q, inputs.k, inputs.cu_seqlens_q,
+                                          inputs.cu_seqlens_k, destinations);
+    set.tensors = {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}};
+    return BackwardAnswer(family, inputs,
+                          RunBackwardSplit(family, set, split, lane_index, &context));
+  }
   absl::StatusOr<LaneRun> run = lane.Run(
       {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}}, {q_bytes, k_bytes, k_bytes},
       workspace_bytes, [&](const DeviceBuffers& d, cudaStream_t stream) {
@@ -530,6 +622,75 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs&
   zeros.execution.device = device().name;
   zeros.execution.kernel = (*family)->name;
   return zeros;
+}
+
+std::vector<LaunchRange> CudaWorker::SplitOf(const kernels::KernelFamilyEntry& family,
+                                             Direction direction, const TensorView& q,
+                                             const std::vector<int32_t>& cu_seqlens_q,
+                                             const std::vector<int32_t>& cu_seqlens_k,
+                                             const RequestOptions& options,
+                                             double query_row_bytes, double key_row_bytes,
+                                             int32_t first, int32_t end) const {
+  SplitRequest request;
+  request.direction = direction;
+  request.cu_seqlens_q = &cu_seqlens_q;
+  request.cu_seqlens_k = &cu_seqlens_k;
+  request.options = options;
+  request.heads = q.shape[1];
+  request.head_dim = static_cast<int>(q.shape[2]);
+  request.query_row_bytes = query_row_bytes;
+  request.key_row_bytes = key_row_bytes;
+  request.rate = FamilyThroughput(family.name, compute_capability_, host_threads_);
+  if (end < 0) end = static_cast<int32_t>(cu_seqlens_q.size()) - 1;
+  return PlanLaunchSplit(request, max_launch_seconds_, first, end);
+}
+
+template <typename Inputs>
+GroupCut CudaWorker::ArrivalCut(const kernels::KernelFamilyEntry& family, Direction direction,
+                                const Inputs& in, double query_row_bytes, double key_row_bytes,
+                                int lane, size_t* launches) const {
+  GroupCut cut;
+  if (SplitOf(family, direction, in.q, in.cu_seqlens_q, in.cu_seqlens_k, in.options,
+              query_row_bytes, key_row_bytes)
+          .empty()) {
+    return cut;
+  }
+  cut.cut = [this, &family, direction, &in, query_row_bytes, key_row_bytes](int32_t first,
+                                                                             int32_t end) {
+    return SplitOf(family, direction, in.q, in.cu_seqlens_q, in.cu_seqlens_k, in.options,
+                   query_row_bytes, key_row_bytes, first, end);
+  };
+  cut.before_launch = StopHooks(lane).before_launch;
+  cut.launches = launches;
+  return cut;
+}
+
+absl::StatusOr<LaneRun> CudaWorker::RunBackwardSplit(const kernels::KernelFamilyEntry& family,
+                                                     const BackwardLaunchSet& set,
+                                                     const std::vector<LaunchRange>& split,
+                                                     int lane, const ContextMemory* context) {
+  const GroupLaunches plan =
+      PlanSplitLaunches(split, set.q, set.k, *set.cu_seqlens_q, *set.cu_seqlens_k);
+  RecordSplit(split.size());
+  return RunBackwardLaunches(family, set, plan, StopHooks(lane), *lanes_[lane],
+                             DeviceContextMaker(), context);
+}
+
+LaunchHooks CudaWorker::StopHooks(int lane) const {
+  LaunchHooks hooks;
+  const std::function<bool()>& stop = LaneStop(lane);
+  hooks.before_launch = [&stop]() -> absl::Status {
+    if (stop && stop()) {
+      return absl::CancelledError(
+          "stopped between launches: its deadline passed or its caller cancelled");
+    }
+    return absl::OkStatus();
+  };
+  return hooks;
+}
+
+void CudaWorker::RecordSplit(size_t launches) {
+  if (metrics_ != nullptr) metrics_->RecordSplitLaunches(device().name, launches);
 }
 
 ExecutionReport CudaWorker::Report(const kernels::KernelFamilyEntry& family,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernel_families.h"
+#include "server/engine/cuda_grouped_backward.h"
 #include "server/engine/cuda_grouped_forward.h"
 #include "server/engine/cuda_lane.h"
 #include "server/engine/engine_options.h"
@@ -58,18 +59,46 @@ class CudaWorker : public QueueWorker {
                                                   int lane) override;
   // Gathers the parts in, runs a GPU family on the lane's stream as one launch, splits the
   // outputs into each part's answer. With `keep` (one part only), the launch buffer is kept
-  // there: the part's saved context.
+  // there: the part's saved context. Work estimated past --max_launch_seconds runs as several
+  // launches (launch_split.h), and `lane`'s stop condition is checked between them.
   std::vector<absl::StatusOr<ForwardResult>> RunOnDevice(
       const kernels::KernelFamilyEntry& family, const std::vector<const ForwardInputs*>& parts,
-      CudaLane& lane, std::unique_ptr<KeptDeviceMemory>* keep = nullptr);
+      int lane, std::unique_ptr<KeptDeviceMemory>* keep = nullptr);
   // A backward whose q, k, v, out, lse and offsets are a context in this device's memory:
   // only dout is copied in.
   absl::StatusOr<BackwardResult> RunOnContext(const kernels::KernelFamilyEntry& family,
                                               const BackwardInputs& inputs,
-                                              const ContextMemory& context, CudaLane& lane);
+                                              const ContextMemory& context, int lane);
   std::vector<absl::StatusOr<BackwardResult>> RunOnDevice(
       const kernels::KernelFamilyEntry& family, const std::vector<const BackwardInputs*>& parts,
-      CudaLane& lane);
+      int lane);
+  // The launches a request of these offsets runs as on this device (launch_split.h); empty:
+  // one. Row bytes: what crosses the host link per query and per key row.
+  // `first`, `end`: only those sequences (end -1: to the last).
+  std::vector<LaunchRange> SplitOf(const kernels::KernelFamilyEntry& family, Direction direction,
+                                   const TensorView& q, const std::vector<int32_t>& cu_seqlens_q,
+                                   const std::vector<int32_t>& cu_seqlens_k,
+                                   const RequestOptions& options, double query_row_bytes,
+                                   double key_row_bytes, int32_t first = 0,
+                                   int32_t end = -1) const;
+  // The same for a request arriving group by group (`in.groups`): when the whole exceeds the
+  // slice, each group cut where it alone does, and the stop check between launches on `lane`;
+  // else nothing (a launch per group, as before). `launches` receives the count.
+  template <typename Inputs>
+  GroupCut ArrivalCut(const kernels::KernelFamilyEntry& family, Direction direction,
+                      const Inputs& in, double query_row_bytes, double key_row_bytes, int lane,
+                      size_t* launches) const;
+  // Runs between the launches of a split request on `lane`: CANCELLED once every request in
+  // the launch passed its deadline or lost its caller (QueueWorker turns it into
+  // DEADLINE_EXCEEDED when the deadline passed, as for the CPU device's stop).
+  LaunchHooks StopHooks(int lane) const;
+  // A backward cut into `split`'s launches on `lane`, stopping between them; `context`: the
+  // device context it reads, or null.
+  absl::StatusOr<LaneRun> RunBackwardSplit(const kernels::KernelFamilyEntry& family,
+                                           const BackwardLaunchSet& set,
+                                           const std::vector<LaunchRange>& split, int lane,
+                                           const ContextMemory* context);
+  void RecordSplit(size_t launches);
   // One backward's answer from its run: dq, dk, dv at their destinations or in the lane's
   // pinned memory (copied into the result).
   absl::StatusOr<BackwardResult> BackwardAnswer(const kernels::KernelFamilyEntry& family,
@@ -93,6 +122,8 @@ class CudaWorker : public QueueWorker {
 
   std::vector<std::unique_ptr<CudaLane>> lanes_;
   const int stage_threads_per_lane_;  // to make the lanes again after a reset
+  const double max_launch_seconds_;   // 0: never split
+  const int host_threads_;            // --cpu_threads, for the rate table
   const kernels::ExecutionContext cpu_context_;
   const int compute_capability_;  // major * 10 + minor, as routed (possibly emulated)
   const KernelCatalog catalog_;    // built families, or the one --kernel forces

@@ -2,6 +2,7 @@
 // device's context so it can serve again.
 #include "absl/strings/str_cat.h"
 #include "kernels/fault/trap_kernel.h"
+#include "server/engine/cuda_ipc.h"
 #include "server/engine/cuda_worker.h"
 #include "server/engine/device_fault.h"
 #ifdef ATTN_HAVE_CUBLAS
@@ -55,6 +56,7 @@ absl::Status CudaWorker::ResetDevice() {
   kernels::cublas::ForgetHandles(ordinal);
 #endif
   ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal));
+  NoteDeviceReset(ordinal);  // clients' CUDA shared memory opened here goes with the context
   ATTN_RETURN_IF_CUDA_ERROR(cudaDeviceReset());
   ATTN_RETURN_IF_CUDA_ERROR(cudaSetDevice(ordinal));  // a fresh primary context
   if (absl::Status probe = ProbeDevice(); !probe.ok()) return probe;

@@ -1,14 +1,17 @@
-// How a request that arrives group by group (sequence_groups.h) runs: each group as its own
-// varlen launch over its rows, with its sequences' offsets rebased to its first one. Every
-// group's offsets lie back to back in one small array, so on a GPU they cross to the device
-// once.
+// How a request runs as several launches: one per group of sequences that arrives together
+// (sequence_groups.h), or per piece of a request too long for one launch (launch_split.h).
+// Each is its own varlen launch over its rows, with its sequences' offsets rebased to its
+// first one. Every launch's offsets lie back to back in one small array, so on a GPU they
+// cross to the device once.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/attention_params.h"
 #include "server/engine/attention_request.h"
+#include "server/engine/launch_split.h"
 #include "server/engine/sequence_groups.h"
 
 namespace attnserve::engine {
@@ -16,6 +19,7 @@ namespace attnserve::engine {
 struct GroupLaunch {
   int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;  // the group's query and key rows
   size_t cu_q_at = 0, cu_k_at = 0;          // its offsets in GroupLaunches::offsets, in int32s
+  int window_shift = 0;  // a block of one sequence's rows: LaunchRange::window_shift
   // The launch's shape; cu_seqlens_* point into GroupLaunches::offsets (the device copies are
   // the launch's to fill in).
   kernels::AttentionShape shape;
@@ -33,6 +37,24 @@ struct GroupLaunches {
 GroupLaunches PlanGroupLaunches(const SequenceGroups& groups, const TensorView& q,
                                 const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
                                 const std::vector<int32_t>& cu_seqlens_k);
+// A request arriving group by group, each group cut where it alone exceeds a launch's slice:
+// the launches in order, and the arrival group each belongs to. `cut(first, end)` gives the
+// pieces of sequences [first, end) (PlanLaunchSplit), empty when they are one launch.
+struct GroupPieces {
+  std::vector<LaunchRange> ranges;
+  std::vector<int> group_of;
+};
+GroupPieces CutGroups(const SequenceGroups& groups,
+                      const std::function<std::vector<LaunchRange>(int32_t, int32_t)>& cut);
+
+// The same for the pieces PlanLaunchSplit (or CutGroups) chose.
+GroupLaunches PlanSplitLaunches(const std::vector<LaunchRange>& ranges, const TensorView& q,
+                                const TensorView& k, const std::vector<int32_t>& cu_seqlens_q,
+                                const std::vector<int32_t>& cu_seqlens_k);
+
+// A launch's options: the request's, with a row block's window moved (launch_split.h).
+kernels::AttentionOptions LaunchOptions(const kernels::AttentionOptions& request,
+                                        const GroupLaunch& launch);
 
 // A scratch segment's size rounded up so the next segment of a workspace starts aligned as
 // kernels need (256 bytes, as cudaMalloc's).

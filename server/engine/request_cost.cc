@@ -15,22 +15,6 @@ double ForwardFlops(const std::vector<int32_t>& cu_q, const std::vector<int32_t>
   return causal ? flops / 2 : flops;
 }
 
-// Keys query row `row` of a (len_q, len_k) sequence sees: j ≤ row + len_k − len_q when causal,
-// within [diagonal − window_left, diagonal + window_right] with a window (DESIGN.md).
-int64_t VisibleKeys(const RequestOptions& options, int64_t len_q, int64_t len_k, int64_t row) {
-  const int64_t diagonal = row + len_k - len_q;
-  int64_t first = 0;
-  int64_t last = len_k - 1;
-  if (options.causal) last = std::min(last, diagonal);
-  if (options.window_left && *options.window_left >= 0) {
-    first = std::max(first, diagonal - *options.window_left);
-  }
-  if (options.window_right && *options.window_right >= 0) {
-    last = std::min(last, diagonal + *options.window_right);
-  }
-  return std::max<int64_t>(0, last - first + 1);
-}
-
 double ForwardScores(const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
                      const TensorView& q, const RequestOptions& options) {
   const bool masked = options.causal || options.window_left || options.window_right;
@@ -64,6 +48,20 @@ RequestProfile Profile(const Inputs& in, Direction direction) {
 }
 
 }  // namespace
+
+int64_t VisibleKeys(const RequestOptions& options, int64_t len_q, int64_t len_k, int64_t row) {
+  const int64_t diagonal = row + len_k - len_q;
+  int64_t first = 0;
+  int64_t last = len_k - 1;
+  if (options.causal) last = std::min(last, diagonal);
+  if (options.window_left && *options.window_left >= 0) {
+    first = std::max(first, diagonal - *options.window_left);
+  }
+  if (options.window_right && *options.window_right >= 0) {
+    last = std::min(last, diagonal + *options.window_right);
+  }
+  return std::max<int64_t>(0, last - first + 1);
+}
 
 double AttentionFlops(const ForwardInputs& in) {
   return ForwardFlops(in.cu_seqlens_q, in.cu_seqlens_k, in.q, in.options.causal);

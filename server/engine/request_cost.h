@@ -17,6 +17,10 @@ inline constexpr double kBackwardWorkFactor = 2.5;
 double AttentionFlops(const ForwardInputs& in);
 double AttentionFlops(const BackwardInputs& in);
 
+// Keys query row `row` of a (len_q, len_k) sequence sees: j ≤ row + len_k − len_q when causal,
+// within [diagonal − window_left, diagonal + window_right] with a window (DESIGN.md).
+int64_t VisibleKeys(const RequestOptions& options, int64_t len_q, int64_t len_k, int64_t row);
+
 // Σ over sequences and query heads of the keys each query row sees (bottom-right aligned
 // causal mask and sliding window applied, as the kernels skip keys no row sees), times
 // kBackwardWorkFactor for a backward. Each score costs a scale, a max, an exp and a sum

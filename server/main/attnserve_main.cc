@@ -47,6 +47,13 @@ ABSL_FLAG(double, max_request_compute_seconds, 30,
           "Longest a request may be estimated to run on the device it would run on (its FLOPs, "
           "attention scores and transfers over that device's rates); longer ones are refused "
           "with RESOURCE_EXHAUSTED. 0 = no limit.");
+ABSL_FLAG(double, max_launch_seconds, 0.25,
+          "On a GPU, a request (or batch) estimated to run longer than this runs as several "
+          "launches of about this long each (groups of whole sequences; a forward's sequence "
+          "too long for one, blocks of its query rows), and stops between them once its "
+          "deadline passed (DEADLINE_EXCEEDED) or its caller cancelled (CANCELLED): how long a "
+          "stopped request may still hold its GPU. A backward's single sequence is never cut "
+          "(--max_request_compute_seconds bounds it). 0 = one launch always.");
 ABSL_FLAG(int32_t, cpu_threads, 0, "Threads of the CPU reference kernels (0 = all cores).");
 ABSL_FLAG(int32_t, http_threads, 32,
           "HTTP worker threads. Each connection holds one until its request has arrived (at "
@@ -254,6 +261,10 @@ absl::StatusOr<attnserve::ServerConfig> ConfigFromFlags() {
   config.transport_ceiling = absl::GetFlag(FLAGS_transport_ceiling);
   config.engine.cpu_lanes = absl::GetFlag(FLAGS_cpu_lanes);
   config.engine.cuda_lanes = absl::GetFlag(FLAGS_cuda_lanes);
+  config.engine.max_launch_seconds = absl::GetFlag(FLAGS_max_launch_seconds);
+  if (!(config.engine.max_launch_seconds >= 0 && config.engine.max_launch_seconds <= 3600)) {
+    return absl::InvalidArgumentError("--max_launch_seconds is out of range [0, 3600]");
+  }
   config.engine.answer_threads_per_lane = absl::GetFlag(FLAGS_answer_threads_per_lane);
   config.engine.stage_threads_per_lane = absl::GetFlag(FLAGS_stage_threads_per_lane);
   config.engine.pinned_host_cache_bytes = PinnedHostCacheBytes(

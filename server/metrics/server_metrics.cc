@@ -112,6 +112,15 @@ ServerMetrics::ServerMetrics(const std::string& version)
                               .Name("attnserve_memory_waits_total")
                               .Help("Requests that waited in the queue for device memory.")
                               .Register(*registry_)),
+      split_requests_total_(prometheus::BuildCounter()
+                                .Name("attnserve_split_requests_total")
+                                .Help("GPU launches too long for one launch "
+                                      "(--max_launch_seconds), run as several.")
+                                .Register(*registry_)),
+      split_launches_total_(prometheus::BuildCounter()
+                                .Name("attnserve_split_launches_total")
+                                .Help("Launches the split requests ran as.")
+                                .Register(*registry_)),
       priority_queue_duration_(prometheus::BuildHistogram()
                                    .Name("attnserve_priority_queue_duration_seconds")
                                    .Help("Time a request waited in its device queue, by "
@@ -210,6 +219,11 @@ void ServerMetrics::SetDeviceLoad(const std::string& device, double queued_secon
 
 void ServerMetrics::RecordMemoryWait(const std::string& device) {
   memory_waits_total_.Add({{"device", device}}).Increment();
+}
+
+void ServerMetrics::RecordSplitLaunches(const std::string& device, size_t launches) {
+  split_requests_total_.Add({{"device", device}}).Increment();
+  split_launches_total_.Add({{"device", device}}).Increment(static_cast<double>(launches));
 }
 
 void ServerMetrics::RecordPriorityQueueDuration(const std::string& priority, double seconds) {

@@ -38,6 +38,9 @@ class ServerMetrics {
   void SetDeviceLoad(const std::string& device, double queued_seconds, double reserved_bytes);
   void RecordMemoryWait(const std::string& device);
   void RecordPriorityQueueDuration(const std::string& priority, double seconds);
+  // A GPU request (or batch) too long for one launch ran as `launches` launches
+  // (engine/launch_split.h): counts the requests and their launches.
+  void RecordSplitLaunches(const std::string& device, size_t launches);
   // Where a launch's time goes: on a GPU lane "stage_in" (host tensors into pinned memory),
   // "device" (transfers and kernels, waited for), "stage_out" (results out of pinned memory);
   // on every device "answer" (from the lane's hand-off until the answer thread has encoded and
@@ -86,6 +89,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& queued_work_;
   prometheus::Family<prometheus::Gauge>& memory_reserved_;
   prometheus::Family<prometheus::Counter>& memory_waits_total_;
+  prometheus::Family<prometheus::Counter>& split_requests_total_;
+  prometheus::Family<prometheus::Counter>& split_launches_total_;
   prometheus::Family<prometheus::Histogram>& priority_queue_duration_;
   prometheus::Family<prometheus::Histogram>& launch_phase_duration_;
   // The children recorded per request, by label values (child_cache.h).

@@ -41,6 +41,7 @@ v1::ServerInfo BuildServerInfo(const engine::Engine& engine, const std::string& 
     v1::DeviceInfo* out = info.add_devices();
     out->set_name(device.name);
     out->set_model(device.model);
+    out->set_uuid(device.uuid);
     out->set_compute_capability(device.compute_capability);
     out->set_memory_total_bytes(device.memory_total_bytes);
     out->set_memory_free_bytes(device.memory_free_bytes);

@@ -212,6 +212,34 @@ TEST(AttnloadTransportE2ETest, DataTransportWithoutADataChannelIsAClearError) {
   EXPECT_THAT(result.output, HasSubstr("over grpc"));
 }
 
+// --shared_memory: the calls go through the client library's shared memory when the server
+// allows it (checked answers, the report names "shm"), else fail (on) or go over --transport
+// (auto).
+TEST(AttnloadTransportE2ETest, SharedMemoryWhenTheServerAllowsIt) {
+  const std::vector<std::string> flags = {"--requests=8", "--warmup=0s", "--heads=2",
+                                          "--head_dim=16", "--shape=fixed:batch=2,seqlen=16",
+                                          "--rpc=mixed", "--check=2", "--concurrency=2"};
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--allow_shared_memory"});
+  ASSERT_NE(server, nullptr);
+  std::vector<std::string> on = flags;
+  on.push_back("--shared_memory=on");
+  ProcessResult result = RunAttnload(server->target(), on);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("over shared memory (1 client(s))"));
+  EXPECT_THAT(result.output, HasSubstr(", 0 mismatched"));
+
+  std::unique_ptr<ServerProcess> without = ServerProcess::Start();
+  ASSERT_NE(without, nullptr);
+  result = RunAttnload(without->target(), on);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("shared_memory=on: "));
+  std::vector<std::string> automatic = flags;
+  automatic.push_back("--shared_memory=auto");
+  result = RunAttnload(without->target(), automatic);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("over data channel"));
+}
+
 TEST_F(AttnloadE2ETest, SeqlensFileDrivesTheShapes) {
   const std::string seqlens = TempPath("seqlens.txt"), json = TempPath("seqlens.json");
   std::ofstream(seqlens) << "# two requests\n8 16\n4:12, 20\n";

@@ -69,30 +69,42 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
     args.push_back(std::move(flag));
   }
   server->Spawn(args);
+  if (!server->AwaitReady()) return nullptr;
+  return server;
+}
 
+bool ServerProcess::Restart() {
+  if (Terminate() != 0) ADD_FAILURE() << "attnserve did not exit cleanly:\n" << Log();
+  unlink(log_path_.c_str());
+  Spawn(args_);
+  return AwaitReady();
+}
+
+bool ServerProcess::AwaitReady() {
   // The first call waits until the port accepts connections: a call that finds nothing
   // listening puts the channel into gRPC's reconnect backoff (1 s, 1.6 s, ...), which would
   // add seconds to every test.
   std::unique_ptr<Client> client;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (client == nullptr && PortAcceptsConnections(server->grpc_port_)) {
-      client = server->NewClient();
+    if (client == nullptr && PortAcceptsConnections(grpc_port_)) {
+      client = NewClient();
     }
-    if (client != nullptr && client->GetServerInfo().ok()) return server;
+    if (client != nullptr && client->GetServerInfo().ok()) return true;
     int status = 0;
-    if (waitpid(server->pid_, &status, WNOHANG) == server->pid_) {
-      server->pid_ = -1;
-      ADD_FAILURE() << "attnserve exited during startup:\n" << server->Log();
-      return nullptr;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      ADD_FAILURE() << "attnserve exited during startup:\n" << Log();
+      return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ADD_FAILURE() << "attnserve did not become ready in 30 s:\n" << server->Log();
-  return nullptr;
+  ADD_FAILURE() << "attnserve did not become ready in 30 s:\n" << Log();
+  return false;
 }
 
 void ServerProcess::Spawn(const std::vector<std::string>& args) {
+  args_ = args;
   char log_template[] = "/tmp/attnserve_e2e_XXXXXX";
   const int log_fd = mkstemp(log_template);
   log_path_ = log_template;

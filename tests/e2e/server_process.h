@@ -38,6 +38,9 @@ class ServerProcess {
   // Sends SIGTERM and waits up to `timeout_seconds`; returns the exit code, or -1 if the
   // process had to be killed or died from a signal.
   int Terminate(int timeout_seconds = 30);
+  // Terminates the server and starts it again with the same flags on the same ports (a server
+  // restart as clients see it), waiting until it answers. Fails the current test on error.
+  bool Restart();
   void SendSigterm();
   int WaitForExit(int timeout_seconds);
   std::string Log() const;
@@ -46,8 +49,11 @@ class ServerProcess {
   ServerProcess() = default;
   // Forks the binary with `args` (argv[0] excluded), output to a fresh log file.
   void Spawn(const std::vector<std::string>& args);
+  // Waits until the server answers GetServerInfo; false (and a test failure) otherwise.
+  bool AwaitReady();
 
   ClientOptions client_options_;
+  std::vector<std::string> args_;  // as last spawned
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   int http_port_ = 0;

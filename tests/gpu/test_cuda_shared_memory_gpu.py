@@ -149,3 +149,47 @@ def test_the_torch_drop_in_goes_through_cuda_shared_memory():
             want = want.squeeze(0).transpose(0, 1).float()
             err = ((got.float() - want).norm() / want.norm()).item()
             assert err < 2e-2, err
+
+
+def test_a_region_registered_over_rest_serves_grpc_calls(grpc_client):
+    """Triton's CUDA shared memory REST endpoints: register by the base64 IPC handle, status,
+    unregister; one namespace with gRPC's."""
+    import base64
+    import json
+    import urllib.request
+
+    http = os.environ.get("ATTNSERVE_GPU_SHM_HTTP")
+    if not http:
+        pytest.skip("needs ATTNSERVE_GPU_SHM_HTTP")
+
+    def rest(method, path, body=None):
+        request = urllib.request.Request(http + path, method=method,
+                                         data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            text = answer.read()
+            return json.loads(text) if text else None
+
+    region = CudaRegion(TARGET, f"rest-{uuid.uuid4().hex[:8]}", 64 << 20)
+    try:
+        rest("POST", f"/v2/cudasharedmemory/region/{region.name}/register",
+             {"raw_handle": {"b64": base64.b64encode(region.handle).decode()},
+              "device_id": region.device, "byte_size": region.base + region.buffer.numel()})
+        status = rest("GET", f"/v2/cudasharedmemory/region/{region.name}/status")
+        assert status == [{"name": region.name, "device_id": region.device,
+                           "byte_size": region.base + region.buffer.numel()}]
+        q, k, v, _, cu = _problem(seed=3)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            region.place(name, t).copy_(t)
+        out = region.place("out", q)
+        lse = region.place("lse", torch.empty(HEADS, q.shape[0], device="cuda"))
+        offsets = {"cu_seqlens_q": cu, "cu_seqlens_k": cu}
+        region.infer("attention_forward", ["q", "k", "v"], ["out", "lse"], offsets, {})
+        torch.cuda.synchronize()
+        want = grpc_client.forward(_numpy(q), _numpy(k), _numpy(v), np.array(cu, np.int32),
+                                   np.array(cu, np.int32))
+        _same_bits(out, want.out)
+        _same_bits(lse, want.lse)
+        rest("POST", f"/v2/cudasharedmemory/region/{region.name}/unregister")
+        assert region.name not in [r["name"] for r in rest("GET", "/v2/cudasharedmemory/status")]
+    finally:
+        region.close()

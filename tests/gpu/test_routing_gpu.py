@@ -10,6 +10,7 @@ lands on the family the routing table names for the device and is answered corre
 - ATTNSERVE_GPU_CUBLAS_TARGET: --kernel=cublas --max_head_dim=512, every request on cuBLAS.
 Skipped where the variables are unset (CI has no GPU)."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -95,6 +96,8 @@ def test_emulated_turing_reports_both_capabilities_and_its_routes():
         info = client.server_info()
     device = info.devices[0]
     assert (device.compute_capability, device.native_compute_capability) == ("7.5", "9.0")
+    # nvidia-smi's spelling of the GPU's UUID (co-located clients match their GPU by it).
+    assert re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", device.uuid), device.uuid
     first = device.routes[0]
     assert (first.family, first.direction, first.max_head_dim) == ("flash", "forward", 64)
     assert list(first.dtypes) == [pb2.DTYPE_FLOAT16]

@@ -9,7 +9,8 @@ from attnserve import reference
 
 DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(bfloat16)}
 
-# Relative Frobenius error against float64 computed from the same rounded inputs.
+# Relative Frobenius error against float64 computed from the same rounded inputs (float32
+# gradients: relative to the scales of their terms, gradient_error).
 TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3, np.dtype(bfloat16): 1e-2}
 LSE_TOLERANCE = 1e-5  # lse is float32 whatever the input dtype
 
@@ -91,16 +92,39 @@ def forward_errors(result, inputs, options) -> Dict[str, float]:
             "lse": rel_error(result.lse[~masked], ref_lse[~masked])}
 
 
+def backward_references(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, **options):
+    """The reference dq, dk, dv given out and lse, and their term scales (gradient_error)."""
+    args = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    return (reference.attention_backward(*args, **options),
+            reference.attention_backward_term_scales(*args, **options))
+
+
+def gradient_error(actual, ref, term_scale) -> float:
+    """Relative Frobenius error of a gradient: 16-bit ones relative to the reference, whose
+    size their rounding to 16 bits is relative to; float32 ones relative to term_scale
+    (reference.attention_backward_term_scales), since there the rounding of the sums
+    dominates, which is relative to their terms. Where the terms cancel (a causal row that sees
+    one key: dS = P (dP - D) = 0 up to float32 noise) a bound relative to the result failed
+    correct answers (the soak, once in ~2,300 cases; 3 of 1,000 random draws of its 52-query,
+    2-key causal softcap problem, up to 2.0e-4 against 1e-5). Where nothing cancels the scale
+    is about the gradient's size, so the bound stays about as strict (ref / term_scale norms:
+    0.36-0.85 for dq and dk, ~1 for dv on CASES)."""
+    if actual.dtype != np.float32:
+        return rel_error(actual, ref)
+    difference = np.asarray(actual, np.float64) - np.asarray(ref, np.float64)
+    return float(np.linalg.norm(difference) / max(np.linalg.norm(term_scale), 1e-300))
+
+
 def backward_errors(result, inputs, out, lse, options) -> Dict[str, float]:
-    """Relative errors of dq, dk, dv against the reference given the same out and lse."""
-    refs = reference.attention_backward(
+    """Errors (gradient_error) of dq, dk, dv against the reference given the same out and lse."""
+    refs, term_scales = backward_references(
         inputs["dout"], inputs["q"], inputs["k"], inputs["v"], out, lse,
         inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], **options)
     errors = {}
-    for name, ref in zip(("dq", "dk", "dv"), refs):
+    for name, ref, term_scale in zip(("dq", "dk", "dv"), refs, term_scales):
         actual = getattr(result, name)
         assert actual.dtype == inputs["q"].dtype and actual.shape == ref.shape, name
-        errors[name] = rel_error(actual, ref)
+        errors[name] = gradient_error(actual, ref, term_scale)
     return errors
 
 

@@ -2,6 +2,7 @@
 tritonclient's HTTP client: registration, status, inputs read from and outputs written to
 regions (checked against the float64 reference), bad region names, offsets and sizes,
 unregistering, regions owned by their token, and the extension off by default."""
+import base64
 import json
 
 import numpy as np
@@ -118,3 +119,45 @@ def test_regions_belong_to_the_token_that_registered_them(tmp_path, region):
             assert error.status() == "404"
             client.unregister_system_shared_memory(headers=alice)
             assert client.get_system_shared_memory_status(headers=alice) == []
+
+
+def test_cuda_regions_over_rest_need_the_cuda_device_they_name(triton_http, oip_server,
+                                                               region):
+    # As over gRPC: a server without that CUDA device (CI's runs on the CPU) refuses the handle
+    # by name; the name stays free and nothing is listed. The GPU end-to-end script registers
+    # real handles over both protocols.
+    key, _ = region
+    fake_handle = base64.b64encode(bytes(64)).decode()
+    error = refused(triton_http.register_cuda_shared_memory, "gpu_in", fake_handle, 0, 4096)
+    assert error.status() == "400"
+    assert "device_id: this server serves no CUDA device 0 (it serves cpu)" in error.message()
+    assert triton_http.get_cuda_shared_memory_status() == []
+    error = refused(triton_http.unregister_cuda_shared_memory, "gpu_in")
+    assert error.status() == "404" and 'no shared memory region "gpu_in"' in error.message()
+    # One namespace for both kinds: a system region is neither listed nor unregistered as CUDA.
+    triton_http.register_system_shared_memory("both", key, 64)
+    try:
+        assert refused(triton_http.unregister_cuda_shared_memory, "both").status() == "404"
+        assert triton_http.get_cuda_shared_memory_status() == []
+        assert [r["name"] for r in triton_http.get_system_shared_memory_status()] == ["both"]
+    finally:
+        triton_http.unregister_system_shared_memory("both")
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"device_id": 0, "byte_size": 64}, "raw_handle: missing"),
+    ({"raw_handle": "AAAA", "device_id": 0, "byte_size": 64}, "raw_handle: must be an object"),
+    ({"raw_handle": {}, "device_id": 0, "byte_size": 64}, "raw_handle.b64: missing"),
+    ({"raw_handle": {"b64": "not base64!"}, "device_id": 0, "byte_size": 64},
+     "raw_handle.b64: not base64"),
+    ({"raw_handle": {"b64": "AAAA"}, "byte_size": 64}, "device_id: missing"),
+    ({"raw_handle": {"b64": "AAAA"}, "device_id": -1, "byte_size": 64},
+     "device_id: must be an integer"),
+    ({"raw_handle": {"b64": "AAAA"}, "device_id": 1 << 40, "byte_size": 64},
+     "device_id: not a CUDA ordinal"),
+    ({"raw_handle": {"b64": "AAAA"}, "device_id": 0}, "byte_size: missing"),
+])
+def test_bad_cuda_registrations_name_the_field(oip_server, body, message):
+    status, _, answer = post(oip_server, "/v2/cudasharedmemory/region/r/register",
+                             json.dumps(body))
+    assert status == 400 and message in json.loads(answer)["error"]

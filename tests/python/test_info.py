@@ -17,6 +17,7 @@ def test_server_info(client):
     assert info.version
     cpu = [device for device in info.devices if device.name == "cpu"]
     assert cpu, info
+    assert cpu[0].uuid == ""  # GPUs carry nvidia-smi's "GPU-..." (checked by scripts/gpu_e2e.sh)
     assert "reference" in info.kernel_families and "reference" in cpu[0].kernel_families
     assert {pb2.DTYPE_FLOAT16, pb2.DTYPE_BFLOAT16, pb2.DTYPE_FLOAT32} <= set(info.dtypes)
     _assert_limits(info.limits, MAIN_LIMITS)

@@ -1,11 +1,13 @@
-"""The float64 reference against a direct per-row formulation and finite differences."""
+"""The float64 reference against a direct per-row formulation and finite differences, and the
+float32 gradient check built on its term scales (cases.gradient_error)."""
 import math
 
 import numpy as np
 import pytest
 
 from attnserve import reference
-from cases import CASES, make_inputs
+from cases import CASES, TOLERANCE, backward_references, gradient_error, make_inputs, \
+    rel_error
 
 
 def _visible(i, j, sq, sk, causal, window_size):
@@ -112,3 +114,50 @@ def test_backward_from_given_out_and_lse_equals_recomputed(rng):
                                               **case.options)
     for a, b in zip(given, recomputed):
         np.testing.assert_array_equal(a, b)
+
+
+def test_term_scales_are_root_sums_of_squares(rng):
+    # One query, two keys, one head: each scale straight from its definition.
+    q, dout = rng.standard_normal((1, 1, 4)), rng.standard_normal((1, 1, 4))
+    k, v = rng.standard_normal((2, 1, 4)), rng.standard_normal((2, 1, 4))
+    out, lse = reference.attention_forward(q, k, v, [0, 1], [0, 2])
+    dq, dk, dv = reference.attention_backward_term_scales(dout, q, k, v, out, lse, [0, 1], [0, 2])
+    scale = 0.5  # 1 / sqrt(4)
+    p = np.exp(scale * k[:, 0] @ q[0, 0] - lse[0, 0])  # [keys]
+    ds_squared = p**2 * ((v[:, 0]**2) @ dout[0, 0]**2 + dout[0, 0]**2 @ out[0, 0]**2)
+    np.testing.assert_allclose(dq[0, 0], scale * np.sqrt(ds_squared @ k[:, 0]**2), rtol=1e-12)
+    np.testing.assert_allclose(dk[:, 0], scale * np.sqrt(np.outer(ds_squared, q[0, 0]**2)),
+                               rtol=1e-12)
+    np.testing.assert_allclose(dv[:, 0], np.sqrt(np.outer(p**2, dout[0, 0]**2)), rtol=1e-12)
+
+
+def test_float32_gradient_error_forgives_cancellation(rng):
+    # One query that sees one key: out = v, so dS = P (dP - D) cancels and dq is 0 but for
+    # float64 rounding; a float32 backward returns float32 rounding noise of the terms there,
+    # which failed the bound relative to the result.
+    q, k, v, dout = (rng.standard_normal((1, 2, 16)).astype(np.float32) for _ in range(4))
+    out, lse = reference.attention_forward(q, k, v, [0, 1], [0, 1], softcap=5.0)
+    out, lse = out.astype(np.float32), lse.astype(np.float32)
+    (dq, _, _), (dq_scale, _, _) = backward_references(dout, q, k, v, out, lse, [0, 1], [0, 1],
+                                                       softcap=5.0)
+    assert np.abs(dq).max() < 1e-6 * np.abs(dq_scale).max()
+    noisy = (dq + 1e-7 * dq_scale * rng.choice([-1, 1], dq.shape)).astype(np.float32)
+    assert rel_error(noisy, dq) > 1e-2
+    assert gradient_error(noisy, dq, dq_scale) <= 1e-6
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_float32_gradient_error_catches_wrong_gradients(case, rng):
+    inputs = make_inputs(case, np.float32, rng)
+    args = [inputs[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")]
+    out, lse = (x.astype(np.float32) for x in reference.attention_forward(*args, **case.options))
+    refs, scales = backward_references(inputs["dout"], *args[:3], out, lse, *args[3:],
+                                       **case.options)
+    tolerance = TOLERANCE[np.dtype(np.float32)]
+    for name, ref, scale in zip(("dq", "dk", "dv"), refs, scales):
+        assert gradient_error(ref.astype(np.float32), ref, scale) <= tolerance / 10, name
+        # 0.1% off everywhere, or 1% off in the largest element alone.
+        assert gradient_error((ref * 1.001).astype(np.float32), ref, scale) > tolerance, name
+        one_off = ref.copy()
+        one_off.flat[np.argmax(np.abs(ref))] *= 1.01
+        assert gradient_error(one_off.astype(np.float32), ref, scale) > tolerance, name

@@ -12,7 +12,8 @@ import attnserve
 from attnserve import attention_pb2 as pb2
 from attnserve import reference
 from attnserve.tensors import from_tensor, to_tensor
-from cases import DTYPES, LSE_TOLERANCE, TOLERANCE, rel_error
+from cases import DTYPES, LSE_TOLERANCE, TOLERANCE, backward_references, gradient_error, \
+    rel_error
 
 # Server limits the soak runs with: small, so that the over-limit requests stay cheap to build.
 # Saved contexts expire after CONTEXT_TTL_S, so that a soak of a minute sees contexts expire
@@ -143,11 +144,12 @@ def forward_error(dtype, ref_out, ref_lse, out, lse) -> Optional[str]:
 
 
 def backward_error(dtype, refs, grads) -> Optional[str]:
-    """Why grads (dq, dk, dv) are not the reference's refs, or None."""
-    for name, ref, actual in zip(("dq", "dk", "dv"), refs, grads):
+    """Why grads (dq, dk, dv) are not the reference's, or None; refs is backward_references'
+    (the reference gradients and their term scales)."""
+    for name, ref, scale, actual in zip(("dq", "dk", "dv"), *refs, grads):
         if actual.dtype != dtype or actual.shape != ref.shape:
             return f"{name} is {actual.dtype}{actual.shape}"
-        error = rel_error(actual, ref)
+        error = gradient_error(actual, ref, scale)
         if not error <= BACKWARD_TOLERANCE[dtype]:
             return f"{name} error {error:.2e}"
     return None
@@ -186,7 +188,7 @@ def valid_problem(rng, rpc: str, shape=None, dtype_name=None) -> Problem:
     # checked against the reference backward from exactly those out and lse.
     out, lse = out.astype(dtype), lse.astype(np.float32)
     dout = randn(total_q, heads)
-    refs = reference.attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, **options)
+    refs = backward_references(dout, q, k, v, out, lse, cu_q, cu_k, **options)
     request = attnserve.backward_request(dout, q, k, v, out, lse, cu_q, cu_k, **options)
     return Problem(rpc, dtype, request, _check_backward(dtype, refs), describe,
                    (dout, q, k, v, out, lse, cu_q, cu_k), options,
@@ -230,7 +232,7 @@ def context_backward(rng, forward: Problem, forward_result):
     q, k, v, cu_q, cu_k = forward.args
     out, lse = forward_result.out, forward_result.lse
     dout = rng.standard_normal(out.shape).astype(forward.dtype)
-    refs = reference.attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, **forward.options)
+    refs = backward_references(dout, q, k, v, out, lse, cu_q, cu_k, **forward.options)
     return ((dout, q, k, v, out, lse, cu_q, cu_k),
             lambda result: backward_error(forward.dtype, refs,
                                           (result.dq, result.dk, result.dv)))

@@ -1,6 +1,7 @@
 // attnserve::Client: creation, the synchronous calls and saved contexts; the asynchronous
-// calls are in client_async.cc. Forward and Backward take the data channel through
-// data_path.h when the transport is the data channel, else gRPC.
+// calls are in client_async.cc. Forward and Backward go through shared memory when
+// shared_memory_route.h says so, else take the data channel through data_path.h when the
+// transport is the data channel, else gRPC.
 #include "attnserve/client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -19,6 +20,7 @@
 #include "client/cpp/src/call_workers.h"
 #include "client/cpp/src/data_path.h"
 #include "client/cpp/src/grpc_status.h"
+#include "client/cpp/src/shared_memory_route.h"
 
 namespace attnserve {
 namespace {
@@ -103,6 +105,9 @@ Client::Client(std::string target, std::shared_ptr<grpc::Channel> channel, Clien
       options_(std::move(options)),
       data_(std::make_unique<internal::DataPath>(target_, options_,
                                                  [this] { return GetServerInfo(); })),
+      shared_memory_(std::make_unique<internal::SharedMemoryRoute>(
+          target_, options_.shared_memory, channel_,
+          [this](grpc::ClientContext& context) { PrepareContext(context); })),
       workers_(std::make_unique<internal::CallWorkers>(options_.async_workers)) {}
 
 Client::~Client() {
@@ -144,6 +149,9 @@ std::optional<absl::StatusOr<Response>> Client::OverDataChannel(bool fits, DataC
 }
 
 absl::StatusOr<std::string> Client::ActiveTransport() {
+  absl::StatusOr<bool> shared_memory = shared_memory_->Active();
+  if (!shared_memory.ok()) return shared_memory.status();
+  if (*shared_memory) return std::string("shared memory");
   if (options_.transport == Transport::kGrpc) return std::string("grpc");
   absl::StatusOr<std::shared_ptr<DataChannelClient>> session = data_->Session();
   if (!session.ok()) return session.status();
@@ -152,6 +160,7 @@ absl::StatusOr<std::string> Client::ActiveTransport() {
 }
 
 absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& request) {
+  if (auto result = shared_memory_->Forward(request)) return *std::move(result);
   if (auto result = OverDataChannel<v1::ForwardResponse>(
           internal::FitsDataChannel(request), [&](DataChannelClient& session) {
             absl::StatusOr<v1::ForwardResponse> answer = session.Forward(request);
@@ -170,6 +179,7 @@ absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& re
 }
 
 absl::StatusOr<v1::BackwardResponse> Client::Backward(const v1::BackwardRequest& request) {
+  if (auto result = shared_memory_->Backward(request)) return *std::move(result);
   if (auto result = OverDataChannel<v1::BackwardResponse>(
           internal::FitsDataChannel(request),
           [&](DataChannelClient& session) { return session.Backward(request); })) {

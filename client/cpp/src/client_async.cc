@@ -1,6 +1,6 @@
 // attnserve::Client's asynchronous calls: gRPC's own asynchronous calls when the transport is
-// gRPC for good, else the synchronous call (data channel or gRPC, as it decides) on one of the
-// Client's worker threads (call_workers.h), since the data channel's calls block.
+// gRPC for good, else the synchronous call (shared memory, data channel or gRPC, as it decides)
+// on one of the Client's worker threads (call_workers.h), since those calls block.
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
@@ -12,6 +12,7 @@
 #include "client/cpp/src/call_workers.h"
 #include "client/cpp/src/data_path.h"
 #include "client/cpp/src/grpc_status.h"
+#include "client/cpp/src/shared_memory_route.h"
 #include "common/grpc_tsan_handoff.h"
 
 namespace attnserve {
@@ -86,7 +87,9 @@ struct AsyncCall {
 };
 
 bool Client::AsyncOverGrpc() {
-  return options_.transport == Transport::kGrpc || data_->GrpcForGood();
+  // Calls through shared memory block, as the data channel's do.
+  return shared_memory_->OffForGood() &&
+         (options_.transport == Transport::kGrpc || data_->GrpcForGood());
 }
 
 void Client::RunOnWorker(std::function<void()> work) {

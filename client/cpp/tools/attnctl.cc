@@ -7,7 +7,9 @@
 //   attnctl backward --keep_context    the same through a saved context: a Forward that keeps
 //                                      it, then a backward that sends only dout
 // --transport=grpc|data|auto picks gRPC or the server's data channel (ClientOptions::transport;
-// auto: the data channel when the server offers one, with TLS when the client uses it).
+// auto: the data channel when the server offers one, with TLS when the client uses it);
+// --shared_memory=off|auto|on passes the tensors through POSIX shared memory to a server on
+// this host started with --allow_shared_memory (ClientOptions::shared_memory).
 // --check compares the answer with the local exact reference and fails (exit 1) beyond the
 // dtype's tolerance. TLS and bearer tokens: tools/security_flags.h.
 #include <cstdio>
@@ -34,6 +36,9 @@ ABSL_FLAG(std::string, transport, "auto",
           "grpc, data (the server's bulk data channel) or auto (the data channel when the server "
           "offers one as protected as the gRPC channel: TLS on both or neither).");
 ABSL_FLAG(int32_t, data_connections, 4, "Data channel: TCP connections of the session.");
+ABSL_FLAG(std::string, shared_memory, "off",
+          "off, auto (POSIX shared memory when the server is on this host and started with "
+          "--allow_shared_memory, else --transport) or on (shared memory or an error).");
 ABSL_FLAG(int32_t, timeout_ms, 0, "Per-call deadline in milliseconds (0 = none).");
 ABSL_FLAG(int32_t, batch, 2, "Sequences in the request.");
 ABSL_FLAG(int32_t, seqlen_q, 128, "Longest query sequence (lengths are random in [n/2, n]).");
@@ -209,10 +214,14 @@ int RunBackwardOnContext(Client& client, const tools::Problem& problem, bool che
 
 }  // namespace
 
-// --transport and --data_connections into `options`.
+// --transport, --data_connections and --shared_memory into `options`.
 absl::Status ApplyTransportFlags(ClientOptions& options) {
   absl::StatusOr<tools::Transport> choice = tools::ParseTransport(absl::GetFlag(FLAGS_transport));
   if (!choice.ok()) return choice.status();
+  absl::StatusOr<SharedMemory> shared_memory =
+      tools::ParseSharedMemory(absl::GetFlag(FLAGS_shared_memory));
+  if (!shared_memory.ok()) return shared_memory.status();
+  options.shared_memory = *shared_memory;
   if (absl::GetFlag(FLAGS_data_connections) < 1) {
     return absl::InvalidArgumentError("--data_connections must be >= 1");
   }

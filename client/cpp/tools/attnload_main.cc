@@ -26,6 +26,10 @@ ABSL_FLAG(std::string, transport, "auto",
           "grpc, data (the bulk data channel the server advertises, with TLS when it has TLS) "
           "or auto (data when the server offers it as protected as the gRPC channel: TLS on "
           "both or neither; else grpc).");
+ABSL_FLAG(std::string, shared_memory, "off",
+          "off, auto (POSIX shared memory when the server is on this host and started with "
+          "--allow_shared_memory, else --transport) or on (shared memory or an error): calls "
+          "then go through the client library (attnserve::Client) on --connections clients.");
 ABSL_FLAG(int32_t, data_connections, 4,
           "Data channel: TCP connections of the one session all calls share.");
 ABSL_FLAG(int32_t, concurrency, 1, "Closed loop: calls kept in flight.");
@@ -154,7 +158,9 @@ absl::StatusOr<LoadConfig> ConfigFromFlags() {
                          Assign(ParseDType(absl::GetFlag(FLAGS_dtype)), c.dtype),
                          Assign(ParseRpcMix(absl::GetFlag(FLAGS_rpc)), c.rpc),
                          Assign(tools::ParseTransport(absl::GetFlag(FLAGS_transport)),
-                                c.transport)}) {
+                                c.transport),
+                         Assign(tools::ParseSharedMemory(absl::GetFlag(FLAGS_shared_memory)),
+                                c.shared_memory)}) {
     if (!s.ok()) return s;
   }
   if (!absl::GetFlag(FLAGS_sweep).empty()) {

@@ -64,6 +64,9 @@ struct LoadConfig {
   int connections = 1;
   tools::Transport transport = tools::Transport::kAuto;
   int data_connections = 4;  // of the data channel session, when it is the transport
+  // Not kOff: calls go through the Clients (ClientOptions::shared_memory), which take shared
+  // memory when they can and gRPC otherwise (kAuto).
+  tools::SharedMemory shared_memory = tools::SharedMemory::kOff;
   // Closed loop: this many calls always in flight. Ignored when rate > 0 (open loop).
   int concurrency = 1;
   double rate = 0;

@@ -281,8 +281,10 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
   options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
       absl::ToChronoNanoseconds(config.timeout));
   // These clients are the gRPC transport (and build the pool); the data transport is a
-  // DataChannelClient of its own (load_transport.h), so --transport alone decides.
+  // DataChannelClient of its own (load_transport.h), so --transport alone decides, unless
+  // --shared_memory lets the clients take shared memory.
   options.transport = Transport::kGrpc;
+  options.shared_memory = config.shared_memory;
   for (int i = 0; i < config.connections; ++i) {
     options.connection_id = i + 1;
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(config.target, options);
@@ -298,9 +300,18 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
     runner->clients_.push_back(*std::move(client));
   }
 
-  // Before the pool is built: a transport the server cannot offer fails at once.
-  absl::StatusOr<std::optional<DataChannelOptions>> data = tools::ChooseDataChannel(
-      config.transport, config.target, runner->server_info_, config.tls);
+  // Before the pool is built: a transport the server cannot offer fails at once. Shared
+  // memory, when the clients take it, replaces --transport.
+  bool shared_memory = false;
+  if (config.shared_memory != tools::SharedMemory::kOff) {
+    absl::StatusOr<std::string> active = runner->clients_.front()->ActiveTransport();
+    if (!active.ok()) return active.status();
+    shared_memory = *active == "shared memory";
+  }
+  absl::StatusOr<std::optional<DataChannelOptions>> data =
+      shared_memory ? std::optional<DataChannelOptions>()
+                    : tools::ChooseDataChannel(config.transport, config.target,
+                                               runner->server_info_, config.tls);
   if (!data.ok()) return data.status();
 
   const std::vector<SequenceLengths> shapes =
@@ -333,7 +344,7 @@ absl::StatusOr<std::unique_ptr<LoadRunner>> LoadRunner::Create(const LoadConfig&
     if (!transport.ok()) return transport.status();
     runner->transport_ = *std::move(transport);
   } else {
-    runner->transport_ = MakeGrpcTransport(runner->clients_, config.keep_context);
+    runner->transport_ = MakeGrpcTransport(runner->clients_, config.keep_context, shared_memory);
   }
   return runner;
 }

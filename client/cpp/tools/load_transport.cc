@@ -16,8 +16,9 @@ absl::Status NoCheck() { return absl::OkStatus(); }
 
 class GrpcTransport : public LoadTransport {
  public:
-  GrpcTransport(const std::vector<std::unique_ptr<Client>>& clients, bool keep_context)
-      : clients_(clients), keep_context_(keep_context) {}
+  GrpcTransport(const std::vector<std::unique_ptr<Client>>& clients, bool keep_context,
+                bool shared_memory)
+      : clients_(clients), keep_context_(keep_context), shared_memory_(shared_memory) {}
 
   void Forward(const WorkItem& item, Done done) override {
     Next().ForwardAsync(item.forward, [&item, done](absl::StatusOr<v1::ForwardResponse> r) {
@@ -52,9 +53,10 @@ class GrpcTransport : public LoadTransport {
   }
 
   std::string Describe() const override {
+    if (shared_memory_) return absl::StrCat("shared memory (", clients_.size(), " client(s))");
     return absl::StrCat("grpc (", clients_.size(), " connection(s))");
   }
-  std::string Name() const override { return "grpc"; }
+  std::string Name() const override { return shared_memory_ ? "shm" : "grpc"; }
 
  private:
   Client& Next() { return *clients_[next_++ % clients_.size()]; }
@@ -70,6 +72,7 @@ class GrpcTransport : public LoadTransport {
 
   const std::vector<std::unique_ptr<Client>>& clients_;
   const bool keep_context_;
+  const bool shared_memory_;
   std::atomic<uint64_t> next_{0};
 };
 
@@ -148,8 +151,9 @@ class DataTransport : public LoadTransport {
 }  // namespace
 
 std::unique_ptr<LoadTransport> MakeGrpcTransport(
-    const std::vector<std::unique_ptr<Client>>& clients, bool keep_context) {
-  return std::make_unique<GrpcTransport>(clients, keep_context);
+    const std::vector<std::unique_ptr<Client>>& clients, bool keep_context,
+    bool shared_memory) {
+  return std::make_unique<GrpcTransport>(clients, keep_context, shared_memory);
 }
 
 absl::StatusOr<std::unique_ptr<LoadTransport>> OpenDataTransport(

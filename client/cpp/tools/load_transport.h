@@ -31,13 +31,15 @@ class LoadTransport {
   virtual void Backward(const WorkItem& item, Done done) = 0;
   // e.g. "grpc (2 connections)".
   virtual std::string Describe() const = 0;
-  // "grpc" or "data".
+  // "grpc", "data" or "shm".
   virtual std::string Name() const = 0;
 };
 
-// `clients` must outlive the transport.
+// `clients` must outlive the transport. `shared_memory`: their calls go through shared memory
+// (ClientOptions::shared_memory), named "shm".
 std::unique_ptr<LoadTransport> MakeGrpcTransport(
-    const std::vector<std::unique_ptr<Client>>& clients, bool keep_context);
+    const std::vector<std::unique_ptr<Client>>& clients, bool keep_context,
+    bool shared_memory = false);
 absl::StatusOr<std::unique_ptr<LoadTransport>> OpenDataTransport(
     const DataChannelOptions& options, bool keep_context);
 

@@ -24,4 +24,24 @@ absl::string_view TransportName(Transport transport) {
   return "";
 }
 
+absl::StatusOr<SharedMemory> ParseSharedMemory(absl::string_view name) {
+  if (name == "off") return SharedMemory::kOff;
+  if (name == "auto") return SharedMemory::kAuto;
+  if (name == "on") return SharedMemory::kOn;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--shared_memory must be off, auto or on, not '", name, "'"));
+}
+
+absl::string_view SharedMemoryName(SharedMemory choice) {
+  switch (choice) {
+    case SharedMemory::kOff:
+      return "off";
+    case SharedMemory::kAuto:
+      return "auto";
+    case SharedMemory::kOn:
+      return "on";
+  }
+  return "";
+}
+
 }  // namespace attnserve::tools

@@ -18,6 +18,14 @@ TEST(ParseTransportTest, NamesAndAnError) {
               HasSubstr("--transport must be auto, grpc or data, not 'udp'"));
 }
 
+TEST(ParseSharedMemoryTest, NamesAndAnError) {
+  for (SharedMemory choice : {SharedMemory::kOff, SharedMemory::kAuto, SharedMemory::kOn}) {
+    EXPECT_EQ(*ParseSharedMemory(SharedMemoryName(choice)), choice);
+  }
+  EXPECT_THAT(std::string(ParseSharedMemory("yes").status().message()),
+              HasSubstr("--shared_memory must be off, auto or on, not 'yes'"));
+}
+
 TEST(TargetHostTest, OneHostOrNone) {
   EXPECT_EQ(TargetHost("localhost:8001"), "localhost");
   EXPECT_EQ(TargetHost("dns:///attnserve.ns:8001"), "attnserve.ns");

@@ -113,8 +113,10 @@ class Client:
     one device buffer per GPU, registered once by its CUDA IPC handle (cuda_shared_memory.py),
     so the server's kernels read and write the client's GPU memory where it lies, with no
     copy across PCIe or a socket (measured 2.1x local FlashAttention-2 for a training step,
-    bench/RESULTS.md); GPUs are named by their ordinal, which must be the server's too (same
-    CUDA_VISIBLE_DEVICES). A server that refuses the buffer turns it off for this client.
+    bench/RESULTS.md); a buffer is registered under the server's ordinal of its GPU, found by
+    the GPU's UUID in GetServerInfo (client and server may see different CUDA_VISIBLE_DEVICES),
+    and a GPU the server does not serve takes the other paths. A server that refuses the buffer
+    turns it off for this client.
     Backwards go in full (no saved contexts on this protocol), as device-to-device copies.
 
     Security (see attnserve.security): tls_ca_file (PEM CA of the server's certificate; tls=True

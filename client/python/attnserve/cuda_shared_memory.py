@@ -20,6 +20,8 @@ import grpc
 import numpy as np
 import torch
 
+from ._proto.attnserve.v1 import attention_pb2 as pb2
+from ._proto.attnserve.v1 import attention_pb2_grpc as pb2_grpc
 from ._proto.inference import grpc_service_pb2 as oip
 from ._proto.inference import grpc_service_pb2_grpc as oip_grpc
 from .errors import AttentionError
@@ -31,6 +33,15 @@ ALIGNMENT = 256
 # Buffers grow in steps of this, so a call a little larger than the last reuses the buffer.
 GRANULE = 64 << 20
 DATATYPES = {torch.float16: "FP16", torch.bfloat16: "BF16", torch.float32: "FP32"}
+
+
+def _normalized_uuid(uuid) -> str:
+    """A GPU UUID as 32 lowercase hex digits, from nvidia-smi's "GPU-xxxxxxxx-..." (the
+    server's) or torch's spelling of it."""
+    text = str(uuid).lower()
+    text = text[4:] if text.startswith("gpu-") else text
+    digits = "".join(c for c in text if c in "0123456789abcdef")
+    return digits if len(digits) == 32 else ""  # not a spelling we know: no UUID
 
 
 def _aligned(size: int) -> int:
@@ -76,7 +87,9 @@ class CudaSharedMemoryPath:
 
     def __init__(self, channel: grpc.Channel, metadata):
         self._stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        self._attention = pb2_grpc.AttentionServiceStub(channel)
         self._metadata = metadata
+        self._server_ordinals: Optional[Dict[str, int]] = None  # by normalized GPU UUID
         self._lock = threading.Lock()
         self._buffers: Dict[int, CudaBuffer] = {}
         self._turns: Dict[int, threading.Lock] = {}
@@ -152,11 +165,12 @@ class CudaSharedMemoryPath:
             return buffer
         if buffer is not None:
             self._forget(device.index)
+        device_id = self._server_ordinal(device)
         buffer = CudaBuffer(device, -(-byte_size // GRANULE) * GRANULE)
         try:
             self._stub.CudaSharedMemoryRegister(
                 oip.CudaSharedMemoryRegisterRequest(
-                    name=buffer.name, raw_handle=buffer.handle, device_id=device.index,
+                    name=buffer.name, raw_handle=buffer.handle, device_id=device_id,
                     byte_size=buffer.base + buffer.byte_size),
                 timeout=HOUSEKEEPING_TIMEOUT_S, metadata=self._metadata)
         except grpc.RpcError as error:
@@ -168,6 +182,32 @@ class CudaSharedMemoryPath:
         with self._lock:
             self._buffers[device.index] = buffer
         return buffer
+
+    def _server_ordinal(self, device: torch.device) -> int:
+        """The server's CUDA ordinal of this GPU. Each process numbers the GPUs it sees (its
+        CUDA_VISIBLE_DEVICES), so the GPU's UUID, which the server lists in GetServerInfo,
+        decides; by ordinal only where either side cannot tell UUIDs (an older server)."""
+        with self._lock:
+            ordinals = self._server_ordinals
+        if ordinals is None:
+            try:
+                info = self._attention.GetServerInfo(pb2.GetServerInfoRequest(),
+                                                     timeout=HOUSEKEEPING_TIMEOUT_S,
+                                                     metadata=self._metadata)
+            except grpc.RpcError as error:
+                raise SharedMemoryUnavailable(f"GetServerInfo: {error.code().name}: "
+                                              f"{error.details()}", permanent=False) from error
+            ordinals = {_normalized_uuid(d.uuid): int(d.name.partition(":")[2])
+                        for d in info.devices if d.uuid and d.name.startswith("cuda:")}
+            with self._lock:
+                self._server_ordinals = ordinals
+        mine = _normalized_uuid(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
+        if not ordinals or not mine:
+            return device.index
+        if mine not in ordinals:
+            raise SharedMemoryUnavailable(f"{device} (UUID {mine}) is not a GPU the server "
+                                          "serves", permanent=False)
+        return ordinals[mine]
 
     def _forget(self, index: int) -> None:
         with self._lock:

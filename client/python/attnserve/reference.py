@@ -96,6 +96,28 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, soft
     Pass out = lse = None to recompute them exactly; pass a server's own forward results to
     get the gradients that server's backward should return for exactly those inputs.
     """
+    return _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                     causal, window_size, softcap, term_scales=False)
+
+
+def attention_backward_term_scales(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                   softmax_scale=None, causal=False, window_size=(-1, -1),
+                                   softcap=0.0):
+    """The scale of each element of dq, dk, dv, arguments as attention_backward's: every sum
+    there (dP, D, dP - D, then dS K, dS^T Q, P^T dO) replaced by the root sum of squares of
+    its terms, each term a product of its factors' scales.
+
+    Terms of random sign sum to about their root sum of squares, so where nothing cancels the
+    scale is about the gradient's size; where the terms cancel (a row that sees one key:
+    dP = D exactly, dS = 0) the gradient shrinks to rounding noise and the scale does not. A
+    float computation's rounding error is relative to the scale, not to the result.
+    """
+    return _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                     causal, window_size, softcap, term_scales=True)
+
+
+def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
+              window_size, softcap, term_scales):
     if out is None or lse is None:
         out, lse = attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
                                      window_size, softcap)
@@ -110,12 +132,21 @@ def attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, soft
         s, t = _scores(qs, ks, scale, softcap, mask)
         # exp(-inf - lse) = 0 covers hidden keys, and lse = +inf covers rows that see no key.
         p = np.exp(s - lse[:, rows, None])
-        dv[cols] = _reduce_kv(np.einsum("hqk,qhd->khd", p, dout[rows]), groups)
-        dp = np.einsum("qhd,khd->hqk", dout[rows], vs)
-        delta = np.einsum("qhd,qhd->hq", dout[rows], out[rows])
-        ds = p * (dp - delta[..., None])
+        dos, outs = dout[rows], out[rows]
+        if term_scales:
+            # Squares throughout: each sum below is then the sum of its terms' squares, and
+            # the gradients' square roots are taken at the end.
+            qs, ks, vs, dos, outs, p = (x * x for x in (qs, ks, vs, dos, outs, p))
+        dv[cols] = _reduce_kv(np.einsum("hqk,qhd->khd", p, dos), groups)
+        dp = np.einsum("qhd,khd->hqk", dos, vs)
+        delta = np.einsum("qhd,qhd->hq", dos, outs)
+        ds = p * (dp + delta[..., None] if term_scales else dp - delta[..., None])
         if t is not None:
-            ds *= 1.0 - t * t  # d(softcap * tanh(x / softcap)) / dx
-        dq[rows] = scale * np.einsum("hqk,khd->qhd", ds, ks)
-        dk[cols] = _reduce_kv(scale * np.einsum("hqk,qhd->khd", ds, qs), groups)
+            dtanh = 1.0 - t * t  # d(softcap * tanh(x / softcap)) / dx
+            ds *= dtanh * dtanh if term_scales else dtanh
+        factor = scale * scale if term_scales else scale
+        dq[rows] = factor * np.einsum("hqk,khd->qhd", ds, ks)
+        dk[cols] = _reduce_kv(factor * np.einsum("hqk,qhd->khd", ds, qs), groups)
+    if term_scales:
+        return np.sqrt(dq), np.sqrt(dk), np.sqrt(dv)
     return dq, dk, dv

@@ -54,8 +54,12 @@ absl::Status NoEndpoint(const char* method) {
   return absl::NotFoundError(absl::StrCat("no ", method, " endpoint at this path"));
 }
 
-absl::Status NoCudaSharedMemory() {
-  return absl::UnavailableError("CUDA shared memory is not available on this server");
+// The region kind a path below /v2 starts with: "systemsharedmemory" or "cudasharedmemory".
+std::optional<oip::RegionKind> RegionKindOf(const std::vector<std::string>& path) {
+  if (path.empty()) return std::nullopt;
+  if (path[0] == "systemsharedmemory") return oip::RegionKind::kSystem;
+  if (path[0] == "cudasharedmemory") return oip::RegionKind::kCuda;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -138,23 +142,44 @@ RestResponse InferenceRestHandler::Get(mg_connection* conn, const Path& path) {
       });
     }
   }
-  const bool all_regions = path == Path{"systemsharedmemory", "status"};
-  if (all_regions || (path.size() == 4 && path[0] == "systemsharedmemory" && path[1] == kRegion &&
-                      path[3] == "status")) {
-    return Call(conn, "SystemSharedMemoryStatus", options_.auth,
-                [&]() -> absl::StatusOr<RestResponse> {
+  const std::optional<oip::RegionKind> kind = RegionKindOf(path);
+  const bool all_regions = kind.has_value() && path.size() == 2 && path[1] == "status";
+  if (all_regions ||
+      (kind.has_value() && path.size() == 4 && path[1] == kRegion && path[3] == "status")) {
+    const bool cuda = *kind == oip::RegionKind::kCuda;
+    return Call(conn, cuda ? "CudaSharedMemoryStatus" : "SystemSharedMemoryStatus",
+                options_.auth, [&]() -> absl::StatusOr<RestResponse> {
                   auto regions = dispatcher_->shared_memory().Status(
-                      PrincipalOf(conn), oip::RegionKind::kSystem,
-                      all_regions ? std::string() : path[2]);
+                      PrincipalOf(conn), *kind, all_regions ? std::string() : path[2]);
                   if (!regions.ok()) return regions.status();
-                  return JsonResponse(rest::SharedMemoryStatus(*regions));
+                  return JsonResponse(cuda ? rest::CudaSharedMemoryStatus(*regions)
+                                           : rest::SharedMemoryStatus(*regions));
                 });
   }
-  if (!path.empty() && path[0] == "cudasharedmemory") {
-    return Call(conn, "CudaSharedMemoryStatus", options_.auth,
-                []() -> absl::StatusOr<RestResponse> { return NoCudaSharedMemory(); });
-  }
   return RestError(NoEndpoint("GET"));
+}
+
+absl::Status InferenceRestHandler::RegisterSystem(const std::string& principal,
+                                                  const std::string& name,
+                                                  const std::string& body) {
+  absl::StatusOr<rest::RegionRegistration> registration = rest::DecodeRegistration(body);
+  if (!registration.ok()) return registration.status();
+  return dispatcher_->shared_memory().RegisterSystem(principal, name, registration->key,
+                                                     registration->offset,
+                                                     registration->byte_size);
+}
+
+// As the gRPC CudaSharedMemoryRegister: the engine opens the handle on that device, and a
+// server without it answers FAILED_PRECONDITION.
+absl::Status InferenceRestHandler::RegisterCuda(const std::string& principal,
+                                                const std::string& name,
+                                                const std::string& body) {
+  absl::StatusOr<rest::CudaRegionRegistration> registration = rest::DecodeCudaRegistration(body);
+  if (!registration.ok()) return registration.status();
+  return dispatcher_->shared_memory().RegisterCuda(principal, name, [&] {
+    return dispatcher_->engine().OpenForeignDeviceMemory(
+        registration->device_id, registration->raw_handle, registration->byte_size);
+  });
 }
 
 RestResponse InferenceRestHandler::Post(mg_connection* conn, const Path& path) {
@@ -164,35 +189,34 @@ RestResponse InferenceRestHandler::Post(mg_connection* conn, const Path& path) {
     return Infer(conn, model, version);
   }
   const std::string principal = PrincipalOf(conn);
+  const std::optional<oip::RegionKind> kind = RegionKindOf(path);
   const bool is_region =
-      path.size() == 4 && path[0] == "systemsharedmemory" && path[1] == kRegion && !path[2].empty();
+      kind.has_value() && path.size() == 4 && path[1] == kRegion && !path[2].empty();
   if (is_region && path[3] == "register") {
+    const bool cuda = *kind == oip::RegionKind::kCuda;
     return Call(
-        conn, "SystemSharedMemoryRegister", options_.auth, [&]() -> absl::StatusOr<RestResponse> {
+        conn, cuda ? "CudaSharedMemoryRegister" : "SystemSharedMemoryRegister", options_.auth,
+        [&]() -> absl::StatusOr<RestResponse> {
           absl::StatusOr<std::string> body =
               ReadRequestBody(conn, kMaxControlBodyBytes, absl::Now() + kControlBodyTimeout);
           if (!body.ok()) return BodyRefusal(body.status());
-          absl::StatusOr<rest::RegionRegistration> registration = rest::DecodeRegistration(*body);
-          if (!registration.ok()) return registration.status();
-          absl::Status status = dispatcher_->shared_memory().RegisterSystem(
-              principal, path[2], registration->key, registration->offset, registration->byte_size);
+          absl::Status status = cuda ? RegisterCuda(principal, path[2], *body)
+                                     : RegisterSystem(principal, path[2], *body);
           if (!status.ok()) return status;
           return RestResponse{200, ""};
         });
   }
-  const bool all_regions = path == Path{"systemsharedmemory", "unregister"};
+  const bool all_regions = kind.has_value() && path.size() == 2 && path[1] == "unregister";
   if (all_regions || (is_region && path[3] == "unregister")) {
-    return Call(conn, "SystemSharedMemoryUnregister", options_.auth,
-                [&]() -> absl::StatusOr<RestResponse> {
+    return Call(conn,
+                *kind == oip::RegionKind::kCuda ? "CudaSharedMemoryUnregister"
+                                                : "SystemSharedMemoryUnregister",
+                options_.auth, [&]() -> absl::StatusOr<RestResponse> {
                   absl::Status status = dispatcher_->shared_memory().Unregister(
-                      principal, oip::RegionKind::kSystem, all_regions ? std::string() : path[2]);
+                      principal, *kind, all_regions ? std::string() : path[2]);
                   if (!status.ok()) return status;
                   return RestResponse{200, ""};
                 });
-  }
-  if (!path.empty() && path[0] == "cudasharedmemory") {
-    return Call(conn, "CudaSharedMemoryRegister", options_.auth,
-                []() -> absl::StatusOr<RestResponse> { return NoCudaSharedMemory(); });
   }
   return RestError(NoEndpoint("POST"));
 }

@@ -62,6 +62,11 @@ class InferenceRestHandler : public CivetHandler {
   using Path = std::vector<std::string>;
   RestResponse Get(mg_connection* conn, const Path& path);
   RestResponse Post(mg_connection* conn, const Path& path);
+  // Register a region of `name` for `principal` from a registration body (Triton's).
+  absl::Status RegisterSystem(const std::string& principal, const std::string& name,
+                              const std::string& body);
+  absl::Status RegisterCuda(const std::string& principal, const std::string& name,
+                            const std::string& body);
   // Authenticates with `auth`, runs `body` when accepted and records the call as `rpc`.
   RestResponse Call(mg_connection* conn, const char* rpc, const Authenticator* auth,
                     const std::function<absl::StatusOr<RestResponse>()>& body);

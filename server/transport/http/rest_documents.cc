@@ -1,5 +1,6 @@
 #include "server/transport/http/rest_documents.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "server/transport/oip/server_metadata.h"
 
@@ -74,6 +75,43 @@ Json SharedMemoryStatus(const std::vector<std::shared_ptr<const oip::MappedRegio
                    {"byte_size", region->byte_size()}});
   }
   return out;
+}
+
+Json CudaSharedMemoryStatus(
+    const std::vector<std::shared_ptr<const oip::MappedRegion>>& regions) {
+  Json out = Json::array();
+  for (const auto& region : regions) {
+    out.push_back({{"name", region->name()},
+                   {"device_id", region->device()},
+                   {"byte_size", region->byte_size()}});
+  }
+  return out;
+}
+
+absl::StatusOr<CudaRegionRegistration> DecodeCudaRegistration(absl::string_view text) {
+  absl::StatusOr<Json> body = ParseJson(text, "request body");
+  if (!body.ok()) return body.status();
+  if (!body->is_object()) return absl::InvalidArgumentError("request body: must be an object");
+  CudaRegionRegistration registration;
+  auto handle = Member(*body, "raw_handle", "request", &Json::is_object, "an object");
+  if (!handle.ok()) return handle.status();
+  if (*handle == nullptr) return absl::InvalidArgumentError("raw_handle: missing");
+  auto b64 = Member(**handle, "b64", "raw_handle", &Json::is_string, "a string");
+  if (!b64.ok()) return b64.status();
+  if (*b64 == nullptr) return absl::InvalidArgumentError("raw_handle.b64: missing");
+  if (!absl::Base64Unescape((*b64)->get<std::string>(), &registration.raw_handle)) {
+    return absl::InvalidArgumentError("raw_handle.b64: not base64");
+  }
+  absl::StatusOr<uint64_t> device = SizeMember(*body, "device_id", true);
+  if (!device.ok()) return device.status();
+  if (*device > static_cast<uint64_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat("device_id: not a CUDA ordinal (", *device, ")"));
+  }
+  registration.device_id = static_cast<int>(*device);
+  absl::StatusOr<uint64_t> byte_size = SizeMember(*body, "byte_size", true);
+  if (!byte_size.ok()) return byte_size.status();
+  registration.byte_size = *byte_size;
+  return registration;
 }
 
 absl::StatusOr<RegionRegistration> DecodeRegistration(absl::string_view text) {

@@ -1,6 +1,6 @@
 // The JSON documents of the Open Inference Protocol's REST endpoints other than inference:
 // server and model metadata, model statistics (Triton's statistics extension), and Triton's
-// system shared memory status and registration bodies. Field names are the protocol's.
+// system and CUDA shared memory status and registration bodies. Field names are the protocol's.
 #pragma once
 
 #include <memory>
@@ -23,6 +23,18 @@ Json ModelStatistics(const std::vector<const oip::ModelMetadata*>& models,
                      const oip::ModelStatistics& statistics);
 // A list of {"name", "key", "offset", "byte_size"}, as Triton answers.
 Json SharedMemoryStatus(const std::vector<std::shared_ptr<const oip::MappedRegion>>& regions);
+
+// A list of {"name", "device_id", "byte_size"}, as Triton answers.
+Json CudaSharedMemoryStatus(const std::vector<std::shared_ptr<const oip::MappedRegion>>& regions);
+
+// The body of POST /v2/cudasharedmemory/region/<name>/register: {"raw_handle": {"b64": ...},
+// "device_id", "byte_size"}, all required; the handle's bytes decoded from base64.
+struct CudaRegionRegistration {
+  std::string raw_handle;
+  int device_id = 0;
+  uint64_t byte_size = 0;
+};
+absl::StatusOr<CudaRegionRegistration> DecodeCudaRegistration(absl::string_view body);
 
 // The body of POST /v2/systemsharedmemory/region/<name>/register.
 struct RegionRegistration {

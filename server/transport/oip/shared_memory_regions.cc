@@ -181,7 +181,9 @@ absl::Status SharedMemoryRegions::Unregister(const std::string& principal, Regio
 
 absl::StatusOr<std::vector<std::shared_ptr<const MappedRegion>>> SharedMemoryRegions::Status(
     const std::string& principal, RegionKind kind, const std::string& name) {
+  std::map<RegionKey, Entry> removed;  // unmapped outside the lock (declared before it)
   std::lock_guard<std::mutex> lock(mu_);
+  DropInvalid(&removed);
   std::vector<std::shared_ptr<const MappedRegion>> out;
   for (const auto& [region_key, entry] : regions_) {
     if (region_key.first == principal && entry.region->kind() == kind &&
@@ -204,8 +206,16 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> SharedMemoryRegions::Use(
         field, ".shared_memory_region: shared memory is off on this server (start it with "
                "--allow_shared_memory)"));
   }
+  std::map<RegionKey, Entry> removed;  // unmapped outside the lock (declared before it)
   std::lock_guard<std::mutex> lock(mu_);
   auto it = regions_.find({principal, name});
+  if (it != regions_.end() && !it->second.region->valid()) {
+    removed.insert(regions_.extract(it));
+    // "no shared memory region" tells clients to register it again (attnserve's do).
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shared_memory_region: no shared memory region \"", name,
+        "\" is registered any more: its device was reset after a fault; register it again"));
+  }
   if (it == regions_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".shared_memory_region: no shared memory region \"", name, "\" is registered"));
@@ -218,6 +228,14 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> SharedMemoryRegions::Use(
   }
   it->second.last_used = absl::Now();
   return it->second.region;
+}
+
+void SharedMemoryRegions::DropInvalid(std::map<RegionKey, Entry>* removed) {
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    const auto next = std::next(it);
+    if (!it->second.region->valid()) removed->insert(regions_.extract(it));
+    it = next;
+  }
 }
 
 }  // namespace attnserve::transport::oip

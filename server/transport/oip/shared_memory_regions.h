@@ -46,6 +46,8 @@ class MappedRegion {
   MappedRegion& operator=(const MappedRegion&) = delete;
 
   RegionKind kind() const { return device_memory_ ? RegionKind::kCuda : RegionKind::kSystem; }
+  // False for a CUDA region whose device was reset since it was opened (its mapping is gone).
+  bool valid() const { return !device_memory_ || device_memory_->valid(); }
   const std::string& name() const { return name_; }
   const std::string& key() const { return key_; }  // system regions
   uint64_t offset() const { return offset_; }      // system regions
@@ -112,6 +114,10 @@ class SharedMemoryRegions {
     std::shared_ptr<const MappedRegion> region;
     absl::Time last_used;
   };
+  using RegionKey = std::pair<std::string, std::string>;  // principal, name
+  // Moves the regions whose device was reset (MappedRegion::valid) into `removed`, for the
+  // caller to let go of once mu_ is released.
+  void DropInvalid(std::map<RegionKey, Entry>* removed);
   // OK when `principal` may register `name` now (shared memory on, name free, room left).
   absl::Status CheckRegisterable(const std::string& principal, const std::string& name);
   absl::Status Insert(const std::string& principal, std::shared_ptr<const MappedRegion> region);
@@ -121,7 +127,6 @@ class SharedMemoryRegions {
   std::mutex mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;
-  using RegionKey = std::pair<std::string, std::string>;  // principal, name
   std::map<RegionKey, Entry> regions_;
   std::thread sweeper_;  // only when allowed
 };

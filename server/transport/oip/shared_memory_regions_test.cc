@@ -15,11 +15,13 @@ using ::testing::HasSubstr;
 struct FakeDeviceMemory {
   std::string bytes = std::string(4096, '\0');
   bool closed = false;
+  bool device_reset = false;  // as a reset of its device after a fault unmaps it
 
   SharedMemoryRegions::OpenDeviceMemory Opener(int device) {
     return [this, device]() -> absl::StatusOr<std::shared_ptr<engine::ForeignDeviceMemory>> {
-      return std::make_shared<engine::ForeignDeviceMemory>(device, bytes.data(), bytes.size(),
-                                                           [this] { closed = true; });
+      return std::make_shared<engine::ForeignDeviceMemory>(
+          device, bytes.data(), bytes.size(), [this] { closed = true; },
+          [this] { return !device_reset; });
     };
   }
 };
@@ -86,6 +88,30 @@ TEST(SharedMemoryRegionsTest, OtherPrincipalsDoNotSeeCudaRegions) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(regions.Unregister("bob", RegionKind::kCuda, "").ok());  // none of bob's
   EXPECT_FALSE(memory.closed);
+}
+
+TEST(SharedMemoryRegionsTest, ARegionWhoseDeviceWasResetIsDroppedAndNamedForReRegistering) {
+  FakeDeviceMemory memory, other;  // outlive the registry, which closes them last
+  SharedMemoryRegions regions(Allowed());
+  ASSERT_TRUE(regions.RegisterCuda("alice", "in", memory.Opener(0)).ok());
+  ASSERT_TRUE(regions.RegisterCuda("alice", "elsewhere", other.Opener(1)).ok());
+  ASSERT_TRUE(regions.Use("alice", "in", 0, 64, "inputs[q].parameters").ok());
+  memory.device_reset = true;
+  const absl::Status gone = regions.Use("alice", "in", 0, 64, "inputs[q].parameters").status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(gone.message(), HasSubstr("inputs[q].parameters.shared_memory_region: no shared "
+                                        "memory region \"in\" is registered any more: its "
+                                        "device was reset"));
+  EXPECT_TRUE(memory.closed);  // let go of (its close is the engine's to skip after a reset)
+  // Neither listed nor in the way of registering the name again; the other device's stays.
+  auto cuda = regions.Status("alice", RegionKind::kCuda, "");
+  ASSERT_TRUE(cuda.ok());
+  ASSERT_EQ(cuda->size(), 1u);
+  EXPECT_EQ((*cuda)[0]->name(), "elsewhere");
+  cuda->clear();
+  FakeDeviceMemory again;
+  EXPECT_TRUE(regions.RegisterCuda("alice", "in", again.Opener(0)).ok());
+  EXPECT_TRUE(regions.Use("alice", "in", 0, 64, "inputs[q].parameters").ok());
 }
 
 }  // namespace

@@ -35,6 +35,22 @@ enum class Transport {
   kDataChannel,
 };
 
+// Whether Forward and Backward pass their tensors through POSIX shared memory (Triton's system
+// shared memory extension on the server's gRPC port), as the Python client's shared_memory=.
+enum class SharedMemory {
+  // Never: the transport above.
+  kOff,
+  // When the target is this host (loopback, "localhost", this host's own name or addresses)
+  // and the server, started with --allow_shared_memory, maps the client's region, which the
+  // first call finds out by registering one (a refusal that can change, such as the server's
+  // region limit, is asked again on the next call); else, silently, the transport above.
+  kAuto,
+  // Shared memory or an error: FAILED_PRECONDITION saying why ("shared_memory=on: ...") when
+  // the target is not this host or the server will not map the client's memory; the code the
+  // server gave for a refusal that may pass (RESOURCE_EXHAUSTED, UNAVAILABLE).
+  kOn,
+};
+
 struct ClientOptions {
   // Largest message sent or received; attention tensors are large.
   int max_message_bytes = 1 << 30;
@@ -56,9 +72,19 @@ struct ClientOptions {
   // max_connections_per_session) and chunk size (capped by its max_chunk_bytes).
   int data_connections = 4;
   int64_t data_chunk_bytes = int64_t{4} << 20;
-  // Threads that run asynchronous calls over the data channel (whose calls block): one per
-  // call in flight up to this many, further calls wait for one.
+  // Threads that run asynchronous calls over the data channel or through shared memory
+  // (whose calls block): one per call in flight up to this many, further calls wait for one.
   int async_workers = 64;
+
+  // Off by default, as in the Python client: on the GPU machine its numpy forward through
+  // shared memory measured 0.41x the data channel's (bench/RESULTS.md). A call through shared
+  // memory answers as the others do, except that the protocol has no saved contexts (a forward
+  // with keep_context gets an empty context_id, so its BackwardOnContext goes in full) and
+  // reports no execution (empty device and kernel, zero times). Requests the data channel
+  // cannot carry (FitsDataChannel: tensors that disagree with their shapes) and backwards on a
+  // context go the other ways. The regions are unregistered and unlinked when the Client is
+  // destroyed; a process killed first leaves /dev/shm/attnserve-<pid>-* behind.
+  SharedMemory shared_memory = SharedMemory::kOff;
 };
 
 // The token in a token file: its first line that is neither blank nor a '#' comment (the
@@ -81,12 +107,14 @@ v1::BackwardRequest FullBackwardRequest(const v1::ForwardRequest& forward,
 namespace internal {
 class CallWorkers;
 class DataPath;
+class SharedMemoryRoute;
 }  // namespace internal
 
 // Thread-safe: share one Client between the threads of a process.
 //
 // Transport: Forward, Backward and BackwardOnContext (synchronous or not) move their tensors
-// over the server's data channel when ClientOptions::transport allows and the server offers
+// through shared memory when ClientOptions::shared_memory asks for it and allows, else over
+// the server's data channel when ClientOptions::transport allows and the server offers
 // one this client may use (the same TLS, CA, client certificate and token as the gRPC
 // channel), else over gRPC; answers, errors and their codes are the same either way. A
 // request whose tensors disagree with their shapes goes over gRPC, whose error names the
@@ -108,8 +136,9 @@ class Client {
   absl::StatusOr<v1::BackwardResponse> Backward(const v1::BackwardRequest& request);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
 
-  // Where Forward and Backward go: "grpc", or "data channel (N connection(s))". Decides the
-  // transport first when no call has yet (an error when that fails as a call would).
+  // Where Forward and Backward go: "shared memory", "grpc", or "data channel (N
+  // connection(s))". Decides the transport first when no call has yet (an error when that
+  // fails as a call would).
   absl::StatusOr<std::string> ActiveTransport();
 
   // Saved contexts. A Forward with keep_context set answers a context_id (and, from servers
@@ -150,7 +179,7 @@ class Client {
   // alive until then, so the caller may drop its request right after starting it. The
   // reference forms copy the request; the shared_ptr forms share it, for callers that send
   // one request many times. Over gRPC they are gRPC's own asynchronous calls; over the data
-  // channel (whose calls block) they run on the Client's worker threads
+  // channel or through shared memory (whose calls block) they run on the Client's worker threads
   // (ClientOptions::async_workers). Destroying the Client waits until every call it started
   // has finished its `done`, so never destroy it from inside one.
   void ForwardAsync(const v1::ForwardRequest& request, ForwardCallback done);
@@ -205,6 +234,7 @@ class Client {
   std::unique_ptr<v1::AttentionService::Stub> stub_;
   const ClientOptions options_;
   std::unique_ptr<internal::DataPath> data_;
+  std::unique_ptr<internal::SharedMemoryRoute> shared_memory_;
   std::mutex replicas_mu_;
   std::map<std::string, std::unique_ptr<Client>> replicas_;
 

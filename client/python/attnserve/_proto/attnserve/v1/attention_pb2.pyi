@@ -145,7 +145,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("name", "model", "compute_capability", "memory_total_bytes", "memory_free_bytes", "kernel_families", "native_compute_capability", "routes", "shared_memory_per_block", "out_of_service", "fault")
+    __slots__ = ("name", "model", "compute_capability", "memory_total_bytes", "memory_free_bytes", "kernel_families", "native_compute_capability", "routes", "shared_memory_per_block", "out_of_service", "fault", "uuid")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class DeviceInfo(_message.Message):
     SHARED_MEMORY_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     OUT_OF_SERVICE_FIELD_NUMBER: _ClassVar[int]
     FAULT_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     compute_capability: str
@@ -168,7 +169,8 @@ class DeviceInfo(_message.Message):
     shared_memory_per_block: int
     out_of_service: bool
     fault: str
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ..., native_compute_capability: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[KernelRoute, _Mapping]]] = ..., shared_memory_per_block: _Optional[int] = ..., out_of_service: bool = ..., fault: _Optional[str] = ...) -> None: ...
+    uuid: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., compute_capability: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., kernel_families: _Optional[_Iterable[str]] = ..., native_compute_capability: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[KernelRoute, _Mapping]]] = ..., shared_memory_per_block: _Optional[int] = ..., out_of_service: bool = ..., fault: _Optional[str] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class KernelRoute(_message.Message):
     __slots__ = ("family", "direction", "dtypes", "min_head_dim", "max_head_dim", "head_dim_multiple", "reason")

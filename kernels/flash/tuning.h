@@ -1,0 +1,20 @@
+// The flash kernels' benchmark-only tuning knobs: every one the records (bench/RESULTS.md,
+// NOTES.md "Tuning knobs") show close enough to the shipped choice to be worth measuring again.
+// Normal builds define none of these macros and get the shipped defaults; a benchmark build
+// defines one for C++ and CUDA alike (`bench/run_gpu.sh --bwd-variant NAME=-DMACRO=VALUE`), and
+// CI compiles each kept non-default value once (kernels/flash/CMakeLists.txt,
+// attn_flash_tuning_variants). Knobs whose alternative lost are deleted, not kept here.
+#pragma once
+
+namespace attnserve::kernels::flash {
+
+// Stages of the Hopper forward's K/V ring at head dims up to 128 (Sm90ForwardStages in
+// tile_config.h); 0 keeps the shipped counts (3 at head dim 128, 2 at 64). A third stage at 64
+// measured 0 to -2% (bench/RESULTS.md "Hopper forward, warp specialized", st3), but with the
+// 128-row tile of then, not the 192 rows that ship now.
+#ifndef ATTN_FLASH_SM90_FWD_STAGES
+#define ATTN_FLASH_SM90_FWD_STAGES 0
+#endif
+inline constexpr int kSm90ForwardStagesOverride = ATTN_FLASH_SM90_FWD_STAGES;
+
+}  // namespace attnserve::kernels::flash

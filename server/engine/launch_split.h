@@ -1,0 +1,69 @@
+// How a request too long for one GPU launch is cut into several (--max_launch_seconds). A
+// launch, once enqueued, runs to its end: nothing in our kernels polls a stop flag, and the
+// device cannot preempt it. So a request whose estimated device time (work_estimate.h) exceeds
+// the slice runs as launches of at most about one slice each, and the lane checks between
+// them whether its deadline passed or its caller left (cuda_lane.h LaneStep::before_launch):
+// a stopped request then holds the device at most about one slice past the moment it stopped.
+//
+// The cuts: groups of whole sequences (sequences are independent, so each group's answer is
+// bitwise the one launch's), and for a forward, a sequence that alone exceeds the slice by
+// blocks of its query rows. Rows [a, b) of a sequence of sq queries and sk keys are the
+// sequence of b − a queries over its keys [0, key_end): FlashAttention's mask is aligned
+// bottom-right (row i sees keys up to i + sk − sq + window_right), so keeping the block's
+// key count at b + sk − sq keeps every row's diagonal where it was. Where window_right > 0
+// lets the block's last rows see past that, key_end grows by that much (d, at most sk) and
+// the window moves the other way (window_right − d, window_left + d), which again leaves each
+// row's visible keys unchanged. Blocks start at multiples of kRowBlockAlignment rows, so
+// their query tiles are the whole launch's and each row meets its keys in the same tiles.
+//
+// A backward is cut by whole sequences only: one sequence's dk and dv sum over all of its
+// query rows, so blocks of rows would have to accumulate them across launches (in float32,
+// beside the outputs) and a deterministic backward would have to fix that order too. One very
+// long backward sequence therefore stays one launch, bounded by admission
+// (--max_request_compute_seconds) only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "server/engine/attention_request.h"
+#include "server/engine/kernel_routing.h"
+#include "server/engine/work_estimate.h"
+
+namespace attnserve::engine {
+
+// A multiple of every query tile our GPU kernels use (64, 128, 192 and 256 rows).
+inline constexpr int64_t kRowBlockAlignment = 768;
+
+struct LaunchRange {
+  int32_t first_sequence = 0, end_sequence = 0;  // the sequences it covers, [first, end)
+  // A block of one sequence's query rows (end_sequence = first_sequence + 1): rows
+  // [row_begin, row_end) of it over its keys [0, key_end), the window moved by window_shift.
+  bool row_block = false;
+  int64_t row_begin = 0, row_end = 0, key_end = 0;
+  int window_shift = 0;
+};
+
+struct SplitRequest {
+  Direction direction = Direction::kForward;
+  const std::vector<int32_t>* cu_seqlens_q = nullptr;
+  const std::vector<int32_t>* cu_seqlens_k = nullptr;
+  RequestOptions options;
+  int64_t heads = 0;  // query heads
+  int head_dim = 0;
+  // Bytes that cross the host link per query row and per key row, every tensor counted.
+  double query_row_bytes = 0, key_row_bytes = 0;
+  Throughput rate;  // of the family and device that run it
+};
+
+// The launches, in order, covering every sequence once; empty when the request fits one
+// slice (it then runs as one launch, as it always did) or slice_seconds is 0 (off).
+std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& request, double slice_seconds);
+// The same over sequences [first, end) alone (a group that arrives together).
+std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& request, double slice_seconds,
+                                         int32_t first, int32_t end);
+
+// The window a row block's launch runs with (options resolved for the kernels).
+void ShiftWindow(int window_shift, int* window_left, int* window_right);
+
+}  // namespace attnserve::engine
