@@ -8,18 +8,16 @@
 #
 # scripts/soak.sh --gpu: the GPU soak on the GPU machine, building nothing and needing no venv:
 # the server prebuilt in .gpu-bundle/ (make_gpu_bundle.sh; --binary to use another), plain
-# python3 (numpy, ml_dtypes, grpcio >= 1.76 and protobuf >= 6.31.1; /tmp/site is used when
-# present, as scripts/gpu_e2e.sh leaves it). About 9 minutes (510 s of load) on
-# --devices=auto in three server lifetimes: the CPU soak's faults plus a small device memory budget exceeded by groups of large
-# requests, clients that stop reading, saved contexts expiring under load, fp16/bf16 mostly,
-# and a kernel that traps (--inject_device_fault) in the second lifetime. Figures:
-# $OUT/soak.{json,md} (OUT defaults to build/soak-gpu).
+# python3 (numpy, ml_dtypes, pytest and grpcio; the carried protobuf wheel in .whl/ is
+# installed into /tmp/site when needed, see gpu_env.sh). About 9 minutes (510 s of load) on
+# --devices=auto in three server lifetimes: the CPU soak's faults plus a small device memory
+# budget exceeded by groups of large requests, clients that stop reading, saved contexts
+# expiring under load, fp16/bf16 mostly, and a kernel that traps (--inject_device_fault) in
+# the second lifetime. Figures: $OUT/soak.{json,md} (OUT defaults to build/soak-gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--gpu" ]; then
-  export LD_LIBRARY_PATH="$PWD/.gpu-bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-  if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"; fi
-  export PYTHONPATH="$PWD/client/python:${PYTHONPATH:-}"
+  . scripts/gpu_env.sh
   OUT="${OUT:-build/soak-gpu}"
   exec python3 tests/soak/soak.py --binary .gpu-bundle/bin/attnserve --out "$OUT" "$@"
 fi
