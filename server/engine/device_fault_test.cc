@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "server/engine/device_fault.h"
+#include "server/engine/device_health.h"
 #include "server/engine/fault_injection.h"
 #include "server/engine/queue_worker.h"
 
@@ -127,12 +128,34 @@ TEST(FaultInjectionTest, ParsesDevicesLaunchesAndFailedResets) {
   EXPECT_EQ((*faults)["cpu"].failed_resets, 0);
   EXPECT_EQ((*faults)["cuda:0"].launch, 5);
   EXPECT_EQ((*faults)["cuda:0"].failed_resets, 2);
+  EXPECT_EQ((*faults)["cpu"].every, 0);
   EXPECT_TRUE(ParseInjectedFaults("")->empty());
-  for (const char* bad : {"cpu", "cpu@0", "@3", "cpu@x", "cpu@3/-1", "cpu@3/1/2"}) {
+  auto repeated = ParseInjectedFaults("cuda:0@50+400/1");
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_EQ((*repeated)["cuda:0"].launch, 50);
+  EXPECT_EQ((*repeated)["cuda:0"].every, 400);
+  EXPECT_EQ((*repeated)["cuda:0"].failed_resets, 1);
+  for (const char* bad : {"cpu", "cpu@0", "@3", "cpu@x", "cpu@3/-1", "cpu@3/1/2", "cpu@3+0",
+                          "cpu@3+x", "cpu@3+1+2", "cpu@+3"}) {
     auto parsed = ParseInjectedFaults(bad);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(parsed.status().message().find("DEVICE@LAUNCH"), std::string::npos) << bad;
   }
+}
+
+TEST(FaultInjectionTest, RepeatedFaultHitsEveryNthLaunchAfterTheFirst) {
+  DeviceHealth health("cpu", InjectedFault{3, 5, 0}, nullptr);
+  std::vector<int> faulted;
+  for (int launch = 1; launch <= 14; ++launch) {
+    if (health.CountLaunchIsInjectedFault()) faulted.push_back(launch);
+  }
+  EXPECT_EQ(faulted, (std::vector<int>{3, 8, 13}));
+  DeviceHealth once("cpu", InjectedFault{2, 0, 0}, nullptr);
+  faulted.clear();
+  for (int launch = 1; launch <= 6; ++launch) {
+    if (once.CountLaunchIsInjectedFault()) faulted.push_back(launch);
+  }
+  EXPECT_EQ(faulted, (std::vector<int>{2}));
 }
 
 TEST(DeviceFaultTest, MarkedStatusIsUnavailable) {

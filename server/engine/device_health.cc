@@ -23,7 +23,10 @@ bool DeviceHealth::healthy() const {
 
 bool DeviceHealth::CountLaunchIsInjectedFault() {
   std::lock_guard<std::mutex> lock(mu_);
-  return ++launches_ == injected_.launch;
+  ++launches_;
+  if (injected_.launch < 1 || launches_ < injected_.launch) return false;
+  if (injected_.every < 1) return launches_ == injected_.launch;
+  return (launches_ - injected_.launch) % injected_.every == 0;
 }
 
 bool DeviceHealth::MarkFaulted(const absl::Status& fault) {

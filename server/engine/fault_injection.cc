@@ -16,13 +16,19 @@ absl::StatusOr<std::map<std::string, InjectedFault>> ParseInjectedFaults(absl::s
     const auto bad = [&] {
       return absl::InvalidArgumentError(absl::StrCat(
           "--inject_device_fault: '", entry.substr(0, 64),
-          "' is not DEVICE@LAUNCH[/FAILED_RESETS] (e.g. cpu@3 or cuda:0@5/2)"));
+          "' is not DEVICE@LAUNCH[+EVERY][/FAILED_RESETS] (e.g. cpu@3, cuda:0@5/2 or "
+          "cuda:0@50+400)"));
     };
     const std::vector<absl::string_view> at = absl::StrSplit(entry, '@');
     if (at.size() != 2 || at[0].empty()) return bad();
     const std::vector<absl::string_view> slash = absl::StrSplit(at[1], '/');
     InjectedFault fault;
-    if (slash.size() > 2 || !absl::SimpleAtoi(slash[0], &fault.launch) || fault.launch < 1) {
+    if (slash.size() > 2) return bad();
+    const std::vector<absl::string_view> plus = absl::StrSplit(slash[0], '+');
+    if (plus.size() > 2 || !absl::SimpleAtoi(plus[0], &fault.launch) || fault.launch < 1) {
+      return bad();
+    }
+    if (plus.size() == 2 && (!absl::SimpleAtoi(plus[1], &fault.every) || fault.every < 1)) {
       return bad();
     }
     if (slash.size() == 2 &&

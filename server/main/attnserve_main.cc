@@ -102,9 +102,10 @@ ABSL_FLAG(double, device_reset_interval_seconds, 1.0,
           "reset of its context succeeds: tried at once, then again after this, doubling up to "
           "60 s.");
 ABSL_FLAG(std::string, inject_device_fault, "",
-          "TEST ONLY: DEVICE@LAUNCH[/FAILED_RESETS],... makes that launch on the device fail as "
-          "a device fault (a trapped kernel on a GPU) and that many resets after it fail, e.g. "
-          "cpu@3 or cuda:0@5/1.");
+          "TEST ONLY: DEVICE@LAUNCH[+EVERY][/FAILED_RESETS],... makes that launch on the device "
+          "(and every EVERY launches after it) fail as a device fault (a trapped kernel on a "
+          "GPU) and that many resets after the first fail, e.g. cpu@3, cuda:0@5/1 or "
+          "cuda:0@50+400.");
 ABSL_FLAG(int32_t, stage_threads_per_lane, 4,
           "Threads per GPU lane that copy a request's inputs of 8 MB and more into pinned "
           "memory (1: the lane's own thread alone).");

@@ -3,9 +3,11 @@
 Client counts are keys of one Counter (see worker.py):
   issued|KIND, outcome|PHASE|RPC|KIND|CODE, hung|KIND, wrong|KIND, unexpected|KIND|CODE,
   gap_refused|KIND|CODE|CAUSE (worker.gap_cause), verified|RPC|DTYPE, failures
-PHASE says which server answered: L1 (before its SIGTERM), L1drain (after it) or L2. Victims
-(clients killed with SIGKILL) add outcome|PHASE|RPC|victim|OK and |KILLED for the call they
-died in.
+  device_refused|PHASE|RPC|KIND (an UNAVAILABLE naming a device fault, with the faults phase)
+PHASE says which server answered: Ln (before its SIGTERM), Lndrain (after it) or L(n+1).
+Victims (clients killed with SIGKILL) add outcome|PHASE|RPC|victim|OK and |KILLED for the
+call they died in. Unread calls (clients that stop reading) count CANCELLED in the phase they
+were sent in: the client never learns their outcome.
 
 The server-side invariant, per lifetime and RPC. The server counts a call OK once it has handed
 the answer to gRPC; a client counts OK once it has received it. Every OK a client received was
@@ -18,7 +20,10 @@ one ends CANCELLED during the restart after the server had answered it OK (an ac
 dropped), the server's count exceeds the bound.
 A data channel request torn mid-payload (data_close) the server counts UNAVAILABLE (the
 connection carrying its payload closed), the client CANCELLED; so the server's UNAVAILABLE
-may exceed the clients' after the SIGTERM by at most those.
+may exceed the clients' after the SIGTERM by at most those, the calls refused for a device
+fault (which the clients saw) and the unread calls (which the server may have refused for one);
+in a lifetime with a fault injected, also by the abandoned calls (refused for the fault after
+their clients gave up on them).
 Refusals the handler makes (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) are never abandoned in the
 soak, so their counts must be equal, except for what the dying first server counted after its
 last /metrics scrape, which only calls that ended after its SIGTERM can be.
@@ -26,10 +31,16 @@ last /metrics scrape, which only calls that ended after its SIGTERM can be.
 import collections
 import statistics
 
-PHASES = {"L1": ("L1", "L1drain"), "L2": ("L2",)}
 RPCS = ("Forward", "Backward")
 ABANDONED = {"CANCELLED", "DEADLINE_EXCEEDED", "KILLED"}
-ABANDONING_KINDS = {"cancel", "deadline", "close", "victim", "data_close"}
+ABANDONING_KINDS = {"cancel", "deadline", "close", "victim", "data_close", "unread"}
+ALL = tuple(phase for n in range(1, 10) for phase in (f"L{n}", f"L{n}drain"))  # every phase
+
+
+def lifetime_phases(names):
+    """{lifetime name: the phases it answered}: Ln, and Lndrain for all but the last."""
+    return {name: (name, f"{name}drain") if i < len(names) - 1 else (name,)
+            for i, name in enumerate(names)}
 # Kinds whose calls never reach the handler: gRPC refuses them while reading the message.
 TRANSPORT_ONLY = {"malformed:oversize_message"}
 HANDLER_CODES = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")
@@ -64,17 +75,22 @@ def _grouped(counts, prefix):
     return grouped
 
 
-def rss_growth(lifetime, window_s):
+def rss_growth(lifetime, window_s, field="rss_kib"):
     """(median RSS just after warmup, median RSS just before the load ended), in KiB, or None.
     Medians over a window, both under the same load: single samples swing by ~10 MiB with the
-    request buffers in flight, which would hide a slow leak or fake one."""
+    request buffers in flight, which would hide a slow leak or fake one. field: another
+    sampled series (device_memory_used, bytes), the same way."""
     samples, series = lifetime["samples"], lifetime["series"]
     if "warmup" not in samples or "load_end" not in samples:
         return None
     start, end = samples["warmup"]["t"], samples["load_end"]["t"]
     window = min(window_s, (end - start) / 3)
-    first = [s["rss_kib"] for s in series if start <= s["t"] <= start + window]
-    last = [s["rss_kib"] for s in series if end - window <= s["t"] <= end]
+    first = [s[field] for s in series if start <= s["t"] <= start + window
+             and s.get(field) is not None]
+    last = [s[field] for s in series if end - window <= s["t"] <= end
+            and s.get(field) is not None]
+    if not first or not last:
+        return None
     return int(statistics.median(first)), int(statistics.median(last))
 
 
@@ -117,6 +133,11 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
     checks.add("every call ended with a code its kind allows", not unexpected,
                str(dict(unexpected)) if unexpected else "")
 
+    phases_of = lifetime_phases([lifetime["name"] for lifetime in lifetimes])
+    device_refused = collections.Counter()  # (phase, rpc) -> calls
+    for name, n in _grouped(counts, "device_refused").items():
+        phase, rpc, _ = name.split("|", 2)
+        device_refused[phase, rpc] += n
     for lifetime in lifetimes:
         name, final = lifetime["name"], lifetime["final_metrics"]
         if final is None:
@@ -125,7 +146,7 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
         checks.add(f"{name}: final /metrics scrape shows nothing in flight",
                    final["inflight"] == 0, f"inflight {final['inflight']}")
         server = final["requests"]
-        phases = PHASES[name]
+        phases = phases_of[name]
         drain = tuple(p for p in phases if p.endswith("drain"))
         for rpc in RPCS:
             client_ok = _sum(rows, phases, rpc, codes={"OK"})
@@ -141,8 +162,15 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
                 if code == "UNAVAILABLE":
                     # Clients also see UNAVAILABLE while no server listens at all.
                     torn = _sum(rows, phases, rpc, kinds={"data_close"}, codes={"CANCELLED"})
-                    ok = got <= late + torn
-                    rule = f"server {got} <= client after SIGTERM {late} + torn {torn}"
+                    faulted = sum(device_refused[phase, rpc] for phase in phases)
+                    unread = _sum(rows, phases, rpc, kinds={"unread"})
+                    # With a fault injected, a call its client abandoned (cancelled, past its
+                    # deadline, killed) may have been refused for the fault meanwhile.
+                    gone = abandoned if lifetime.get("fault") else 0
+                    ok = got <= late + torn + faulted + unread + gone
+                    rule = (f"server {got} <= client after SIGTERM {late} + torn {torn} + "
+                            f"refused for a device fault {faulted} + unread {unread}"
+                            + (f" + abandoned {gone}" if lifetime.get("fault") else ""))
                 else:
                     ok = got <= client and client - got <= late
                     rule = f"server {got}, client {client} (of which after SIGTERM {late})"
@@ -158,10 +186,52 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
             in_flight = lifetime["inflight_at_sigterm"]
             burst_ok = _sum(rows, drain, kinds={"drain_burst"}, codes={"OK"})
             timed_out = "drain timeout" in (lifetime.get("log_tail") or "")
-            checks.add(f"{name}: the SIGTERM found accepted work in flight and the drain "
-                       "answered it", (in_flight or 0) >= 1 and burst_ok >= 1 and not timed_out,
-                       f"{in_flight} in flight at the SIGTERM (server log), {burst_ok} burst "
-                       f"calls answered OK after it, drain timeout: {timed_out}")
+            if lifetime.get("fault") and final.get("device", {}).get("devices_unhealthy"):
+                # No device could run the burst: it is refused UNAVAILABLE, and the drain must
+                # still end in time.
+                checks.add(f"{name}: with its device out of service, the SIGTERM's drain ended "
+                           "in time", not timed_out,
+                           f"{in_flight} in flight at the SIGTERM, drain timeout: {timed_out}")
+            else:
+                checks.add(f"{name}: the SIGTERM found accepted work in flight and the drain "
+                           "answered it",
+                           (in_flight or 0) >= 1 and burst_ok >= 1 and not timed_out,
+                           f"{in_flight} in flight at the SIGTERM (server log), {burst_ok} "
+                           f"burst calls answered OK after it, drain timeout: {timed_out}")
+        device = final.get("device", {})
+        checks.add(f"{name}: after the drain no device memory is reserved",
+                   device.get("device_memory_reserved") == 0,
+                   f"{device.get('device_memory_reserved')} bytes")
+        if "faults" in limits.get("features", ()):
+            faulted = lifetime.get("fault") is not None
+            faults, resets = device.get("device_faults", 0), final.get("device_resets", {})
+            if faulted:
+                refused = sum(device_refused[phase, rpc] for phase in phases for rpc in RPCS)
+                # A GPU whose trap survives cudaDeviceReset stays out of service (README,
+                # "Device faults"): then it must say so, and the next lifetime serves again.
+                checks.add(f"{name}: the injected device fault ({lifetime['fault']}) took "
+                           "effect, calls were refused UNAVAILABLE for it, and the device came "
+                           "back after a reset or is reported out of service",
+                           faults >= 1 and refused >= 1
+                           and (resets.get("ok", 0) >= 1 or device.get("devices_unhealthy")),
+                           f"{faults} faults, {refused} calls refused, resets {resets}, "
+                           f"{device.get('devices_unhealthy')} devices out of service at the "
+                           "end")
+            else:
+                served = sum(n for key, n in server.items() if key.endswith("|OK"))
+                checks.add(f"{name}: no device fault, every device in service, calls served",
+                           faults == 0 and not device.get("devices_unhealthy") and served > 0,
+                           f"{faults} faults, {device.get('devices_unhealthy')} out of "
+                           f"service, {served} OK")
+        memory = rss_growth(lifetime, limits["rss_window_s"], "device_memory_used")
+        if memory is None:
+            checks.add(f"{name}: device memory in use sampled", False, "no samples")
+        else:
+            checks.add(f"{name}: median device memory in use grew <= "
+                       f"{limits['device_memory_growth_bytes'] >> 20} MiB under load",
+                       memory[1] - memory[0] <= limits["device_memory_growth_bytes"],
+                       f"{memory[0] >> 20} -> {memory[1] >> 20} MiB "
+                       f"({(memory[1] - memory[0]) / (1 << 20):+.1f})")
         growth = rss_growth(lifetime, limits["rss_window_s"])
         if growth is None:
             checks.add(f"{name}: RSS and fds sampled", False, str(lifetime["samples"]))
@@ -181,12 +251,22 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
         checks.add(f"fault injected: {kind}", issued[kind] > 0, f"{issued[kind]} calls")
     malformed = sum(n for kind, n in issued.items() if kind.startswith("malformed:"))
     checks.add("fault injected: malformed", malformed > 0, f"{malformed} calls")
-    for kind, code in (("cancel", "CANCELLED"), ("deadline", "DEADLINE_EXCEEDED"),
-                       ("victim", "KILLED")):
-        hit = _sum(rows, ("L1", "L1drain", "L2"), kinds={kind}, codes={code})
+    features = limits.get("features", ())
+    effects = [("cancel", "CANCELLED"), ("deadline", "DEADLINE_EXCEEDED"), ("victim", "KILLED")]
+    if "memory" in features:
+        effects.append(("memory:oversized", "RESOURCE_EXHAUSTED"))
+        waits = sum((lt["final_metrics"] or {}).get("device", {}).get("memory_waits", 0)
+                    for lt in lifetimes)
+        checks.add("memory phase: requests waited for device memory", waits > 0,
+                   f"{waits} waits (attnserve_memory_waits_total)")
+    if "unread" in features:
+        effects.append(("unread", "CANCELLED"))
+    for kind, code in effects:
+        hit = _sum(rows, ALL, kinds={kind}, codes={code})
         checks.add(f"fault took effect: {kind} ended {code}", hit > 0, f"{hit} calls")
-    for kind in CONTEXT_KINDS + ("context:release", "client:auto", "client:grpc"):
-        ok = _sum(rows, ("L1", "L1drain", "L2"), kinds={kind}, codes={"OK"})
+    for kind in CONTEXT_KINDS + ("context:release", "client:auto", "client:grpc") + (
+            ("memory",) if "memory" in features else ()):
+        ok = _sum(rows, ALL, kinds={kind}, codes={"OK"})
         checks.add(f"path exercised: {kind} answered OK", ok > 0, f"{ok} calls")
     lookups = collections.Counter()
     for lifetime in lifetimes:
@@ -208,6 +288,8 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
                    f"({rest['held_at_rest']['context_bytes']} bytes) at rest, gone after "
                    f"{drained['contexts']} s (TTL {rest['ttl_s']} s)")
     refused = sum(_grouped(counts, "gap_refused").values())
+    expected = limits.get("lifetimes", 2)
     checks.add("SIGTERM + restart: clients were refused during the gap and retried",
-               len(lifetimes) == 2 and refused > 0, f"{refused} refused attempts")
+               len(lifetimes) == expected and refused > 0,
+               f"{len(lifetimes)}/{expected} lifetimes, {refused} refused attempts")
     return checks

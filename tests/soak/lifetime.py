@@ -22,11 +22,22 @@ HELD = {"attnserve_data_buffered_bytes": "data_buffered_bytes",
         "attnserve_contexts": "contexts", "attnserve_context_bytes": "context_bytes"}
 
 
+# Per-device series, summed over the devices: short name -> metric.
+DEVICE = {"device_memory_used": "attnserve_device_memory_used_bytes",
+          "device_memory_reserved": "attnserve_device_memory_reserved_bytes",
+          "memory_waits": "attnserve_memory_waits_total",
+          "device_faults": "attnserve_device_faults_total",
+          "devices_unhealthy": None}  # devices whose attnserve_device_healthy is 0
+
+
 def parse_metrics(text: str) -> dict:
     """{"requests": {"Forward|OK": n, ...}, "rejections": {reason: n}, "inflight": n,
-    "held": {HELD's short names: n}, "context_lookups": {"hit"|"miss": n}}."""
+    "held": {HELD's short names: n}, "context_lookups": {"hit"|"miss": n},
+    "device": {DEVICE's short names: n}, "device_resets": {"ok"|"failed": n}}."""
     parsed = {"requests": {}, "rejections": {}, "inflight": None,
-              "held": dict.fromkeys(HELD.values(), 0), "context_lookups": {}}
+              "held": dict.fromkeys(HELD.values(), 0), "context_lookups": {},
+              "device": dict.fromkeys(DEVICE, 0), "device_resets": {}}
+    by_metric = {metric: short for short, metric in DEVICE.items() if metric}
     for line in text.splitlines():
         match = _SERIES.match(line)
         if not match:
@@ -43,12 +54,24 @@ def parse_metrics(text: str) -> dict:
             parsed["held"][HELD[name]] += int(value)
         elif name == "attnserve_context_lookups_total":
             parsed["context_lookups"][labels["result"]] = int(value)
+        elif name in by_metric:
+            parsed["device"][by_metric[name]] += int(value)
+        elif name == "attnserve_device_healthy":
+            parsed["device"]["devices_unhealthy"] += int(value == 0)
+        elif name == "attnserve_device_resets_total":
+            resets = parsed["device_resets"]
+            resets[labels["result"]] = resets.get(labels["result"], 0) + int(value)
     return parsed
 
 
 class Lifetime:
-    def __init__(self, name, binary, flags, ports=None):
+    def __init__(self, name, binary, flags, ports=None, fault=None):
         self.name = name
+        self.fault = fault  # its --inject_device_fault, or None
+        # When its devices were last seen going out of service (None: all in service), and
+        # whether it ended early for that (soak.py --out-of-service-restart).
+        self.out_of_service_since = None
+        self.cut_short = False
         self.server = ServerProcess(binary, flags)
         if ports is not None:  # a restart: the clients keep their target and data channel
             self.server.grpc_port, self.server.http_port, self.server.data_port = ports
@@ -88,6 +111,14 @@ class Lifetime:
 
     def sample(self, label=None):
         sample = self.proc_sample()
+        # What the devices hold, as the server reports it (on a GPU, cudaMemGetInfo's used
+        # memory of the whole device); None when the scrape failed.
+        try:
+            device = self.metrics(timeout=2.0)["device"]
+            sample.update(device_memory_used=device["device_memory_used"],
+                          devices_unhealthy=device["devices_unhealthy"])
+        except OSError:
+            sample.update(device_memory_used=None, devices_unhealthy=None)
         self.series.append(sample)
         if label:
             self.samples[label] = sample
@@ -139,7 +170,9 @@ class Lifetime:
         return self.exit_code
 
     def summary(self) -> dict:
-        return {"name": self.name, "ports": list(self.ports), "exit_code": self.exit_code,
+        return {"name": self.name, "fault": self.fault, "cut_short": self.cut_short,
+                "ports": list(self.ports),
+                "exit_code": self.exit_code,
                 "inflight_at_sigterm": self.inflight_at_sigterm,
                 "samples": self.samples, "series": self.series,
                 "final_metrics": self.final_metrics, "rest": self.rest, "log_tail": self.server.log()[-2000:]}

@@ -10,7 +10,8 @@ sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent),
 import invariants  # noqa: E402
 from lifetime import parse_metrics  # noqa: E402
 
-LIMITS = {"rss_growth_kib": 16 << 10, "rss_window_s": 30, "fd_growth": 8}
+LIMITS = {"rss_growth_kib": 16 << 10, "rss_window_s": 30, "fd_growth": 8,
+          "device_memory_growth_bytes": 64 << 20}
 
 
 def _counts():
@@ -46,12 +47,18 @@ def _counts():
 def _lifetimes():
     def lifetime(name, requests):
         # RSS swinging by 10 MiB around a flat level, sampled every 2 s from t = 10 to 100.
-        series = [{"t": t, "rss_kib": 30000 + 10000 * (t % 4 == 0), "fds": 12}
+        # Device memory in use likewise swinging by 16 MiB around 600 MiB.
+        series = [{"t": t, "rss_kib": 30000 + 10000 * (t % 4 == 0), "fds": 12,
+                   "device_memory_used": (600 + 16 * (t % 4 == 0)) << 20}
                   for t in range(10, 101, 2)]
-        return {"name": name, "exit_code": 0, "series": series, "inflight_at_sigterm": 2,
+        device = {"device_memory_used": 600 << 20, "device_memory_reserved": 0,
+                  "memory_waits": 0, "device_faults": 0, "devices_unhealthy": 0}
+        return {"name": name, "fault": None, "exit_code": 0, "series": series,
+                "inflight_at_sigterm": 2,
                 "samples": {"warmup": series[0], "load_end": series[-1]},
                 "final_metrics": {"requests": requests, "rejections": {}, "inflight": 0,
-                                  "context_lookups": {"hit": 1, "miss": 3}}}
+                                  "context_lookups": {"hit": 1, "miss": 3},
+                                  "device": device, "device_resets": {}}}
     # L1: 99 OK received + up to 5 cancelled; the last INVALID_ARGUMENT came after the scrape.
     # L2: the torn data channel request counted UNAVAILABLE; 6 OK Forwards and 4 Backwards
     # through the client.
@@ -65,8 +72,8 @@ def _lifetimes():
                             "Backward|INVALID_ARGUMENT": 7}), l2]
 
 
-def _failed(counts, lifetimes):
-    checks = invariants.check(counts, lifetimes, 3, 3, LIMITS)
+def _failed(counts, lifetimes, limits=LIMITS):
+    checks = invariants.check(counts, lifetimes, 3, 3, limits)
     return {r["check"] for r in checks.results if not r["ok"]}
 
 
@@ -75,14 +82,14 @@ def test_clean_record_passes_but_for_the_missing_fault():
     assert _failed(_counts(), _lifetimes()) == {"fault injected: close"}
 
 
-def _with(counts=None, lifetimes=None):
+def _with(counts=None, lifetimes=None, limits=LIMITS):
     base_counts = _counts()
     base_counts["issued|close"] = 1
     base_counts["outcome|L2|Forward|close|CANCELLED"] = 1
     lifetimes = lifetimes or _lifetimes()
     lifetimes[1]["final_metrics"]["requests"]["Forward|OK"] = 67  # the closed call finished
     base_counts.update(counts or {})
-    return _failed(base_counts, lifetimes)
+    return _failed(base_counts, lifetimes, limits)
 
 
 def test_seeded_defects_fail_their_checks():
@@ -145,6 +152,69 @@ def test_lifetime_defects_fail_their_checks():
         "L2: fd growth under load <= 8", "L1 Forward: server and client agree on UNAVAILABLE"}
 
 
+def test_device_memory_defects_fail_their_checks():
+    lifetimes = _lifetimes()
+    for sample in lifetimes[0]["series"][-16:]:  # the last 30 s: 80 MiB more on the device
+        sample["device_memory_used"] += 80 << 20
+    lifetimes[1]["final_metrics"]["device"]["device_memory_reserved"] = 4096
+    assert _with(lifetimes=lifetimes) == {
+        "L1: median device memory in use grew <= 64 MiB under load",
+        "L2: after the drain no device memory is reserved"}
+
+
+FAULTS = dict(LIMITS, features=["faults", "memory", "unread"])
+# Added to _counts(): L2 had cpu@3+100 injected, two valid Forwards were refused for it, and
+# one unread call the server may have refused too; the device came back. L1's device waited
+# for memory 5 times.
+FAULT_COUNTS = {"outcome|L2|Forward|valid|UNAVAILABLE": 2, "device_refused|L2|Forward|valid": 2,
+                "issued|valid": 2, "outcome|L2|Forward|unread|CANCELLED": 1,
+                "issued|unread": 1, "issued|memory": 3, "outcome|L1|Forward|memory|OK": 3,
+                "issued|memory:oversized": 1,
+                "outcome|L1|Backward|memory:oversized|RESOURCE_EXHAUSTED": 1}
+
+
+def _fault_lifetimes(refused_by_server=3, resets=None, unhealthy=0):
+    lifetimes = _lifetimes()
+    l1, l2 = (lifetime["final_metrics"] for lifetime in lifetimes)
+    l1["requests"]["Forward|OK"] += 3
+    l1["requests"]["Backward|RESOURCE_EXHAUSTED"] = 1
+    l1["device"]["memory_waits"] = 5
+    lifetimes[1]["fault"] = "cpu@3+100"
+    l2["requests"]["Forward|UNAVAILABLE"] = 1 + refused_by_server  # and the torn request
+    l2["device"].update(device_faults=1, devices_unhealthy=unhealthy)
+    l2["device_resets"] = {"ok": 1} if resets is None else resets
+    return lifetimes
+
+
+def test_fault_phases_pass_and_their_defects_fail():
+    assert _with(FAULT_COUNTS, _fault_lifetimes(), FAULTS) == set()
+    # A GPU whose trap survived the reset: out of service, which it reports.
+    assert _with(FAULT_COUNTS, _fault_lifetimes(resets={"failed": 4}, unhealthy=1),
+                 FAULTS) == set()
+    # Neither back nor reported out of service.
+    fault_check = ("L2: the injected device fault (cpu@3+100) took effect, calls were refused "
+                   "UNAVAILABLE for it, and the device came back after a reset or is reported "
+                   "out of service")
+    assert _with(FAULT_COUNTS, _fault_lifetimes(resets={"failed": 4}), FAULTS) == {fault_check}
+    # More UNAVAILABLE on the server than the refused (2), torn (1) and unread (1) calls and
+    # those abandoned in L2 (4 past their deadline, 1 killed victim, 1 closed, 1 torn and 1
+    # unread) explain: 1 + 11 = 12 may be, 13 not.
+    assert _with(FAULT_COUNTS, _fault_lifetimes(refused_by_server=11), FAULTS) == set()
+    assert _with(FAULT_COUNTS, _fault_lifetimes(refused_by_server=12), FAULTS) == {
+        "L2 Forward: server and client agree on UNAVAILABLE"}
+    # The fault never bit: no call was refused for it.
+    counts = dict(FAULT_COUNTS, **{"device_refused|L2|Forward|valid": 0,
+                                   "outcome|L2|Forward|valid|UNAVAILABLE": 0,
+                                   "issued|valid": 0})
+    assert _with(counts, _fault_lifetimes(refused_by_server=0), FAULTS) == {fault_check}
+    # A fault where none was injected, and no memory wait anywhere.
+    lifetimes = _fault_lifetimes()
+    lifetimes[0]["final_metrics"]["device"].update(device_faults=1, memory_waits=0)
+    assert _with(FAULT_COUNTS, lifetimes, FAULTS) == {
+        "L1: no device fault, every device in service, calls served",
+        "memory phase: requests waited for device memory"}
+
+
 def test_parse_metrics():
     text = ('# TYPE attnserve_requests_total counter\n'
             'attnserve_requests_total{code="OK",rpc="Forward"} 15\n'
@@ -154,9 +224,18 @@ def test_parse_metrics():
             'attnserve_data_sessions 1\n'
             'attnserve_contexts{device="cpu"} 2\n'
             'attnserve_contexts{device="cuda:0"} 1\n'
-            'attnserve_context_lookups_total{result="miss"} 4\n')
+            'attnserve_context_lookups_total{result="miss"} 4\n'
+            'attnserve_device_memory_used_bytes{device="cuda:0"} 1048576\n'
+            'attnserve_device_healthy{device="cuda:0"} 0\n'
+            'attnserve_device_faults_total{device="cuda:0"} 2\n'
+            'attnserve_device_resets_total{device="cuda:0",result="failed"} 3\n'
+            'attnserve_memory_waits_total{device="cuda:0"} 7\n')
     held = {"data_buffered_bytes": 0, "data_sessions": 1, "data_connections": 0,
             "contexts": 3, "context_bytes": 0}
     assert parse_metrics(text) == {"requests": {"Forward|OK": 15, "Backward|INVALID_ARGUMENT": 2},
                                    "rejections": {"deadline": 3}, "inflight": 0,
-                                   "held": held, "context_lookups": {"miss": 4}}
+                                   "held": held, "context_lookups": {"miss": 4},
+                                   "device": {"device_memory_used": 1 << 20,
+                                              "device_memory_reserved": 0, "memory_waits": 7,
+                                              "device_faults": 2, "devices_unhealthy": 1},
+                                   "device_resets": {"failed": 3}}

@@ -15,10 +15,13 @@ import attnserve
 from attnserve import attention_pb2_grpc as pb2_grpc
 from attnserve import data_channel, frames
 from attnserve._proto.attnserve.v1 import data_channel_pb2 as dc_pb2
+import raw_http2
 import workload
 
 RPCS = ("Forward", "Backward")
 CALL_TIMEOUT_S = 30.0
+# After a call refused for a device fault, before the next one.
+DEVICE_REFUSED_PAUSE_S = 0.1
 # A future still unresolved this long after its deadline counts as a hang.
 HANG_GRACE_S = 15.0
 # During the restart, refused calls are retried this long before the soak gives up on them.
@@ -28,10 +31,14 @@ GAP_RETRY_PAUSE_S = 0.05
 # reconnect backoff; this much after the window still counts as the gap.
 WINDOW_GRACE_S = 3.0
 
-# (action, weight): mostly valid traffic, the faults the soak is about mixed in.
+# (action, weight): mostly valid traffic, the faults the soak is about mixed in; the optional
+# phases' actions (workload.FEATURES) on top, the weights then renormalized.
 ACTIONS = (("valid", 0.22), ("client", 0.15), ("context", 0.15), ("cancel", 0.08),
            ("deadline", 0.08), ("close", 0.04), ("data_close", 0.05), ("malformed", 0.20),
            ("garbage", 0.03))
+OPTIONAL_ACTIONS = (("memory", 0.04), ("unread", 0.03))
+MEMORY_GROUP = 3
+MEMORY_OVERSIZED_SHARE = 0.3
 # What becomes of a kept context: its backward finds it (hit), finds it released or never
 # made (unknown id), runs after the TTL (park, then expired), or it is only released.
 CONTEXT_FATES = (("hit", 0.35), ("released", 0.15), ("unknown", 0.10), ("park", 0.25),
@@ -60,26 +67,56 @@ def key(*parts) -> str:
     return "|".join(str(p) for p in parts)
 
 
+MAX_RESTARTS = 8
+# Shared.restarts holds, per restart, these times:
+WINDOW_START, BOUNDARY, WINDOW_END = range(3)
+
+
 class Shared:
     """Cross-process state the coordinator sets; times are time.monotonic(), 0 = not yet."""
 
     def __init__(self, context):
         self.stop = context.Event()
-        self.window_start = context.Value("d", 0.0)  # SIGTERM sent to the first server
-        self.boundary = context.Value("d", 0.0)      # the second server spawned
-        self.window_end = context.Value("d", 0.0)    # the second server ready
+        # Per restart i (lifetime L{i+1} -> L{i+2}): SIGTERM sent to the old server, the new
+        # server spawned, the new server ready.
+        self.restarts = context.Array("d", 3 * MAX_RESTARTS)
+
+    def mark(self, restart: int, which: int, t: float) -> None:
+        self.restarts[3 * restart + which] = t
 
     def phase(self, t: float) -> str:
-        """Which server lifetime answered a call that ended at t: L1, L1drain (after its
-        SIGTERM) or L2. The second server is spawned only after the first has exited."""
-        start, boundary = self.window_start.value, self.boundary.value
-        if not start or t < start:
-            return "L1"
-        return "L2" if boundary and t >= boundary else "L1drain"
+        """Which server lifetime answered a call that ended at t: Ln, Lndrain (after its
+        SIGTERM) or the next one. A server is spawned only after the one before has exited."""
+        times = self.restarts[:]
+        for i in range(MAX_RESTARTS):
+            start, boundary = times[3 * i + WINDOW_START], times[3 * i + BOUNDARY]
+            if not start or t < start:
+                return f"L{i + 1}"
+            if not boundary or t < boundary:
+                return f"L{i + 1}drain"
+        return f"L{MAX_RESTARTS + 1}"
 
     def in_window(self, t0: float, t1: float) -> bool:
-        start, end = self.window_start.value, self.window_end.value
-        return bool(start) and t1 >= start and (not end or t0 <= end + WINDOW_GRACE_S)
+        times = self.restarts[:]
+        for i in range(MAX_RESTARTS):
+            start, end = times[3 * i + WINDOW_START], times[3 * i + WINDOW_END]
+            if start and t1 >= start and (not end or t0 <= end + WINDOW_GRACE_S):
+                return True
+        return False
+
+
+# What the server says when a device fault (injected, or a real sticky CUDA error) keeps a
+# request from running: the launch that faulted, launches beside it on the same device, queued
+# requests it evicted, and requests refused while no device is in service.
+DEVICE_FAULT_MARKERS = ("injected device fault", "injected fault on", "sticky: the device needs",
+                        "cannot run the request (", "that could run the request is in service")
+
+
+def device_refused(code, details: str) -> bool:
+    """An UNAVAILABLE the soak accepts when faults are injected: retryable, and naming the
+    fault, so never a wrong answer or a call lost."""
+    return ("faults" in workload.FEATURES and code == grpc.StatusCode.UNAVAILABLE
+            and any(marker in (details or "") for marker in DEVICE_FAULT_MARKERS))
 
 
 def gap_cause(details: str) -> str:
@@ -125,6 +162,7 @@ class Worker:
         self.client = attnserve.Client(target, timeout=CALL_TIMEOUT_S, retries=0,
                                        transport=self.transport)
         self.parked = collections.deque()  # (forward problem, its result, kept at)
+        self.unread_calls = collections.deque()  # (close at, socket, phase it was sent in)
         self.counts = collections.Counter()
         self.failures = []
 
@@ -146,30 +184,102 @@ class Worker:
             if inject is not None:
                 inject(future, channel_now)
             code, response = resolve(future, timeout)
-            t1 = time.monotonic()
             if callable(channel):
                 channel_now.close()
-            if code is None:
-                self.counts[key("hung", kind)] += 1
-                self.fail(f"{kind} {rpc}: unresolved {HANG_GRACE_S}s after its deadline")
+            again = self.settle(kind, rpc, t0, code, response, accepted, check, describe)
+            if not (again and retry and time.monotonic() - first <= GAP_RETRY_BUDGET_S):
                 return
-            self.counts[key("outcome", self.shared.phase(t1), rpc, kind, code.name)] += 1
-            if code == grpc.StatusCode.OK:
-                self._check(kind, rpc, check, response, describe)
-                return
-            if code in accepted:
-                return
-            if code in GAP_CODES and self.shared.in_window(t0, t1):
-                details = response.details() if response is not None else ""
-                self.counts[key("gap_refused", kind, code.name, gap_cause(details))] += 1
-                if not retry or t1 - first > GAP_RETRY_BUDGET_S:
-                    return
-                time.sleep(GAP_RETRY_PAUSE_S)
-                continue
-            self.counts[key("unexpected", kind, code.name)] += 1
-            details = response.details() if response is not None else "cancelled"
-            self.fail(f"{kind} {rpc} ended {code.name}: {details!r} [{describe}]")
+            time.sleep(GAP_RETRY_PAUSE_S)
+
+    def settle(self, kind, rpc, t0, code, response, accepted, check, describe) -> bool:
+        """Counts how one attempt ended (code None: it hung); True when it was refused during
+        a restart and may be sent again."""
+        t1 = time.monotonic()
+        if code is None:
+            self.counts[key("hung", kind)] += 1
+            self.fail(f"{kind} {rpc}: unresolved {HANG_GRACE_S}s after its deadline")
+            return False
+        self.counts[key("outcome", self.shared.phase(t1), rpc, kind, code.name)] += 1
+        if code == grpc.StatusCode.OK:
+            self._check(kind, rpc, check, response, describe)
+            return False
+        if code in accepted:
+            return False
+        details = response.details() if response is not None else ""
+        if device_refused(code, details):
+            self.count_device_refused(kind, rpc, t1)
+            return False
+        if code in GAP_CODES and self.shared.in_window(t0, t1):
+            self.counts[key("gap_refused", kind, code.name, gap_cause(details))] += 1
+            return True
+        self.counts[key("unexpected", kind, code.name)] += 1
+        self.fail(f"{kind} {rpc} ended {code.name}: {details or 'cancelled'!r} [{describe}]")
+        return False
+
+    def memory_pressure(self):
+        """MEMORY_GROUP large Forwards at once, which the device budget cannot hold together
+        (they wait for memory in the server's queue, and so do other clients' calls behind
+        them), each answer checked; now and then a Backward that could never fit, which must
+        be refused RESOURCE_EXHAUSTED, never run."""
+        stub = stub_method(self.channel, "Forward")
+        group = [workload.memory_hog(self.rng) for _ in range(MEMORY_GROUP)]
+        sent = []
+        for problem in group:
+            self.counts[key("issued", "memory")] += 1
+            sent.append((problem, time.monotonic(),
+                         stub.future(problem.request, timeout=CALL_TIMEOUT_S)))
+        for problem, t0, future in sent:
+            code, response = resolve(future, CALL_TIMEOUT_S)
+            self.settle("memory", "Forward", t0, code, response, frozenset(), problem.check,
+                        problem.describe)
+        if self.rng.random() < MEMORY_OVERSIZED_SHARE:
+            self.call("memory:oversized", "Backward", workload.memory_oversized(self.rng),
+                      workload.LIMIT, describe="memory:oversized")
+
+    def unread(self):
+        """A raw HTTP/2 call with a stream window of 0: the server computes the answer but can
+        never send it. The socket stays open for a while (past the server's answer timeout
+        about half the time) while this worker goes on with other calls, then closes. The
+        client never learns the outcome: it counts the call CANCELLED (abandoned), in the
+        lifetime it was sent to."""
+        self.close_unread()
+        t0 = time.monotonic()
+        self.counts[key("issued", "unread")] += 1
+        phase = self.shared.phase(t0)
+        try:
+            sock = raw_http2.start_unread_call(int(self.target.rsplit(":", 1)[1]),
+                                               "/attnserve.v1.AttentionService/Forward",
+                                               workload.unread_request(self.rng))
+        except OSError as error:
+            t1 = time.monotonic()
+            self.counts[key("outcome", phase, "Forward", "unread", "UNAVAILABLE")] += 1
+            if self.shared.in_window(t0, t1):
+                self.counts[key("gap_refused", "unread", "UNAVAILABLE", "not_listening")] += 1
+            else:
+                self.counts[key("unexpected", "unread", "UNAVAILABLE")] += 1
+                self.fail(f"unread: {error}")
             return
+        hold = float(self.rng.uniform(0.2, 2 * workload.ANSWER_TIMEOUT_S))
+        self.unread_calls.append((t0 + hold, sock, phase))
+
+    def close_unread(self, everything=False):
+        """Closes the unread calls whose time is up (all of them when everything)."""
+        now = time.monotonic()
+        keep = collections.deque()
+        for close_at, sock, phase in self.unread_calls:
+            if not everything and close_at > now:
+                keep.append((close_at, sock, phase))
+                continue
+            sock.close()
+            self.counts[key("outcome", phase, "Forward", "unread", "CANCELLED")] += 1
+        self.unread_calls = keep
+
+    def count_device_refused(self, kind, rpc, t1):
+        """A call answered UNAVAILABLE for a device fault: it ended (once, with an allowed
+        code); invariants.py allows the server's UNAVAILABLE count for it. Pausing a little
+        keeps a client from spinning while the device is out of service."""
+        self.counts[key("device_refused", self.shared.phase(t1), rpc, kind)] += 1
+        time.sleep(DEVICE_REFUSED_PAUSE_S)
 
     def client_call(self, kind, rpc, make, check=None, describe=""):
         """As call, for a call made through attnserve.Client by make(); check(result) says
@@ -192,6 +302,9 @@ class Worker:
                 elif check is not None:
                     self.counts[key("verified", rpc, describe.split()[1])] += 1
                 return result
+            if device_refused(code, details):
+                self.count_device_refused(kind, rpc, t1)
+                return None
             if code in GAP_CODES and self.shared.in_window(t0, t1):
                 self.counts[key("gap_refused", kind, code.name, gap_cause(details))] += 1
                 if t1 - first > GAP_RETRY_BUDGET_S:
@@ -299,17 +412,16 @@ class Worker:
 
     def step(self):
         self.expire_parked()
-        names, weights = zip(*ACTIONS)
-        action = str(self.rng.choice(names, p=weights))
+        self.close_unread()
+        names, weights = zip(*(ACTIONS + tuple(
+            (name, weight) for name, weight in OPTIONAL_ACTIONS if name in workload.FEATURES)))
+        action = str(self.rng.choice(names, p=np.array(weights) / sum(weights)))
         rpc = RPCS[int(self.rng.random() < 0.4)]
-        if action == "client":
-            self.client_valid(rpc)
-            return
-        if action == "context":
-            self.context_step()
-            return
-        if action == "data_close":
-            self.data_close()
+        plain = {"memory": self.memory_pressure, "unread": self.unread,
+                 "client": lambda: self.client_valid(rpc), "context": self.context_step,
+                 "data_close": self.data_close}
+        if action in plain:
+            plain[action]()
             return
         if action == "malformed":
             name = str(self.rng.choice(list(workload.MALFORMED)))
@@ -356,6 +468,7 @@ def run(index, target, seed, shared, results, data_address):
     except Exception:  # reported, not swallowed: a soak client that dies is a failure
         worker.fail("worker crashed:\n" + traceback.format_exc())
     finally:
+        worker.close_unread(everything=True)
         worker.client.close()
         worker.channel.close()
         results.put(worker.report(index))

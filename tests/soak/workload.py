@@ -1,6 +1,7 @@
 """What the soak's clients send: small random valid problems (with their float64 reference
 answers) and malformed requests (with the status codes they must get)."""
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -18,8 +19,63 @@ from cases import DTYPES, LSE_TOLERANCE, TOLERANCE, backward_references, gradien
 # Saved contexts expire after CONTEXT_TTL_S, so that a soak of a minute sees contexts expire
 # under their backward.
 CONTEXT_TTL_S = 4
-SERVER_LIMITS = {"max_total_tokens": 2048, "max_batch": 64, "max_head_dim": 256,
-                 "max_message_bytes": 4 << 20, "context_ttl_seconds": CONTEXT_TTL_S}
+BASE_LIMITS = {"max_total_tokens": 2048, "max_batch": 64, "max_head_dim": 256,
+               "max_message_bytes": 4 << 20, "context_ttl_seconds": CONTEXT_TTL_S}
+# Device memory running requests may hold: above the largest ordinary soak request (an fp32
+# backward of 256 tokens and heads x dim 1024 holds about 9 MiB) and below two of the memory
+# phase's requests (MEMORY_HOG_SHAPE), so those wait for each other; the oversized one alone
+# needs more than all of it. Messages may then be 16 MiB, for the oversized request to reach
+# the handler's memory check rather than gRPC's size limit.
+MEMORY_BUDGET = 20 << 20
+# An unread answer is cancelled by the server this long after it was computed.
+ANSWER_TIMEOUT_S = 3
+
+# The soak's optional phases:
+#   gpu     GPU dtypes (fp16/bf16 mostly) checked with GPU kernels' tolerances
+#   memory  a small device memory budget and groups of large requests that exceed it together
+#           (they wait for memory) or alone (RESOURCE_EXHAUSTED)
+#   unread  clients that send a call and stop reading (the server's answer timeout frees them)
+#   faults  device faults injected into some server lifetimes: UNAVAILABLE naming the fault
+#           is an allowed answer
+KNOWN_FEATURES = ("gpu", "memory", "unread", "faults")
+FEATURES_ENV = "ATTNSERVE_SOAK_FEATURES"
+
+
+def configure(features) -> None:
+    """Sets the phases on (FEATURES, SERVER_LIMITS, dtypes and tolerances). soak.py calls it
+    and puts the features in the environment, where its client processes and victims (which
+    import this module afresh) find them."""
+    global FEATURES, SERVER_LIMITS, DTYPE_WEIGHTS, FORWARD_TOLERANCE, BACKWARD_TOLERANCE
+    global OUT_LSE_TOLERANCE
+    features = frozenset(features)
+    unknown = features - set(KNOWN_FEATURES)
+    if unknown:
+        raise ValueError(f"unknown soak features {sorted(unknown)}; known: {KNOWN_FEATURES}")
+    FEATURES = features
+    SERVER_LIMITS = dict(BASE_LIMITS)
+    if "memory" in FEATURES:
+        # Two lanes on the CPU device (a GPU has two by default), so requests contend for
+        # memory rather than only queue for the one lane.
+        SERVER_LIMITS.update(max_message_bytes=16 << 20, device_memory_bytes=MEMORY_BUDGET,
+                             cpu_lanes=2)
+    if "unread" in FEATURES:
+        SERVER_LIMITS["grpc_answer_timeout_seconds"] = ANSWER_TIMEOUT_S
+    # On a GPU the flash/fallback/cuBLAS kernels reorder the sums; these bounds are the ones
+    # tests/gpu/test_routing_gpu.py holds every kernel family to. The CPU's reference kernels
+    # meet cases.py's tighter ones.
+    if "gpu" in FEATURES:
+        DTYPE_WEIGHTS = {"bf16": 0.45, "fp16": 0.4, "fp32": 0.15}
+        FORWARD_TOLERANCE = {DTYPES["fp32"]: 1e-4, DTYPES["fp16"]: 4e-3,
+                             DTYPES["bf16"]: 2.5e-2}
+        BACKWARD_TOLERANCE = {dtype: 2 * t for dtype, t in FORWARD_TOLERANCE.items()}
+        OUT_LSE_TOLERANCE = 1e-4
+    else:
+        DTYPE_WEIGHTS = dict.fromkeys(DTYPES, 1 / len(DTYPES))
+        FORWARD_TOLERANCE = BACKWARD_TOLERANCE = TOLERANCE
+        OUT_LSE_TOLERANCE = LSE_TOLERANCE
+
+
+configure(filter(None, os.environ.get(FEATURES_ENV, "").split(",")))
 
 INVALID = frozenset({grpc.StatusCode.INVALID_ARGUMENT})
 LIMIT = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -82,7 +138,7 @@ def forward_error(dtype, ref_out, ref_lse, out, lse) -> Optional[str]:
         return "lse +inf rows differ"
     out_error = rel_error(out, ref_out)
     lse_error = rel_error(lse[~masked], ref_lse[~masked]) if (~masked).any() else 0.0
-    if not out_error <= TOLERANCE[dtype] or not lse_error <= LSE_TOLERANCE:
+    if not out_error <= FORWARD_TOLERANCE[dtype] or not lse_error <= OUT_LSE_TOLERANCE:
         return f"out error {out_error:.2e}, lse error {lse_error:.2e}"
     return None
 
@@ -94,7 +150,7 @@ def backward_error(dtype, refs, grads) -> Optional[str]:
         if actual.dtype != dtype or actual.shape != ref.shape:
             return f"{name} is {actual.dtype}{actual.shape}"
         error = gradient_error(actual, ref, scale)
-        if not error <= TOLERANCE[dtype]:
+        if not error <= BACKWARD_TOLERANCE[dtype]:
             return f"{name} error {error:.2e}"
     return None
 
@@ -113,7 +169,8 @@ def _check_backward(dtype, refs):
 def valid_problem(rng, rpc: str, shape=None, dtype_name=None) -> Problem:
     """A random problem; shape (cu_q, cu_k, heads, heads_k, dim) and dtype_name fix those."""
     cu_q, cu_k, heads, heads_k, dim = shape or _random_shape(rng)
-    dtype_name = dtype_name or str(rng.choice(list(DTYPES)))
+    dtype_name = dtype_name or str(rng.choice(list(DTYPE_WEIGHTS),
+                                              p=list(DTYPE_WEIGHTS.values())))
     dtype = DTYPES[dtype_name]
     options = _random_options(rng, dim)
     randn = lambda tokens, h: rng.standard_normal((tokens, h, dim)).astype(dtype)
@@ -136,6 +193,35 @@ def valid_problem(rng, rpc: str, shape=None, dtype_name=None) -> Problem:
     return Problem(rpc, dtype, request, _check_backward(dtype, refs), describe,
                    (dout, q, k, v, out, lse, cu_q, cu_k), options,
                    lambda result: backward_error(dtype, refs, (result.dq, result.dk, result.dv)))
+
+
+# The memory phase's Forwards: 2048 tokens in sequences of 64 (a cheap reference), 8 heads of
+# 128, bf16: q, k, v and out of 4 MiB each hold about 16.1 MiB of the device budget, so two
+# never run at once; a 12 MiB message.
+MEMORY_HOG_SHAPE = (np.arange(0, 2049, 64, dtype=np.int32),) * 2 + (8, 8, 128)
+
+
+def memory_hog(rng) -> Problem:
+    """A Forward that holds most of MEMORY_BUDGET while it runs (checked like any other)."""
+    return valid_problem(rng, "Forward", MEMORY_HOG_SHAPE, "bf16")
+
+
+def memory_oversized(rng):
+    """A valid Backward that needs more device memory than MEMORY_BUDGET in all (about 24 MiB:
+    dout, q, k, v, out and the three gradients of 3 MiB each, within a 15 MiB message): it
+    must be refused RESOURCE_EXHAUSTED at admission, never run."""
+    cu = np.arange(0, 2049, 64, dtype=np.int32)
+    make = lambda: rng.standard_normal((2048, 6, 128)).astype(DTYPES["bf16"])
+    return attnserve.backward_request(make(), make(), make(), make(), make(),
+                                      np.zeros((6, 2048), np.float32), cu, cu)
+
+
+def unread_request(rng) -> bytes:
+    """A small valid Forward, serialized: it must fit one HTTP/2 DATA frame (16 KiB) of
+    raw_http2.start_unread_call."""
+    tokens = int(rng.integers(1, 33))
+    cu = np.array([0, tokens], np.int32)
+    return valid_problem(rng, "Forward", (cu, cu, 2, 1, 32), "fp16").request.SerializeToString()
 
 
 def context_backward(rng, forward: Problem, forward_result):
