@@ -19,10 +19,6 @@ const char* Bytes(const void* data, int64_t elements, DType dtype) {
   return static_cast<const char*>(data) + elements * DTypeSize(dtype);
 }
 
-KernelStatus CudaError(const char* what, cudaError_t err) {
-  return Error(std::string(what) + " failed: " + cudaGetErrorString(err));
-}
-
 KernelStatus ValidateBackward(const BackwardParams& p) {
   KernelStatus status = ValidateShapeAndOptions(p.shape, p.options);
   if (!status.ok) return status;
@@ -49,6 +45,7 @@ struct BackwardRun {
   const Workspace& workspace;
   Windows windows;
   int group;
+  const DeviceSlopes& slopes;
 };
 
 // Where dK and dV of kv heads [kv_begin, ..) of a sequence accumulate, from key `first` on: the
@@ -130,6 +127,7 @@ KernelStatus BackwardChunk(const BackwardRun& run, const Sequence& seq, const Ch
   chunk.softcap = p.options.softcap;
   chunk.window_left = run.windows.left;
   chunk.window_right = run.windows.right;
+  SetChunkOptions(p.options, run.slopes, seq.index, &chunk);
   status = LaunchBackwardScores(s.dtype, chunk, scores, dprobs, probs, dscores, p.lse,
                                 run.stream);
   if (!status.ok) return status;
@@ -210,8 +208,11 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   cublasHandle_t handle = nullptr;
   status = BindHandle(stream, workspace.cublas, workspace.cublas_bytes, &handle);
   if (!status.ok) return status;
+  DeviceSlopes slopes;
+  status = slopes.Init(params.options, s, stream);
+  if (!status.ok) return status;
   const BackwardRun run{params, stream, handle, workspace, NormalizedWindows(params.options),
-                        s.num_heads / s.num_heads_k};
+                        s.num_heads / s.num_heads_k, slopes};
   for (int b = 0; b < s.batch; ++b) {
     const Sequence seq = GetSequence(s, b);
     if (seq.len_q == 0 || seq.len_k == 0) continue;

@@ -1,5 +1,8 @@
 #include "kernels/cublas/cublas_common.h"
 
+#include "kernels/cublas/row_kernels.h"
+#include "kernels/dropout_mask.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -142,7 +145,7 @@ Sequence GetSequence(const AttentionShape& shape, int b) {
   const int64_t q_begin = shape.cu_seqlens_q[b];
   const int64_t k_begin = shape.cu_seqlens_k[b];
   return {q_begin, shape.cu_seqlens_q[b + 1] - q_begin, k_begin,
-          shape.cu_seqlens_k[b + 1] - k_begin};
+          shape.cu_seqlens_k[b + 1] - k_begin, b};
 }
 
 Windows NormalizedWindows(const AttentionOptions& options) {
@@ -211,6 +214,52 @@ KernelStatus SplitWorkspace(const ExecutionContext& ctx, size_t minimum, const c
   workspace->scratch = reinterpret_cast<char*>(base) + kCublasWorkspaceBytes;
   workspace->scratch_bytes = usable - kCublasWorkspaceBytes;
   return KernelStatus::Ok();
+}
+
+KernelStatus CudaError(const char* what, cudaError_t err) {
+  return Error(std::string(what) + " failed: " + cudaGetErrorString(err));
+}
+
+DeviceSlopes::~DeviceSlopes() {
+  if (owned_ != nullptr) cudaFreeAsync(owned_, stream_);
+}
+
+KernelStatus DeviceSlopes::Init(const AttentionOptions& options, const AttentionShape& shape,
+                                cudaStream_t stream) {
+  if (!options.has_alibi()) return KernelStatus::Ok();
+  stride_ = options.alibi_slopes_stride;
+  const int64_t first = stride_ == 0 ? 0 : int64_t{options.first_sequence} * stride_;
+  if (options.alibi_slopes_device != nullptr) {
+    base_ = options.alibi_slopes_device + first;
+    return KernelStatus::Ok();
+  }
+  const size_t count = stride_ == 0 ? static_cast<size_t>(shape.num_heads)
+                                    : static_cast<size_t>(shape.batch) * stride_;
+  stream_ = stream;
+  void* device = nullptr;
+  cudaError_t err = cudaMallocAsync(&device, count * sizeof(float), stream);
+  if (err != cudaSuccess) return CudaError("cudaMallocAsync (ALiBi slopes)", err);
+  owned_ = static_cast<float*>(device);
+  err = cudaMemcpyAsync(owned_, options.alibi_slopes + first, count * sizeof(float),
+                        cudaMemcpyHostToDevice, stream);
+  if (err != cudaSuccess) return CudaError("cudaMemcpyAsync (ALiBi slopes)", err);
+  base_ = owned_;
+  return KernelStatus::Ok();
+}
+
+const float* DeviceSlopes::Row(int b) const {
+  return base_ == nullptr ? nullptr : base_ + static_cast<int64_t>(b) * stride_;
+}
+
+void SetChunkOptions(const AttentionOptions& options, const DeviceSlopes& slopes, int b,
+                     RowChunk* chunk) {
+  chunk->alibi = slopes.Row(b);
+  chunk->dropout = options.has_dropout();
+  if (!chunk->dropout) return;
+  chunk->sequence = int64_t{options.first_sequence} + b;
+  chunk->dropout_seed = options.dropout_seed;
+  chunk->dropout_threshold = DropoutThreshold(options.dropout_p);
+  chunk->dropout_scale = 1.0f / (1.0f - options.dropout_p);
 }
 
 }  // namespace attnserve::kernels::cublas

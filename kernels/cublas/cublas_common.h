@@ -14,6 +14,7 @@
 namespace attnserve::kernels::cublas {
 
 KernelStatus Error(const std::string& message);  // prefixes "cublas: "
+KernelStatus CudaError(const char* what, cudaError_t err);  // "cublas: <what> failed: ..."
 
 // Shape, offsets (the host cu_seqlens are required when batch > 0), options and the GEMM index
 // ranges. Pointers are checked by the callers.
@@ -30,6 +31,7 @@ struct Sequence {
   int64_t len_q;
   int64_t k_begin;
   int64_t len_k;
+  int index;  // b, within this launch
 };
 Sequence GetSequence(const AttentionShape& shape, int b);
 
@@ -58,6 +60,32 @@ ChunkGeometry GeometryOf(Pass pass, const AttentionShape& shape, int64_t len_k);
 // host cu_seqlens the real sequence lengths; else max_seqlen_q/_k when set, else total_q/_k.
 size_t MinimumWorkspace(Pass pass, const AttentionShape& shape);
 size_t WantedWorkspace(Pass pass, const AttentionShape& shape);
+
+// The ALiBi slopes in device memory for the row kernels: the engine's copy
+// (options.alibi_slopes_device) when it made one, else a copy of the host slopes made here on
+// `stream` and freed in stream order when this goes. Empty when ALiBi is off.
+class DeviceSlopes {
+ public:
+  DeviceSlopes() = default;
+  ~DeviceSlopes();
+  DeviceSlopes(const DeviceSlopes&) = delete;
+  DeviceSlopes& operator=(const DeviceSlopes&) = delete;
+  KernelStatus Init(const AttentionOptions& options, const AttentionShape& shape,
+                    cudaStream_t stream);
+  // Sequence b's slopes by query head (b counts within this launch); null when off.
+  const float* Row(int b) const;
+
+ private:
+  const float* base_ = nullptr;  // sequence 0 of this launch
+  int stride_ = 0;
+  float* owned_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+// The ALiBi and dropout settings of sequence b's chunks (RowChunk's alibi, dropout fields).
+struct RowChunk;
+void SetChunkOptions(const AttentionOptions& options, const DeviceSlopes& slopes, int b,
+                     RowChunk* chunk);
 
 // ctx.workspace split into the cuBLAS part and the chunk scratch, both 256-byte aligned.
 struct Workspace {

@@ -41,6 +41,7 @@ struct ForwardRun {
   const Workspace& workspace;
   Windows windows;
   int group;
+  const DeviceSlopes& slopes;
 };
 
 // Rows [row_begin, row_begin + rows) of kv heads [kv_begin, kv_begin + kv_heads) (and their
@@ -95,6 +96,7 @@ KernelStatus ForwardChunk(const ForwardRun& run, const Sequence& seq, const Chun
   chunk.softcap = p.options.softcap;
   chunk.window_left = run.windows.left;
   chunk.window_right = run.windows.right;
+  SetChunkOptions(p.options, run.slopes, seq.index, &chunk);
   status = LaunchForwardSoftmax(s.dtype, chunk, scores, probs, p.lse, run.stream);
   if (!status.ok) return status;
   // out^T (d x rows) = V^T (d x keys) . P^T (keys x rows).
@@ -128,8 +130,11 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     status = BindHandle(stream, workspace.cublas, workspace.cublas_bytes, &handle);
     if (!status.ok) return status;
   }
+  DeviceSlopes slopes;
+  status = slopes.Init(params.options, s, stream);
+  if (!status.ok) return status;
   const ForwardRun run{params, stream, handle, workspace, NormalizedWindows(params.options),
-                       s.num_heads / s.num_heads_k};
+                       s.num_heads / s.num_heads_k, slopes};
   for (int b = 0; b < s.batch; ++b) {
     const Sequence seq = GetSequence(s, b);
     if (seq.len_q == 0) continue;

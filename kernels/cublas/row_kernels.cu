@@ -8,6 +8,8 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/dropout_mask.h"
+
 namespace attnserve::kernels::cublas {
 namespace {
 
@@ -71,9 +73,38 @@ __device__ Columns VisibleColumns(const RowChunk& c, int r) {
   return {static_cast<int>(first), static_cast<int>(last)};
 }
 
+// The ALiBi slope of a chunk head (0 when off), and its bias at column j of row r:
+// -slope * |i + len_k - len_q - key| with i and key the row's and column's place in the sequence.
+__device__ __forceinline__ float Slope(const RowChunk& c, int head) {
+  return c.alibi == nullptr ? 0.0f : c.alibi[c.head_begin + head];
+}
+
+__device__ __forceinline__ float AlibiBias(const RowChunk& c, float slope, int r, int j) {
+  const int64_t distance = c.row_begin + r + c.len_k - c.len_q - (c.key_begin + j);
+  return -slope * static_cast<float>(distance < 0 ? -distance : distance);
+}
+
 __device__ __forceinline__ float Score(const RowChunk& c, float dot) {
   const float s = c.scale * dot;
   return c.softcap > 0.0f ? c.softcap * tanhf(s / c.softcap) : s;
+}
+
+// The score at column j of row r (of chunk head `head`, whose slope is `slope`).
+__device__ __forceinline__ float ScoreAt(const RowChunk& c, float slope, int r, int j,
+                                         float dot) {
+  const float s = Score(c, dot);
+  return slope == 0.0f ? s : s + AlibiBias(c, slope, r, j);
+}
+
+// The dropout factor of column j of row r: 1 without dropout, else 0 for a dropped entry and
+// 1 / (1 - p) for a kept one (kernels/dropout_mask.h's contract).
+__device__ __forceinline__ float DropoutFactor(const RowChunk& c, int head, int r, int j) {
+  if (!c.dropout) return 1.0f;
+  const uint32_t column = static_cast<uint32_t>(c.key_begin + j);
+  const Philox4 bits = DropoutBits(c.dropout_seed, static_cast<uint32_t>(c.sequence),
+                                   static_cast<uint32_t>(c.head_begin + head),
+                                   static_cast<uint32_t>(c.row_begin + r), column);
+  return DropoutKeep(bits.v[column % 4], c.dropout_threshold) ? c.dropout_scale : 0.0f;
 }
 
 // d(score) / d(q.k): scale, times (1 - tanh^2) under softcap.
@@ -111,20 +142,23 @@ __global__ void __launch_bounds__(kRowThreads)
     if (threadIdx.x == 0) lse[lse_index] = INFINITY;
     return;
   }
+  const float slope = Slope(c, head);
   float row_max = -INFINITY;
   for (int j = cols.first + threadIdx.x; j <= cols.last; j += kRowThreads) {
-    row_max = fmaxf(row_max, Score(c, s[j]));
+    row_max = fmaxf(row_max, ScoreAt(c, slope, r, j, s[j]));
   }
   row_max = BlockReduce(row_max, MaxOp(), shared);
   float sum = 0.0f;
   for (int j = cols.first + threadIdx.x; j <= cols.last; j += kRowThreads) {
-    sum += expf(Score(c, s[j]) - row_max);
+    sum += expf(ScoreAt(c, slope, r, j, s[j]) - row_max);
   }
   sum = BlockReduce(sum, SumOp(), shared);
   const float row_lse = row_max + logf(sum);
   for (int j = threadIdx.x; j < c.width; j += kRowThreads) {
     const bool visible = j >= cols.first && j <= cols.last;
-    p[j] = FromFloat<T>(visible ? expf(Score(c, s[j]) - row_lse) : 0.0f);
+    p[j] = FromFloat<T>(visible ? expf(ScoreAt(c, slope, r, j, s[j]) - row_lse) *
+                                      DropoutFactor(c, head, r, j)
+                                : 0.0f);
   }
   if (threadIdx.x == 0) lse[lse_index] = row_lse;
 }
@@ -155,11 +189,14 @@ __global__ void __launch_bounds__(kRowThreads)
   // rounding error is common to every dS of the row and survives the cancellation in
   // sum_j dS_j k_j (with out, dq of a head_dim-1 bf16 problem had 4.6x PyTorch's error), and
   // sum_j dS_j = 0 then holds to fp32 precision.
+  // With dropout, dP of the undropped P is Z * dP * scale (the same factor as the forward's),
+  // and D = rowsum(dO * O) = sum_j P_j (Z_j dP_j scale).
   const float* s = scores + offset;
   const float* dp = dprobs + offset;
+  const float slope = Slope(c, head);
   float delta = 0.0f;
   for (int j = cols.first + threadIdx.x; j <= cols.last; j += kRowThreads) {
-    delta += expf(Score(c, s[j]) - row_lse) * dp[j];
+    delta += expf(ScoreAt(c, slope, r, j, s[j]) - row_lse) * dp[j] * DropoutFactor(c, head, r, j);
   }
   delta = BlockReduce(delta, SumOp(), shared);
   for (int j = threadIdx.x; j < c.width; j += kRowThreads) {
@@ -167,8 +204,11 @@ __global__ void __launch_bounds__(kRowThreads)
     float dscore = 0.0f;
     if (j >= cols.first && j <= cols.last) {
       float derivative;
-      prob = expf(ScoreAndDerivative(c, s[j], &derivative) - row_lse);
-      dscore = prob * (dp[j] - delta) * derivative;
+      const float score = ScoreAndDerivative(c, s[j], &derivative);
+      prob = expf((slope == 0.0f ? score : score + AlibiBias(c, slope, r, j)) - row_lse);
+      const float factor = DropoutFactor(c, head, r, j);
+      dscore = prob * (dp[j] * factor - delta) * derivative;
+      prob *= factor;  // dV = (Z * P * scale)^T dO
     }
     p[j] = FromFloat<T>(prob);
     ds[j] = FromFloat<T>(dscore);

@@ -32,18 +32,30 @@ struct RowChunk {
   float softcap = 0.0f;      // 0 = off
   int64_t window_left = -1;  // < 0 unbounded
   int64_t window_right = -1; // < 0 unbounded; causal is 0
+  // ALiBi: the slopes of this chunk's sequence by query head (device memory; null = off).
+  const float* alibi = nullptr;
+  // Dropout (kernels/dropout_mask.h): the request's index of the sequence, the seed, the keep
+  // threshold and 1 / (1 - p) for kept entries.
+  bool dropout = false;
+  int64_t sequence = 0;
+  uint64_t dropout_seed = 0;
+  uint32_t dropout_threshold = 0;
+  float dropout_scale = 1.0f;
 };
 
 // Forward: scores -> P = exp(score - lse) over the visible keys, 0 elsewhere, written to `probs`
 // (element type of `dtype`; for fp32 it may be `scores` itself), and lse[h][token] (+inf for a
-// row that sees no key, whose P row is all 0).
+// row that sees no key, whose P row is all 0). The score is scale * q.k, softcapped, less the
+// ALiBi bias; with dropout, `probs` holds the dropped and rescaled P that multiplies V (lse is
+// the undropped softmax's).
 KernelStatus LaunchForwardSoftmax(DType dtype, const RowChunk& chunk, const float* scores,
                                   void* probs, float* lse, cudaStream_t stream);
 
 // Backward: from S (scores), dP (dprobs) and lse, writes P (probs) and
 // dS = P * (dP - D) * dscore/d(q.k) with D = rowsum(dO * O) = sum_j P_j dP_j (dscores), both in
 // the element type of `dtype` (for fp32 they may alias scores and dprobs). Rows with
-// lse = +inf or no visible key get zero rows.
+// lse = +inf or no visible key get zero rows. With dropout (mask Z, scale 1 / (1 - p)), `probs`
+// is Z * P * scale (for dV) and dP is replaced by Z * dP * scale before D and dS.
 KernelStatus LaunchBackwardScores(DType dtype, const RowChunk& chunk, const float* scores,
                                   const float* dprobs, void* probs, void* dscores,
                                   const float* lse, cudaStream_t stream);

@@ -52,8 +52,9 @@ struct Row {
   unsigned features = 0;  // kDropout | kAlibi: the options beyond the base semantics it serves
 };
 
-// Row::features bits. The GPU families do not implement dropout or ALiBi yet (the mask's
-// contract is kernels/dropout_mask.h): such requests route to the reference or get an error.
+// Row::features bits (the dropout mask's contract is kernels/dropout_mask.h). On a GPU the
+// cublas family serves them; the tiled families (flash, fallback) do not implement them yet,
+// so routing passes over them for such requests.
 constexpr unsigned kDropout = 1u << 0;
 constexpr unsigned kAlibi = 1u << 1;
 
@@ -82,9 +83,12 @@ constexpr Row kTable[] = {
     {"fallback", 70, kAnyCc, kBwd, kAllDTypes, 1, 256, 1,
      "memory-efficient tiled backward for sm70+: every dtype, head_dim 1..256"},
     {"cublas", 70, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "cuBLAS GEMMs with softmax in query chunks (bounded workspace): any dtype and head_dim"},
+     "cuBLAS GEMMs with softmax in query chunks (bounded workspace): any dtype and head_dim; "
+     "dropout and ALiBi",
+     nullptr, kDropout | kAlibi},
     {"cublas", 70, kAnyCc, kBwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "cuBLAS backward in query chunks: any dtype and head_dim"},
+     "cuBLAS backward in query chunks: any dtype and head_dim; dropout and ALiBi", nullptr,
+     kDropout | kAlibi},
     {"reference", 0, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
      "exact CPU kernels: every dtype, head_dim and device; dropout and ALiBi", nullptr,
      kDropout | kAlibi},

@@ -175,9 +175,11 @@ TEST(KernelRouting, DropoutAndAlibiRouteOnlyToFamiliesThatServeThem) {
       if (!dropout && !alibi) continue;
       RouteQuery query{0, Direction::kForward, DType::kFloat16, 64, 0, dropout, alibi};
       EXPECT_EQ(ChooseRoute(query, kAllFamilies).family, "reference");
-      // On a GPU whose catalog has no reference family: an error naming the option.
+      // On a GPU: cublas, past flash and fallback; without cublas, an error naming the option.
       query.compute_capability = 90;
-      const Route route = ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}});
+      EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
+                "cublas");
+      const Route route = ChooseRoute(query, KernelCatalog{{"flash", "fallback"}});
       EXPECT_EQ(route.family, "");
       if (dropout) EXPECT_NE(route.reason.find("options.dropout_p"), std::string::npos);
       if (alibi) EXPECT_NE(route.reason.find("options.alibi_slopes"), std::string::npos);
@@ -187,9 +189,9 @@ TEST(KernelRouting, DropoutAndAlibiRouteOnlyToFamiliesThatServeThem) {
 
 TEST(KernelRouting, CoverageSaysWhichFamiliesServeDropoutAndAlibi) {
   for (const CoverageRow& row : CoverageFor(90, 0, kAllFamilies)) {
-    const bool reference = row.family == "reference";
-    EXPECT_EQ(row.dropout, reference) << row.family;
-    EXPECT_EQ(row.alibi, reference) << row.family;
+    const bool serves = row.family == "reference" || row.family == "cublas";
+    EXPECT_EQ(row.dropout, serves) << row.family;
+    EXPECT_EQ(row.alibi, serves) << row.family;
   }
 }
 

@@ -308,8 +308,8 @@ def small_pipeline(monkeypatch):
     counts = []
     plan = shared_memory_call.plan_chunks
 
-    def counting_plan(*args):
-        chunks = plan(*args)
+    def counting_plan(*args, **kwargs):
+        chunks = plan(*args, **kwargs)
         counts.append(len(chunks))
         return chunks
 
@@ -340,6 +340,17 @@ def test_calls_cut_into_chunks_of_sequences_answer_bitwise_the_same(oip_server, 
     assert len(small_pipeline) == 2 and min(small_pipeline) >= 3
     sent = sum(a.nbytes for a in (q, k, v)) * 2 + dout.nbytes * 2 + fwd.lse.nbytes
     assert oip_server.metric(*SHM_IN) - before == sent
+
+
+def test_a_call_with_dropout_goes_whole(oip_server, clients, rng, small_pipeline):  # noqa: F811
+    # Chunks number their sequences from 0, and the dropout mask is keyed by the sequence.
+    shm, data = clients
+    q, k, v, dout, cu = _problem(rng, tokens=(70, 130, 45, 200), dtype=np.float32)
+    fwd = shm.forward(q, k, v, cu, cu, causal=True, dropout_p=0.3, dropout_seed=99)
+    expected = data.forward(q, k, v, cu, cu, causal=True, dropout_p=0.3, dropout_seed=99)
+    assert small_pipeline == [1] and fwd.dropout_seed in (0, 99)
+    _same(fwd.out, expected.out)
+    _same(fwd.lse, expected.lse)
 
 
 def test_a_chunk_s_error_is_raised_and_the_region_kept(oip_server, clients, rng,  # noqa: F811

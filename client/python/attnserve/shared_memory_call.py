@@ -81,8 +81,11 @@ class InferCall:
             if not np.array_equal(array.astype("<i4"), array):  # as protobuf refuses natively
                 raise ValueError(f"{name}: values outside the int32 range")
         tensors = [(name, array) for name, _, array in inputs] + list(outputs)
-        self.chunks = plan_chunks(dict(tensors), self._offsets["cu_seqlens_q"],
-                                  self._offsets["cu_seqlens_k"])
+        # A chunk's sequences are numbered from 0 in its request, and the dropout mask is keyed
+        # by the sequence's index: with dropout the call goes whole.
+        dropout = "dropout_p" in parameters and parameters["dropout_p"].double_param > 0
+        self.chunks = (plan_chunks(dict(tensors), self._offsets["cu_seqlens_q"],
+                                   self._offsets["cu_seqlens_k"], splittable=not dropout))
         self.layout = Layout(tensors, self.chunks)
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self.region_free = True

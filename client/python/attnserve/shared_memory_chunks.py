@@ -58,15 +58,16 @@ def _whole(cu_q: np.ndarray, cu_k: np.ndarray) -> Chunk:
                  cu_q, cu_k)
 
 
-def plan_chunks(tensors: Dict[str, np.ndarray], cu_q: np.ndarray,
-                cu_k: np.ndarray) -> List[Chunk]:
+def plan_chunks(tensors: Dict[str, np.ndarray], cu_q: np.ndarray, cu_k: np.ndarray,
+                splittable: bool = True) -> List[Chunk]:
     """The chunks of one call over `tensors` (every input and output, by name): one, unless
-    the call is large, every tensor is one the pipeline knows, and the offsets are well formed
-    (anything else goes as one call, so the server's answer names what is wrong)."""
+    the call is `splittable`, large, every tensor is one the pipeline knows, and the offsets
+    are well formed (anything else goes as one call, so the server's answer names what is
+    wrong)."""
     whole = _whole(cu_q, cu_k)
     payload = sum(array.nbytes for array in tensors.values())
     batch = len(cu_q) - 1
-    if (payload < PIPELINE_MIN_BYTES or batch < 2 or len(cu_k) != len(cu_q)
+    if (not splittable or payload < PIPELINE_MIN_BYTES or batch < 2 or len(cu_k) != len(cu_q)
             or not _well_formed(tensors, cu_q, cu_k)):
         return [whole]
     count = int(min(MAX_CHUNKS, batch, max(2, payload // CHUNK_BYTES)))
