@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from ml_dtypes import bfloat16
 
 from attnserve import reference
 from cases import CASES, TOLERANCE, backward_references, gradient_error, make_inputs, \
@@ -161,3 +162,28 @@ def test_float32_gradient_error_catches_wrong_gradients(case, rng):
         one_off = ref.copy()
         one_off.flat[np.argmax(np.abs(ref))] *= 1.01
         assert gradient_error(one_off.astype(np.float32), ref, scale) > tolerance, name
+
+
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16], ids=["fp16", "bf16"])
+def test_16_bit_gradient_error_forgives_cancellation_and_stays_relative_elsewhere(dtype, rng):
+    # Rows that each see one key (causal, window_left 0): the exact dq is 0, and a GPU kernel's
+    # D from the 16-bit out leaves 16-bit noise of the terms (the GPU soak's 1e294 errors).
+    q, k, v, dout = (rng.standard_normal((12, 2, 16)).astype(dtype) for _ in range(4))
+    cu = [0, 12]
+    out, lse = reference.attention_forward(q, k, v, cu, cu, causal=True, window_size=(0, 0))
+    (dq, _, _), (dq_scale, _, _) = backward_references(dout, q, k, v, out, lse, cu, cu,
+                                                       causal=True, window_size=(0, 0))
+    assert np.abs(dq).max() == 0.0
+    unit = 2.0 ** -8 if dtype is bfloat16 else 2.0 ** -11  # unit roundoff
+    noisy = (dq + unit * dq_scale * rng.choice([-1, 1], dq.shape)).astype(dtype)
+    tolerance = 2 * TOLERANCE[np.dtype(dtype)]  # gradients get twice the outputs' bound
+    assert gradient_error(noisy, dq, dq_scale) <= tolerance
+    # Where nothing cancels the reference stays the denominator: 3 tolerances off fails.
+    inputs = make_inputs(CASES[0], dtype, rng)
+    args = [inputs[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")]
+    out, lse = reference.attention_forward(*args, **CASES[0].options)
+    refs, scales = backward_references(inputs["dout"], *args[:3], out, lse, *args[3:],
+                                       **CASES[0].options)
+    for name, ref, scale in zip(("dq", "dk", "dv"), refs, scales):
+        assert gradient_error((ref * (1 + 3 * tolerance)).astype(dtype), ref, scale) > tolerance, \
+            name
