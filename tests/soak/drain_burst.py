@@ -17,6 +17,11 @@ CALLS = 6
 # SIGTERM after the server first reports one in flight (at 384 tokens all six were sometimes
 # done by then).
 SHAPE = (np.array([0, 768], np.int32), np.array([0, 768], np.int32), 8, 2, 64)
+# On a GPU such a call takes about a millisecond, and all six were done before the SIGTERM
+# (the GPU soak, call 24): many more calls of 1024 tokens (3 MiB, within the soak's message
+# limit) keep the lanes busy, and the memory phase's device budget queues them.
+GPU_CALLS = 48
+GPU_SHAPE = (np.array([0, 1024], np.int32), np.array([0, 1024], np.int32), 8, 2, 64)
 IN_FLIGHT_TIMEOUT_S = 10.0
 KIND = "drain_burst"
 
@@ -24,8 +29,10 @@ KIND = "drain_burst"
 class DrainBurst:
     def __init__(self, target, rng):
         self.channel = grpc.insecure_channel(target, options=worker.CHANNEL_OPTIONS)
-        self.problems = [workload.valid_problem(rng, "Forward", SHAPE, "fp32")
-                         for _ in range(CALLS)]
+        gpu = "gpu" in workload.FEATURES
+        self.problems = [workload.valid_problem(rng, "Forward", GPU_SHAPE if gpu else SHAPE,
+                                                "fp32")
+                         for _ in range(GPU_CALLS if gpu else CALLS)]
         self.futures = []
 
     def send(self, lifetime):
