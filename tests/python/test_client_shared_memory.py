@@ -366,6 +366,36 @@ def test_a_chunk_s_error_is_raised_and_the_region_kept(oip_server, clients, rng,
     assert len(_regions(oip_server)) == 1
 
 
+def test_a_pipeline_that_cannot_queue_its_copies_fails_once_nothing_runs(clients, rng,
+                                                                          monkeypatch,
+                                                                          small_pipeline):
+    # The copy threads refuse work half way through (as at interpreter exit): the call raises,
+    # but only once the copies already queued have ended (they write into the region, which
+    # the next call may then take).
+    import time
+    from attnserve import parallel_copy
+    shm, data = clients
+    q, k, v, _, cu = _problem(rng, tokens=(70, 130, 45, 200), dtype=np.float32)
+    submit, futures = parallel_copy.submit, []
+
+    def slow(function, *args):
+        time.sleep(0.05)
+        return function(*args)
+
+    def refusing(function, *args):
+        if len(futures) >= 5:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        futures.append(submit(slow, function, *args))
+        return futures[-1]
+
+    monkeypatch.setattr(parallel_copy, "submit", refusing)
+    with pytest.raises(RuntimeError, match="cannot schedule"):
+        shm.forward(q, k, v, cu, cu)
+    assert len(futures) == 5 and all(future.done() for future in futures)
+    monkeypatch.setattr(parallel_copy, "submit", submit)
+    _same(shm.forward(q, k, v, cu, cu).out, data.forward(q, k, v, cu, cu).out)
+
+
 def test_malformed_offsets_go_as_one_call_named_by_the_server(clients, rng, small_pipeline):
     shm, _ = clients
     q, k, v, _, cu = _problem(rng, tokens=(70, 130, 45), dtype=np.float32)

@@ -9,6 +9,7 @@ last chunk's server time and copy-out are not hidden behind other work.
 """
 import threading
 import time
+from concurrent import futures
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import grpc
@@ -119,9 +120,17 @@ class InferCall:
     def _run_pipeline(self) -> None:
         self._unfinished = len(self.chunks)
         for index, chunk in enumerate(self.chunks):
-            self._queue_inputs(index, chunk)
+            try:
+                self._queue_inputs(index, chunk)
+            except Exception as error:  # noqa: BLE001 (raised below, once nothing runs)
+                # The chunks queued so far still run and end; the rest never start. Waiting
+                # for them keeps the region in use until no copy or call touches it.
+                self._fail(error.with_traceback(None))
+                with self._done:
+                    self._unfinished -= len(self.chunks) - index
+                break
         with self._done:
-            while self._unfinished:
+            while self._unfinished > 0:
                 self._done.wait()
         if self._failure is not None:
             raise self._failure
@@ -131,8 +140,17 @@ class InferCall:
         exception run() raises holds a view of the region, which could then not be unmapped)."""
         copies = _sliced(self._input_copies(index, chunk))
         left = [len(copies)]
-        while copies:  # popped, so that this frame holds no view once the copies are done
-            parallel_copy.submit(self._copy_in, index, chunk, left, list(copies.pop()))
+        queued = []
+        try:
+            while copies:  # popped, so that this frame holds no view once the copies are done
+                queued.append(parallel_copy.submit(self._copy_in, index, chunk, left,
+                                                   list(copies.pop())))
+        except BaseException:
+            # This chunk will not be sent (its count never reaches 0): its copies already
+            # queued must end before the caller lets the region go.
+            copies.clear()
+            futures.wait(queued)
+            raise
 
     def _copy_in(self, index, chunk, left, pair) -> None:
         if self._failure is None:
