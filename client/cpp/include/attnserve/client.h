@@ -76,13 +76,15 @@ struct ClientOptions {
   // (whose calls block): one per call in flight up to this many, further calls wait for one.
   int async_workers = 64;
 
-  // Off by default, as in the Python client: on the GPU machine its numpy forward through
-  // shared memory measured 0.41x the data channel's (bench/RESULTS.md). A call through shared
-  // memory answers as the others do, except that the protocol has no saved contexts (a forward
-  // with keep_context gets an empty context_id, so its BackwardOnContext goes in full) and
-  // reports no execution (empty device and kernel, zero times). Requests the data channel
-  // cannot carry (FitsDataChannel: tensors that disagree with their shapes) and backwards on a
-  // context go the other ways. The regions are unregistered and unlinked when the Client is
+  // Off by default (the Python client's is on for calls of 2 MB or more): on the H100 a
+  // 269.5 MB forward took a median 25-27 ms against the data channel's 30-32, but the first
+  // call's new region costs about 200 ms (bench/RESULTS.md, "Co-located clients", row 5),
+  // and this client copies on up to 4 threads without the Python client's chunk pipeline.
+  // A call through shared memory answers as the others do, except that the protocol has no
+  // saved contexts (a forward with keep_context gets an empty context_id, so its
+  // BackwardOnContext goes in full) and reports no execution (empty device and kernel, zero
+  // times). Requests the data channel cannot carry (FitsDataChannel: tensors that disagree with
+  // their shapes) and backwards on a context go the other ways. The regions are unregistered and unlinked when the Client is
   // destroyed; a process killed first leaves /dev/shm/attnserve-<pid>-* behind.
   SharedMemory shared_memory = SharedMemory::kOff;
 };
