@@ -84,8 +84,9 @@ struct ClientOptions {
   // saved contexts (a forward with keep_context gets an empty context_id, so its
   // BackwardOnContext goes in full) and reports no execution (empty device and kernel, zero
   // times). Requests the data channel cannot carry (FitsDataChannel: tensors that disagree with
-  // their shapes) and backwards on a context go the other ways. The regions are unregistered and unlinked when the Client is
-  // destroyed; a process killed first leaves /dev/shm/attnserve-<pid>-* behind.
+  // their shapes) and backwards on a context go the other ways. The regions are unregistered
+  // and unlinked when the Client is destroyed; a process killed first leaves
+  // /dev/shm/attnserve-<pid>-* behind.
   SharedMemory shared_memory = SharedMemory::kOff;
 };
 
