@@ -66,6 +66,7 @@ ShmRegion::~ShmRegion() {
 }
 
 void CopyParallel(char* destination, const char* source, size_t bytes, CallWorkers& workers) {
+  if (bytes == 0) return;  // an empty tensor's data may be null, which memcpy must not get
   const size_t chunks = std::clamp<size_t>(bytes / kMinChunkBytes, 1, kCopyThreads);
   if (chunks == 1) {
     std::memcpy(destination, source, bytes);

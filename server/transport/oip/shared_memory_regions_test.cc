@@ -91,7 +91,7 @@ TEST(SharedMemoryRegionsTest, OtherPrincipalsDoNotSeeCudaRegions) {
 }
 
 TEST(SharedMemoryRegionsTest, ARegionWhoseDeviceWasResetIsDroppedAndNamedForReRegistering) {
-  FakeDeviceMemory memory, other;  // outlive the registry, which closes them last
+  FakeDeviceMemory memory, other, again;  // outlive the registry, which closes them last
   SharedMemoryRegions regions(Allowed());
   ASSERT_TRUE(regions.RegisterCuda("alice", "in", memory.Opener(0)).ok());
   ASSERT_TRUE(regions.RegisterCuda("alice", "elsewhere", other.Opener(1)).ok());
@@ -109,7 +109,6 @@ TEST(SharedMemoryRegionsTest, ARegionWhoseDeviceWasResetIsDroppedAndNamedForReRe
   ASSERT_EQ(cuda->size(), 1u);
   EXPECT_EQ((*cuda)[0]->name(), "elsewhere");
   cuda->clear();
-  FakeDeviceMemory again;
   EXPECT_TRUE(regions.RegisterCuda("alice", "in", again.Opener(0)).ok());
   EXPECT_TRUE(regions.Use("alice", "in", 0, 64, "inputs[q].parameters").ok());
 }
