@@ -58,6 +58,11 @@ bool FillShape(const AttnFwdArgs* a, attnserve::kernels::AttentionShape* shape,
   options->window_left = a->window_left;
   options->window_right = a->window_right;
   options->softcap = a->softcap;
+  options->dropout_p = a->dropout_p;
+  options->dropout_seed = a->dropout_seed;
+  options->alibi_slopes_device = a->alibi_slopes;
+  options->alibi_slopes_stride = a->alibi_slopes_stride;
+  options->first_sequence = a->first_sequence;
   return true;
 }
 

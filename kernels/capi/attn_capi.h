@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define ATTN_CAPI_VERSION 4
+#define ATTN_CAPI_VERSION 5
 
 /* AttnFwdArgs.disabled_paths bits: code paths a family must not take even where built and
    fitting, so a test or benchmark runs the next path down on the same device. */
@@ -50,6 +50,13 @@ typedef struct AttnFwdArgs {
   void* workspace;            /* forward scratch of attn_forward_workspace_bytes() bytes */
   size_t workspace_bytes;
   uint32_t disabled_paths; /* ATTN_PATH_* bits; 0 = every path */
+  /* Dropout and ALiBi (AttentionOptions in kernels/attention_params.h, the mask's contract in
+     kernels/dropout_mask.h). A family that cannot serve them fails with a message. */
+  float dropout_p;              /* in [0, 1); 0 = off */
+  uint64_t dropout_seed;        /* the Philox key; nonzero when dropout_p > 0 */
+  const float* alibi_slopes;    /* device float32 slopes; NULL = off */
+  int32_t alibi_slopes_stride;  /* 0: [num_heads]; num_heads: [batch, num_heads] */
+  int32_t first_sequence;       /* the request's index of this launch's sequence 0 */
 } AttnFwdArgs;
 
 /* The backward: the forward's shape and options (fwd.out is the forward's output, fwd.lse its

@@ -15,7 +15,7 @@ import math
 import os
 import pathlib
 
-CAPI_VERSION = 4
+CAPI_VERSION = 5
 DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32 = 0, 1, 2
 # disabled_paths bits (ATTN_PATH_* in attn_capi.h), and their names in bench specs.
 PATH_SM90_FORWARD, PATH_SM90_BACKWARD = 1, 2
@@ -58,6 +58,11 @@ class AttnFwdArgs(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("disabled_paths", ctypes.c_uint32),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("alibi_slopes_stride", ctypes.c_int32),
+        ("first_sequence", ctypes.c_int32),
     ]
 
 
@@ -129,10 +134,12 @@ class KernelFamily:
     def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                 softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, out=None,
                 lse=None, workspace=None, cu_seqlens_q_host=None, cu_seqlens_k_host=None,
-                stream=None, dtype_code=None):
+                stream=None, dtype_code=None, dropout_p=0.0, dropout_seed=0,
+                alibi_slopes=None, first_sequence=0):
         """flash_attn_varlen_func's forward: q [total_q, H, D], k/v [total_k, Hk, D], int32
         cu_seqlens on the GPU. Returns (out, lse [H, total_q] float32); allocates the workspace
-        (a uint8 tensor) unless given. Raises KernelError."""
+        (a uint8 tensor) unless given. alibi_slopes: float32 on the GPU, [H] or [batch, H].
+        Raises KernelError."""
         import torch
 
         total_q, num_heads, _ = q.shape
@@ -144,6 +151,7 @@ class KernelFamily:
                          max_seqlen_k, softmax_scale, causal, window, softcap,
                          cu_seqlens_q_host, cu_seqlens_k_host, stream, dtype_code,
                          self.compute_capability, self.disabled_paths)
+        _set_dropout_alibi(args, dropout_p, dropout_seed, alibi_slopes, first_sequence)
         if workspace is None:
             size = self._lib.attn_forward_workspace_bytes(self._name, ctypes.byref(args))
             workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
@@ -158,7 +166,8 @@ class KernelFamily:
     def backward(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                  max_seqlen_k, *, softmax_scale=None, causal=False, window=(-1, -1),
                  softcap=0.0, deterministic=False, dq=None, dk=None, dv=None, workspace=None,
-                 cu_seqlens_q_host=None, cu_seqlens_k_host=None, stream=None, dtype_code=None):
+                 cu_seqlens_q_host=None, cu_seqlens_k_host=None, stream=None, dtype_code=None,
+                 dropout_p=0.0, dropout_seed=0, alibi_slopes=None, first_sequence=0):
         """flash_attn_varlen_func's backward from the forward's out and lse. Returns
         (dq, dk, dv); allocates the workspace (a uint8 tensor) unless given. Raises
         KernelError."""
@@ -176,6 +185,7 @@ class KernelFamily:
                           self.compute_capability, self.disabled_paths),
             dout=dout.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(), dv=dv.data_ptr(),
             deterministic=int(bool(deterministic)))
+        _set_dropout_alibi(args.fwd, dropout_p, dropout_seed, alibi_slopes, first_sequence)
         if workspace is None:
             size = self._lib.attn_backward_workspace_bytes(self._name, ctypes.byref(args))
             workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
@@ -230,6 +240,21 @@ def _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
         lse=lse.data_ptr(), stream=stream, compute_capability=compute_capability,
         disabled_paths=disabled_paths)
+
+
+def _set_dropout_alibi(args, dropout_p, dropout_seed, alibi_slopes, first_sequence):
+    args.dropout_p = dropout_p
+    args.dropout_seed = dropout_seed
+    args.first_sequence = first_sequence
+    if alibi_slopes is None:
+        return
+    import torch
+
+    if (alibi_slopes.dtype != torch.float32 or not alibi_slopes.is_cuda
+            or not alibi_slopes.is_contiguous() or alibi_slopes.dim() not in (1, 2)):
+        raise ValueError("alibi_slopes must be a contiguous float32 CUDA tensor, [H] or [B, H]")
+    args.alibi_slopes = alibi_slopes.data_ptr()
+    args.alibi_slopes_stride = 0 if alibi_slopes.dim() == 1 else alibi_slopes.shape[1]
 
 
 def _host_ptr(tensor):

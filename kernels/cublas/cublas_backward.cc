@@ -45,7 +45,7 @@ struct BackwardRun {
   const Workspace& workspace;
   Windows windows;
   int group;
-  const DeviceSlopes& slopes;
+  const DeviceAlibiSlopes& slopes;
 };
 
 // Where dK and dV of kv heads [kv_begin, ..) of a sequence accumulate, from key `first` on: the
@@ -208,9 +208,10 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   cublasHandle_t handle = nullptr;
   status = BindHandle(stream, workspace.cublas, workspace.cublas_bytes, &handle);
   if (!status.ok) return status;
-  DeviceSlopes slopes;
-  status = slopes.Init(params.options, s, stream);
-  if (!status.ok) return status;
+  DeviceAlibiSlopes slopes;
+  if (const std::string failed = slopes.Init(params.options, s, stream); !failed.empty()) {
+    return Error(failed);
+  }
   const BackwardRun run{params, stream, handle, workspace, NormalizedWindows(params.options),
                         s.num_heads / s.num_heads_k, slopes};
   for (int b = 0; b < s.batch; ++b) {

@@ -220,38 +220,7 @@ KernelStatus CudaError(const char* what, cudaError_t err) {
   return Error(std::string(what) + " failed: " + cudaGetErrorString(err));
 }
 
-DeviceSlopes::~DeviceSlopes() {
-  if (owned_ != nullptr) cudaFreeAsync(owned_, stream_);
-}
-
-KernelStatus DeviceSlopes::Init(const AttentionOptions& options, const AttentionShape& shape,
-                                cudaStream_t stream) {
-  if (!options.has_alibi()) return KernelStatus::Ok();
-  stride_ = options.alibi_slopes_stride;
-  const int64_t first = stride_ == 0 ? 0 : int64_t{options.first_sequence} * stride_;
-  if (options.alibi_slopes_device != nullptr) {
-    base_ = options.alibi_slopes_device + first;
-    return KernelStatus::Ok();
-  }
-  const size_t count = stride_ == 0 ? static_cast<size_t>(shape.num_heads)
-                                    : static_cast<size_t>(shape.batch) * stride_;
-  stream_ = stream;
-  void* device = nullptr;
-  cudaError_t err = cudaMallocAsync(&device, count * sizeof(float), stream);
-  if (err != cudaSuccess) return CudaError("cudaMallocAsync (ALiBi slopes)", err);
-  owned_ = static_cast<float*>(device);
-  err = cudaMemcpyAsync(owned_, options.alibi_slopes + first, count * sizeof(float),
-                        cudaMemcpyHostToDevice, stream);
-  if (err != cudaSuccess) return CudaError("cudaMemcpyAsync (ALiBi slopes)", err);
-  base_ = owned_;
-  return KernelStatus::Ok();
-}
-
-const float* DeviceSlopes::Row(int b) const {
-  return base_ == nullptr ? nullptr : base_ + static_cast<int64_t>(b) * stride_;
-}
-
-void SetChunkOptions(const AttentionOptions& options, const DeviceSlopes& slopes, int b,
+void SetChunkOptions(const AttentionOptions& options, const DeviceAlibiSlopes& slopes, int b,
                      RowChunk* chunk) {
   chunk->alibi = slopes.Row(b);
   chunk->dropout = options.has_dropout();

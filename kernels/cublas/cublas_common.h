@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/attention_params.h"
+#include "kernels/gpu_alibi_slopes.h"
 #include "kernels/cublas/chunk_plan.h"
 
 namespace attnserve::kernels::cublas {
@@ -61,30 +62,9 @@ ChunkGeometry GeometryOf(Pass pass, const AttentionShape& shape, int64_t len_k);
 size_t MinimumWorkspace(Pass pass, const AttentionShape& shape);
 size_t WantedWorkspace(Pass pass, const AttentionShape& shape);
 
-// The ALiBi slopes in device memory for the row kernels: the engine's copy
-// (options.alibi_slopes_device) when it made one, else a copy of the host slopes made here on
-// `stream` and freed in stream order when this goes. Empty when ALiBi is off.
-class DeviceSlopes {
- public:
-  DeviceSlopes() = default;
-  ~DeviceSlopes();
-  DeviceSlopes(const DeviceSlopes&) = delete;
-  DeviceSlopes& operator=(const DeviceSlopes&) = delete;
-  KernelStatus Init(const AttentionOptions& options, const AttentionShape& shape,
-                    cudaStream_t stream);
-  // Sequence b's slopes by query head (b counts within this launch); null when off.
-  const float* Row(int b) const;
-
- private:
-  const float* base_ = nullptr;  // sequence 0 of this launch
-  int stride_ = 0;
-  float* owned_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-};
-
 // The ALiBi and dropout settings of sequence b's chunks (RowChunk's alibi, dropout fields).
 struct RowChunk;
-void SetChunkOptions(const AttentionOptions& options, const DeviceSlopes& slopes, int b,
+void SetChunkOptions(const AttentionOptions& options, const DeviceAlibiSlopes& slopes, int b,
                      RowChunk* chunk);
 
 // ctx.workspace split into the cuBLAS part and the chunk scratch, both 256-byte aligned.

@@ -41,7 +41,7 @@ struct ForwardRun {
   const Workspace& workspace;
   Windows windows;
   int group;
-  const DeviceSlopes& slopes;
+  const DeviceAlibiSlopes& slopes;
 };
 
 // Rows [row_begin, row_begin + rows) of kv heads [kv_begin, kv_begin + kv_heads) (and their
@@ -130,9 +130,10 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     status = BindHandle(stream, workspace.cublas, workspace.cublas_bytes, &handle);
     if (!status.ok) return status;
   }
-  DeviceSlopes slopes;
-  status = slopes.Init(params.options, s, stream);
-  if (!status.ok) return status;
+  DeviceAlibiSlopes slopes;
+  if (const std::string failed = slopes.Init(params.options, s, stream); !failed.empty()) {
+    return Error(failed);
+  }
   const ForwardRun run{params, stream, handle, workspace, NormalizedWindows(params.options),
                        s.num_heads / s.num_heads_k, slopes};
   for (int b = 0; b < s.batch; ++b) {
