@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <ostream>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention_params.h"
@@ -55,6 +56,18 @@ struct Problem {
   int head_dim = 8;
   AttentionOptions options;
 };
+
+// A float32 problem of these sequence lengths and heads, default options.
+inline Problem MakeProblem(std::vector<int> lens_q, std::vector<int> lens_k, int num_heads = 2,
+                           int num_heads_k = 1, int head_dim = 16) {
+  Problem p;
+  p.lens_q = std::move(lens_q);
+  p.lens_k = std::move(lens_k);
+  p.num_heads = num_heads;
+  p.num_heads_k = num_heads_k;
+  p.head_dim = head_dim;
+  return p;
+}
 
 // A problem with random q, k, v (and dout for backward), ready to run.
 struct Case {

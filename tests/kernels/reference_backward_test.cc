@@ -11,17 +11,6 @@
 namespace attnserve::kernels::test {
 namespace {
 
-Problem MakeProblem(std::vector<int> lens_q, std::vector<int> lens_k, int num_heads = 2,
-                    int num_heads_k = 1, int head_dim = 16) {
-  Problem p;
-  p.lens_q = std::move(lens_q);
-  p.lens_k = std::move(lens_k);
-  p.num_heads = num_heads;
-  p.num_heads_k = num_heads_k;
-  p.head_dim = head_dim;
-  return p;
-}
-
 // Runs forward then backward and compares dq/dk/dv with the float64 analytic gradients on the
 // same rounded inputs and the same (rounded) out.
 BackwardResult ExpectBackwardMatches(const Case& c, int num_threads = 0) {

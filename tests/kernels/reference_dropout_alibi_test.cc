@@ -15,17 +15,6 @@
 namespace attnserve::kernels::test {
 namespace {
 
-Problem MakeProblem(std::vector<int> lens_q, std::vector<int> lens_k, int num_heads,
-                    int num_heads_k, int head_dim) {
-  Problem p;
-  p.lens_q = std::move(lens_q);
-  p.lens_k = std::move(lens_k);
-  p.num_heads = num_heads;
-  p.num_heads_k = num_heads_k;
-  p.head_dim = head_dim;
-  return p;
-}
-
 // One head, head_dim 1, one query row against 3 keys, scale 1: every step by hand.
 TEST(ReferenceDropoutAlibi, TinyProblemByHand) {
   Problem p = MakeProblem({1}, {3}, 1, 1, 1);
