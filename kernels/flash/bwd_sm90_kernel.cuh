@@ -55,7 +55,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using MmaDq = ptx::Wgmma<Element, T::kDqCols>;  // 64 queries x 32 or 64 columns
   using typename Base::QueryTile;
   using Base::args_, Base::f_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
-      Base::ds_smem_, Base::len_q_, Base::q_begin_;
+      Base::ds_smem_;
   using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
       Base::StoreKeyRows, Base::AddDqPairs, Base::barriers_;
   // Named barrier of the 256 consumer threads (0 is __syncthreads').
@@ -82,7 +82,6 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   // dK (times softmax_scale) and dV through the K and V buffers (each warp its own 16 rows),
   // then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
-    FinishBulkDq();
     // No wgmma reads K or V any more (dQ of both warpgroups reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     const int tid = Sm90ConsumerThread<T>();
@@ -183,54 +182,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     ptx::WgmmaWait<0>(dq);
     PinRegisters(dk_);
     PinRegisters(dv_);
-    if constexpr (kSm90BackwardBulkDq) {
-      BulkAddDq(dq, tile, warpgroup, warp, tid % 32);
-    } else {
-      AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
-    }
-  }
-
-  // kSm90BackwardBulkDq: this warp's 16 rows (tile rows 16 warp + 0..15) of the warpgroup's
-  // kDqCols dQ columns go to the warp's staging rows in shared memory, then lanes 0-15 add one
-  // row each to the float32 workspace with a bulk reduction. Rows past the sequence and columns
-  // past the head dim (a padded instantiation) are not added.
-  __device__ __forceinline__ void BulkAddDq(const float (&dq)[T::kDqTiles][4], QueryTile tile,
-                                            int warpgroup, int warp, int lane) {
-    const int group = lane / 4;
-    const int quad_lane = lane % 4;
-    const uint32_t stage =
-        ds_smem_ + T::kDsBuffers * T::kDsBytes + (warpgroup * 4 + warp) * T::kDqStageWarpBytes;
-    // The previous tile's reductions read this staging asynchronously: done before it is
-    // overwritten (issued a whole tile ago, so this rarely waits).
-    if (lane < 16) ptx::BulkWaitGroupRead<0>();
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < T::kDqTiles; ++t) {
-      const uint32_t at = stage + (group * T::kDqRowFloats + t * 8 + 2 * quad_lane) * 4;
-      ptx::StoreSharedFloat2(at, dq[t][0], dq[t][1]);
-      ptx::StoreSharedFloat2(at + 8 * T::kDqRowFloats * 4, dq[t][2], dq[t][3]);
-    }
-    // st.shared is the generic proxy, the bulk reduction reads through the async proxy.
-    ptx::FenceProxyAsyncShared();
-    __syncwarp();
-    if (lane < 16) {
-      const int row = tile.row0 + warp * 16 + lane;
-      const int col0 = warpgroup * T::kDqCols;
-      const int cols = min(T::kDqCols, f_.head_dim - col0);
-      if (row < len_q_ && cols > 0) {
-        float* dst = args_.dq_accum + (int64_t{q_begin_} + row) * f_.q_row_stride +
-                     int64_t{tile.head} * f_.head_dim + col0;
-        ptx::BulkReduceAddF32(dst, stage + lane * T::kDqRowFloats * 4, cols * 4);
-      }
-      ptx::BulkCommitGroup();
-    }
-  }
-
-  // kSm90BackwardBulkDq: the CTA's shared memory must outlive the last reductions' reads.
-  __device__ __forceinline__ void FinishBulkDq() {
-    if constexpr (kSm90BackwardBulkDq) {
-      if (Sm90ConsumerThread<T>() % 32 < 16) ptx::BulkWaitGroup<0>();
-    }
+    AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
   }
 
   float dk_[T::kDTiles][4];

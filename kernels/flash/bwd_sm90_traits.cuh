@@ -3,8 +3,7 @@
 // kBlockM rows streamed through two stages, the registers each role keeps, and the shared-memory
 // layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
 //   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D |
-//   dS^T x 2 | dQ staging (kSm90BackwardBulkDq) (the stages' full / empty mbarriers in stage 0's
-//   padding).
+//   dS^T x 2 (the stages' full / empty mbarriers in stage 0's padding).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -40,10 +39,6 @@ struct BwdSm90Traits {
   static constexpr int kDqCols = kHeadDim / kWarpgroups;
   static constexpr int kDqSteps = kBlockN / 16;  // k16 steps (keys)
   static constexpr int kDqTiles = kDqCols / 8;
-  // kSm90BackwardBulkDq: each consumer warp's staging of its 16 dQ rows (tile_config.h).
-  static constexpr int kDqRowFloats = Sm90BackwardDqRowFloats(kHeadDim);
-  static constexpr int kDqStageWarpBytes = 16 * kDqRowFloats * 4;
-  static constexpr int kDqStageBytes = Sm90BackwardDqStageBytes(kHeadDim);
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
@@ -70,13 +65,8 @@ struct BwdSm90Traits {
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4 + kSm90BackwardBarrierBytes,
                 "stage layout (stage 0 keeps the mbarriers after its lse and D)");
-  static_assert(kSmemBytes ==
-                    2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + kDqStageBytes + 1024,
+  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + 1024,
                 "host and device agree");
-  static_assert(!kSm90BackwardBulkDq ||
-                    (kDqStageBytes == (kConsumerThreads / 32) * kDqStageWarpBytes &&
-                     kDqRowFloats * 4 % 16 == 0),
-                "dQ staging: one 16-byte aligned block of 16 rows per consumer warp");
 };
 
 }  // namespace attnserve::kernels::flash

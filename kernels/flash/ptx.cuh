@@ -256,8 +256,4 @@ __device__ __forceinline__ void StoreShared32(uint32_t smem, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem), "r"(v));
 }
 
-__device__ __forceinline__ void StoreSharedFloat2(uint32_t smem, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem), "f"(x), "f"(y));
-}
-
 }  // namespace attnserve::kernels::flash::ptx

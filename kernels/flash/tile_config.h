@@ -140,25 +140,15 @@ constexpr int Sm90BackwardExchangeBytes(int head_dim) {
 // next tile under its S^T / dP^T and element-wise phase (measured faster, NOTES.md "Hopper
 // backward at head dims 192 and 256", "Deferred dQ").
 inline constexpr int kSm90BackwardDsBuffers = 2;
-// Head dims 64 / 128 with kSm90BackwardBulkDq: each consumer warp's 16 dQ rows of half the head
-// dim in float32, rows padded by 4 floats (16 bytes: the bulk reductions' alignment, and the
-// accumulator pairs' stores then meet at most two to a bank).
-constexpr int Sm90BackwardDqRowFloats(int head_dim) { return head_dim / 2 + 4; }
-constexpr int Sm90BackwardDqStageBytes(int head_dim) {
-  return kSm90BackwardBulkDq && head_dim <= 128
-             ? (Sm90BackwardBlockN(head_dim) / 16) * 16 * Sm90BackwardDqRowFloats(head_dim) * 4
-             : 0;
-}
-// K and V (resident), two stages, the dS^T tiles, the exchange tile (192 / 256) or the dQ
-// staging (64 / 128 with bulk dQ), 1 KB for alignment: 99 / 163 / 179 / 227 KB at head dim
-// 64 / 128 / 192 / 256 (117 / 197 KB at 64 / 128 with bulk dQ; a third stage would fit neither
-// at 192 nor at 256).
+// K and V (resident), two stages, the dS^T tiles, the exchange tile (192 / 256), 1 KB for
+// alignment: 99 / 163 / 179 / 227 KB at head dim 64 / 128 / 192 / 256 (a third stage would fit
+// neither at 192 nor at 256).
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          2 * Sm90BackwardStageBytes(head_dim) +
          kSm90BackwardDsBuffers * Sm90BackwardBlockN(head_dim) *
              Sm90BackwardBlockM(head_dim) * 2 +
-         Sm90BackwardExchangeBytes(head_dim) + Sm90BackwardDqStageBytes(head_dim) + 1024;
+         Sm90BackwardExchangeBytes(head_dim) + 1024;
 }
 
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows
