@@ -92,6 +92,7 @@ class BwdSm90Block {
     v_smem_ = smem + T::kKvBytes;
     stage_smem_ = smem + 2 * T::kKvBytes;
     ds_smem_ = stage_smem_ + T::kStages * T::kStageBytes;
+    batch_ = batch;
     k_begin_ = f_.cu_seqlens_k[batch];
     len_k_ = f_.cu_seqlens_k[batch + 1] - k_begin_;
     key_first_ = n_block * T::kBlockN;
@@ -312,6 +313,7 @@ class BwdSm90Block {
   const BwdKernelArgs& args_;
   const FwdKernelArgs& f_;
   int kv_head_;
+  int batch_;  // the sequence
   int k_begin_, len_k_, key_first_, q_begin_, len_q_, offset_;
   int vecs_valid_;
   int m_begin_, m_count_, iters_;

@@ -27,6 +27,7 @@
 
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_sm90_block.cuh"
+#include "kernels/flash/bwd_sm90_dq_tiles.h"
 #include "kernels/flash/bwd_sm90_traits.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
@@ -55,7 +56,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using MmaDq = ptx::Wgmma<Element, T::kDqCols>;  // 64 queries x 32 or 64 columns
   using typename Base::QueryTile;
   using Base::args_, Base::f_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
-      Base::ds_smem_;
+      Base::ds_smem_, Base::len_q_, Base::q_begin_, Base::batch_;
   using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
       Base::StoreKeyRows, Base::AddDqPairs, Base::barriers_;
   // Named barrier of the 256 consumer threads (0 is __syncthreads').
@@ -82,6 +83,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   // dK (times softmax_scale) and dV through the K and V buffers (each warp its own 16 rows),
   // then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
+    FinishDqPieces();
     // No wgmma reads K or V any more (dQ of both warpgroups reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     const int tid = Sm90ConsumerThread<T>();
@@ -182,7 +184,47 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     ptx::WgmmaWait<0>(dq);
     PinRegisters(dk_);
     PinRegisters(dv_);
-    AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
+    if constexpr (kSm90BackwardTileDq) {
+      AddDqPiece(dq, tile, warpgroup * 4 + warp, tid % 32);
+    } else {
+      AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
+    }
+  }
+
+  // kSm90BackwardTileDq: this warp's piece of the tile's dQ (bwd_sm90_dq_tiles.h) goes to its
+  // staging in shared memory, and lane 0 adds it to the workspace with one bulk reduction. A
+  // piece wholly past the sequence adds nothing (its rows are zero) and is skipped.
+  __device__ __forceinline__ void AddDqPiece(const float (&dq)[T::kDqTiles][4], QueryTile tile,
+                                             int piece, int lane) {
+    const uint32_t stage =
+        ds_smem_ + T::kDsBuffers * T::kDsBytes + piece * T::kDqPieceBytes;
+    // The previous tile's reduction reads the staging asynchronously: done before it is
+    // overwritten (issued a whole tile ago, so this rarely waits).
+    if (lane == 0) ptx::BulkWaitGroupRead<0>();
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < T::kDqTiles; ++t) {
+      ptx::StoreSharedFloat4(stage + (t * 32 + lane) * 16, dq[t][0], dq[t][1], dq[t][2],
+                             dq[t][3]);
+    }
+    // st.shared is the generic proxy; the bulk reduction reads through the async proxy.
+    ptx::FenceProxyAsyncShared();
+    __syncwarp();
+    if (lane == 0 && tile.row0 + (piece % 4) * 16 < len_q_) {
+      float* dst = args_.dq_accum +
+                   TileDqChunkOffset(q_begin_, batch_, tile.row0, tile.head, f_.num_heads,
+                                     T::kHeadDim) +
+                   piece * (T::kDqPieceBytes / 4);
+      ptx::BulkReduceAddF32(dst, stage, T::kDqPieceBytes);
+      ptx::BulkCommitGroup();
+    }
+  }
+
+  // kSm90BackwardTileDq: the CTA's shared memory must outlive the last reduction's reads.
+  __device__ __forceinline__ void FinishDqPieces() {
+    if constexpr (kSm90BackwardTileDq) {
+      if (Sm90ConsumerThread<T>() % 32 == 0) ptx::BulkWaitGroup<0>();
+    }
   }
 
   float dk_[T::kDTiles][4];

@@ -1,13 +1,15 @@
 // Definition of LaunchBackwardSm90, included by the generated sm90 backward instantiation files
 // only: zero the float32 dQ workspace, the preprocess (D), the Hopper dK/dV kernel with atomic
 // dQ (bwd_sm90_kernel.cuh at head dims 64 / 128, bwd_sm90_wide_kernel.cuh at 192 / 256), the dQ
-// conversion (the sm80 path's preprocess and conversion kernels, unchanged).
+// conversion (the sm80 path's preprocess and conversion kernels, or with kSm90BackwardTileDq at
+// 64 / 128 the tile layout's, bwd_sm90_dq_tiles.cuh).
 #pragma once
 
 #include <string>
 
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/bwd_preprocess.cuh"
+#include "kernels/flash/bwd_sm90_dq_tiles.cuh"
 #include "kernels/flash/bwd_sm90_kernel.cuh"
 #include "kernels/flash/bwd_sm90_wide_kernel.cuh"
 
@@ -31,8 +33,14 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
   if (err != cudaSuccess) return BackwardSm90LaunchError("cudaFuncSetAttribute", err);
   const int64_t pairs = args.fwd.total_q * args.fwd.num_heads;
   const int64_t dq_elems = pairs * args.fwd.head_dim;
+  // The dQ workspace: laid out like dq, or by tile (bwd_sm90_dq_tiles.h).
+  constexpr bool kTileDq = kSm90BackwardTileDq && T::kHeadDim <= 128;
+  const int64_t workspace_floats =
+      kTileDq ? TileDqWorkspaceFloats(args.fwd.total_q, grid.batch, args.fwd.num_heads,
+                                      T::kHeadDim)
+              : dq_elems;
   if (dq_elems > 0) {
-    err = cudaMemsetAsync(args.dq_accum, 0, static_cast<size_t>(dq_elems) * 4, stream);
+    err = cudaMemsetAsync(args.dq_accum, 0, static_cast<size_t>(workspace_floats) * 4, stream);
     if (err != cudaSuccess) return BackwardSm90LaunchError("cudaMemsetAsync", err);
   }
   if (pairs > 0) {
@@ -50,10 +58,17 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
     if (err != cudaSuccess) return BackwardSm90LaunchError("dK/dV launch", err);
   }
   if (dq_elems > 0) {
-    const int64_t blocks = (dq_elems / 8 + kConvertThreads - 1) / kConvertThreads;
-    FlashBackwardConvertDqKernel<kDType><<<static_cast<unsigned>(blocks), kConvertThreads, 0,
-                                           stream>>>(args.dq_accum, args.dq, dq_elems,
-                                                     args.grad_scale);
+    if constexpr (kTileDq) {
+      const dim3 blocks((grid.max_seqlen_q + kTileDqRows - 1) / kTileDqRows, args.fwd.num_heads,
+                        grid.batch);
+      FlashBackwardConvertTileDqKernel<kDType, T::kHeadDim>
+          <<<blocks, kTileDqConvertThreads, 0, stream>>>(args);
+    } else {
+      const int64_t blocks = (dq_elems / 8 + kConvertThreads - 1) / kConvertThreads;
+      FlashBackwardConvertDqKernel<kDType><<<static_cast<unsigned>(blocks), kConvertThreads, 0,
+                                             stream>>>(args.dq_accum, args.dq, dq_elems,
+                                                       args.grad_scale);
+    }
     err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardSm90LaunchError("dQ conversion launch", err);
   }

@@ -3,7 +3,8 @@
 // kBlockM rows streamed through two stages, the registers each role keeps, and the shared-memory
 // layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
 //   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D |
-//   dS^T x 2 (the stages' full / empty mbarriers in stage 0's padding).
+//   dS^T x 2 | dQ staging (kSm90BackwardTileDq) (the stages' full / empty mbarriers in stage 0's
+//   padding).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -39,6 +40,9 @@ struct BwdSm90Traits {
   static constexpr int kDqCols = kHeadDim / kWarpgroups;
   static constexpr int kDqSteps = kBlockN / 16;  // k16 steps (keys)
   static constexpr int kDqTiles = kDqCols / 8;
+  // kSm90BackwardTileDq: each consumer warp's 16 dQ rows, staged (bwd_sm90_dq_tiles.h).
+  static constexpr int kDqPieceBytes = 16 * kDqCols * 4;
+  static constexpr int kDqStageBytes = Sm90BackwardDqStageBytes(kHeadDim);
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
@@ -65,8 +69,11 @@ struct BwdSm90Traits {
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4 + kSm90BackwardBarrierBytes,
                 "stage layout (stage 0 keeps the mbarriers after its lse and D)");
-  static_assert(kSmemBytes == 2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + 1024,
+  static_assert(kSmemBytes ==
+                    2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + kDqStageBytes + 1024,
                 "host and device agree");
+  static_assert(!kSm90BackwardTileDq || kDqStageBytes == (kConsumerThreads / 32) * kDqPieceBytes,
+                "dQ staging: one piece per consumer warp");
 };
 
 }  // namespace attnserve::kernels::flash

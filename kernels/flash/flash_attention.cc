@@ -12,6 +12,7 @@
 #include "kernels/flash/arch.h"
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_launch.h"
+#include "kernels/flash/bwd_sm90_dq_tiles.h"
 #include "kernels/flash/fwd_args.h"
 #include "kernels/architecture_limits.h"
 #include "kernels/gpu_launch_common.h"
@@ -317,8 +318,16 @@ size_t BackwardDsumBytes(const AttentionShape& s) {
 
 size_t BackwardDqAccumBytes(const AttentionShape& s) {
   if (s.total_q <= 0 || s.num_heads <= 0 || s.head_dim <= 0) return 0;
-  return AlignWorkspace(static_cast<size_t>(s.total_q) * static_cast<size_t>(s.num_heads) *
-                        static_cast<size_t>(s.head_dim) * 4);
+  size_t floats = static_cast<size_t>(s.total_q) * static_cast<size_t>(s.num_heads) *
+                  static_cast<size_t>(s.head_dim);
+  // The Hopper kernels at 64 / 128 may lay it out by tile (bwd_sm90_dq_tiles.h): room for
+  // 64 rows more per sequence, at the instantiated head dim.
+  if (kSm90BackwardTileDq && s.batch > 0 && s.head_dim <= 128) {
+    const int padded_head_dim = s.head_dim <= 64 ? 64 : 128;
+    floats = std::max(floats, static_cast<size_t>(TileDqWorkspaceFloats(
+                                  s.total_q, s.batch, s.num_heads, padded_head_dim)));
+  }
+  return AlignWorkspace(floats * 4);
 }
 
 }  // namespace

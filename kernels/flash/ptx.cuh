@@ -256,4 +256,10 @@ __device__ __forceinline__ void StoreShared32(uint32_t smem, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem), "r"(v));
 }
 
+__device__ __forceinline__ void StoreSharedFloat4(uint32_t smem, float x, float y, float z,
+                                                  float w) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem), "f"(x), "f"(y), "f"(z),
+               "f"(w));
+}
+
 }  // namespace attnserve::kernels::flash::ptx

@@ -40,6 +40,33 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Adds `bytes` (a multiple of 16) of float32 from shared memory at `smem` to global memory at
+// `dst` (both 16-byte aligned), element by element, as one asynchronous bulk operation of this
+// thread's current bulk group: the L2 performs the additions, atomically per element.
+__device__ __forceinline__ void BulkReduceAddF32(float* dst, uint32_t smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(dst), "r"(smem), "r"(bytes)
+               : "memory");
+}
+
+// Closes this thread's bulk operations issued since the last commit into one bulk group.
+__device__ __forceinline__ void BulkCommitGroup() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups still read their shared memory
+// (the source may be written again afterwards; the global writes may still be in flight).
+template <int kPending>
+__device__ __forceinline__ void BulkWaitGroupRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups are incomplete (reads and writes).
+template <int kPending>
+__device__ __forceinline__ void BulkWaitGroup() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Barrier `id` (1-15; 0 is __syncthreads') among `kThreads` threads, e.g. one warpgroup.
 template <int kThreads>
 __device__ __forceinline__ void NamedBarrierSync(int id) {
