@@ -220,10 +220,11 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     }
   }
 
-  // kSm90BackwardTileDq: the CTA's shared memory must outlive the last reduction's reads.
+  // kSm90BackwardTileDq: the CTA's shared memory must outlive the last reduction's reads (its
+  // additions complete on their own; the conversion kernel runs after this grid).
   __device__ __forceinline__ void FinishDqPieces() {
     if constexpr (kSm90BackwardTileDq) {
-      if (Sm90ConsumerThread<T>() % 32 == 0) ptx::BulkWaitGroup<0>();
+      if (Sm90ConsumerThread<T>() % 32 == 0) ptx::BulkWaitGroupRead<0>();
     }
   }
 

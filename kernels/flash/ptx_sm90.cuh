@@ -61,12 +61,6 @@ __device__ __forceinline__ void BulkWaitGroupRead() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Waits until at most kPending of this thread's bulk groups are incomplete (reads and writes).
-template <int kPending>
-__device__ __forceinline__ void BulkWaitGroup() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // Barrier `id` (1-15; 0 is __syncthreads') among `kThreads` threads, e.g. one warpgroup.
 template <int kThreads>
 __device__ __forceinline__ void NamedBarrierSync(int id) {
