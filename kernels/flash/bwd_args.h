@@ -17,9 +17,10 @@ struct BwdKernelArgs {
   void* dk;          // [total_k, num_heads_k, head_dim]
   void* dv;          // [total_k, num_heads_k, head_dim]
   float* dsum;       // [num_heads, total_q]: D = rowsum(dO * O), written by the preprocess kernel
-  // Non-deterministic mode: [total_q, num_heads, head_dim] float32 dQ (unscaled), zeroed, summed
-  // with atomics by the dK/dV kernel and converted into dq; nullptr in deterministic mode (the
-  // dQ kernel writes dq).
+  // Non-deterministic mode: float32 dQ (unscaled), zeroed, summed with atomics by the dK/dV
+  // kernel and converted into dq: [total_q, num_heads, head_dim] on the sm80 path and the Hopper
+  // one at 192 / 256, by tile at 64 / 128 (bwd_sm90_dq_tiles.h); nullptr in deterministic mode
+  // (the dQ kernel writes dq).
   float* dq_accum;
   float lse_log2_scale;  // log2(e): lse is natural log, the kernels work in base 2
   float grad_scale;  // d score / d (q.k) = softmax_scale (times 1 - tanh^2 with softcap)

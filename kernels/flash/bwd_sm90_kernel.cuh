@@ -58,7 +58,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   using Base::args_, Base::f_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_, Base::len_q_, Base::q_begin_, Base::batch_;
   using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
-      Base::StoreKeyRows, Base::AddDqPairs, Base::barriers_;
+      Base::StoreKeyRows, Base::barriers_;
   // Named barrier of the 256 consumer threads (0 is __syncthreads').
   static constexpr int kConsumersBarrier = 1;
 
@@ -184,16 +184,14 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     ptx::WgmmaWait<0>(dq);
     PinRegisters(dk_);
     PinRegisters(dv_);
-    if constexpr (kSm90BackwardTileDq) {
-      AddDqPiece(dq, tile, warpgroup * 4 + warp, tid % 32);
-    } else {
-      AddDqPairs(dq, tile, warp * 16 + group, dq_col0 + 2 * quad_lane);
-    }
+    AddDqPiece(dq, tile, warpgroup * 4 + warp, tid % 32);
   }
 
-  // kSm90BackwardTileDq: this warp's piece of the tile's dQ (bwd_sm90_dq_tiles.h) goes to its
-  // staging in shared memory, and lane 0 adds it to the workspace with one bulk reduction. A
-  // piece wholly past the sequence adds nothing (its rows are zero) and is skipped.
+  // This warp's piece of the tile's dQ (bwd_sm90_dq_tiles.h) goes to its staging in shared
+  // memory, and lane 0 adds it to the workspace with one bulk reduction: 8 per tile, where a
+  // red.global.add.v2.f32 per element pair from the accumulators made 4096 and ran 1-24% slower
+  // (bench/RESULTS.md, "Hopper backward at 64/128: dQ by tile"). A piece wholly past the
+  // sequence adds nothing (its rows are zero) and is skipped.
   __device__ __forceinline__ void AddDqPiece(const float (&dq)[T::kDqTiles][4], QueryTile tile,
                                              int piece, int lane) {
     const uint32_t stage =
@@ -220,12 +218,10 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     }
   }
 
-  // kSm90BackwardTileDq: the CTA's shared memory must outlive the last reduction's reads (its
-  // additions complete on their own; the conversion kernel runs after this grid).
+  // The CTA's shared memory must outlive the last reduction's reads (its additions complete on
+  // their own; the conversion kernel runs after this grid).
   __device__ __forceinline__ void FinishDqPieces() {
-    if constexpr (kSm90BackwardTileDq) {
-      if (Sm90ConsumerThread<T>() % 32 == 0) ptx::BulkWaitGroupRead<0>();
-    }
+    if (Sm90ConsumerThread<T>() % 32 == 0) ptx::BulkWaitGroupRead<0>();
   }
 
   float dk_[T::kDTiles][4];

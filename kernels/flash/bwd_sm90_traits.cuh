@@ -3,8 +3,7 @@
 // kBlockM rows streamed through two stages, the registers each role keeps, and the shared-memory
 // layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
 //   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D |
-//   dS^T x 2 | dQ staging (kSm90BackwardTileDq) (the stages' full / empty mbarriers in stage 0's
-//   padding).
+//   dS^T x 2 | dQ staging (the stages' full / empty mbarriers in stage 0's padding).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -40,7 +39,7 @@ struct BwdSm90Traits {
   static constexpr int kDqCols = kHeadDim / kWarpgroups;
   static constexpr int kDqSteps = kBlockN / 16;  // k16 steps (keys)
   static constexpr int kDqTiles = kDqCols / 8;
-  // kSm90BackwardTileDq: each consumer warp's 16 dQ rows, staged (bwd_sm90_dq_tiles.h).
+  // Each consumer warp's 16 dQ rows, staged for its bulk reduction (bwd_sm90_dq_tiles.h).
   static constexpr int kDqPieceBytes = 16 * kDqCols * 4;
   static constexpr int kDqStageBytes = Sm90BackwardDqStageBytes(kHeadDim);
 
@@ -72,7 +71,7 @@ struct BwdSm90Traits {
   static_assert(kSmemBytes ==
                     2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + kDqStageBytes + 1024,
                 "host and device agree");
-  static_assert(!kSm90BackwardTileDq || kDqStageBytes == (kConsumerThreads / 32) * kDqPieceBytes,
+  static_assert(kDqStageBytes == (kConsumerThreads / 32) * kDqPieceBytes,
                 "dQ staging: one piece per consumer warp");
 };
 

@@ -3,7 +3,7 @@
 // Normal builds define none of these macros and get the shipped defaults; a benchmark build
 // defines one for C++ and CUDA alike (`bench/run_gpu.sh --bwd-variant NAME=-DMACRO=VALUE`), and
 // CI compiles each kept non-default value once (kernels/flash/CMakeLists.txt,
-// attn_flash_tuning_variant). Knobs whose alternative lost are deleted, not kept here.
+// attn_flash_tuning_variants). Knobs whose alternative lost are deleted, not kept here.
 #pragma once
 
 namespace attnserve::kernels::flash {
@@ -16,14 +16,5 @@ namespace attnserve::kernels::flash {
 #define ATTN_FLASH_SM90_FWD_STAGES 0
 #endif
 inline constexpr int kSm90ForwardStagesOverride = ATTN_FLASH_SM90_FWD_STAGES;
-
-// How the Hopper backward at head dims 64/128 adds each tile's dQ into the float32 workspace:
-// 0 (shipped): one red.global.add.v2.f32 per element pair from the wgmma accumulators, into a
-// workspace laid out like dq; 1: each consumer warp stages its 16 rows in shared memory and
-// adds them with one bulk reduction into a workspace laid out by tile (bwd_sm90_dq_tiles.cuh).
-#ifndef ATTN_FLASH_SM90_BWD_TILE_DQ
-#define ATTN_FLASH_SM90_BWD_TILE_DQ 0
-#endif
-inline constexpr bool kSm90BackwardTileDq = ATTN_FLASH_SM90_BWD_TILE_DQ != 0;
 
 }  // namespace attnserve::kernels::flash

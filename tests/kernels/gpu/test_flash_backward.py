@@ -221,7 +221,7 @@ def test_error_fp32():
 def test_error_workspace_too_small():
     kwargs = _backward_call()
     kwargs["workspace"] = torch.empty(4, dtype=torch.uint8, device="cuda")
-    with pytest.raises(KernelError, match=r"needs a workspace of 4352 bytes"):
+    with pytest.raises(KernelError, match=r"needs a workspace of 37120 bytes"):
         LIB.backward(**kwargs)
     kwargs["deterministic"] = True
     with pytest.raises(KernelError, match=r"needs a workspace of 256 bytes"):
