@@ -7,6 +7,9 @@
 //      dS^T = P^T (dP^T - D) (1 - tanh^2 with softcap), dK += dS^T Q.
 //   3. FallbackDqKernel: one CTA per (query block, head, sequence) in the forward's geometry:
 //      S, P, dP = dO V^T and dS per key tile again, dQ += dS K in registers.
+// kExtras (dropout, ALiBi; otherwise the same kernels): ALiBi joins pre after the softcap (the
+// softcap derivative takes the tanh without it); with Z the scaled mask, dV += (P Z)^T dO and
+// dS = P (dP Z - D), D being of the dropped output the forward returned.
 #pragma once
 
 #include <math_constants.h>
@@ -54,8 +57,9 @@ __device__ __forceinline__ void ScoreGradient(float (&p)[kTiles][4], const float
   }
 }
 
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads) FallbackDkDvKernel(const BwdArgs ba) {
+template <class Cfg, bool kExtras>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    FallbackDkDvKernel(const BwdArgs ba, const ExtraArgs x) {
   using T = typename Cfg::Element;
   constexpr Path P = Cfg::kPath;
   constexpr int D = Cfg::kDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStride;
@@ -144,20 +148,48 @@ __global__ void __launch_bounds__(Cfg::kThreads) FallbackDkDvKernel(const BwdArg
     float s[BM / 8][4] = {};
     GemmNT<P, T, BM, D>(s, sK + group * 16 * S, S, sQ, S, scratch);
     const bool masked = !AllVisible(a, m, m + BM - 1, n0, n0 + BN - 1, len_k, offset);
-    ScoresToPre<BM / 8, true>(s, a, masked, warp_key, m, len_k, offset);
     float pre[BM / 8][4];
     const int t = LaneId() % 4;
+    const int h = kv_head * a.head_group + it / m_tiles;  // the query head of this tile
+    if constexpr (kExtras) {
+      SoftcapScores(s, a);
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pre[j][e] = s[j][e];  // finite where masked: P = 0 there
+      }
+      AddAlibi<BM / 8, true>(s, AlibiSlope(x, b, h), warp_key, m, offset);
+      if (masked) MaskScores<BM / 8, true>(s, a, warp_key, m, len_k, offset);
+    } else {
+      ScoresToPre<BM / 8, true>(s, a, masked, warp_key, m, len_k, offset);
+    }
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        pre[j][e] = s[j][e];
+        if constexpr (!kExtras) pre[j][e] = s[j][e];
         s[j][e] = ptx::Exp2(fmaf(s[j][e], a.exp2_scale, -sLse[j * 8 + 2 * t + (e % 2)]));
       }
     }
     float dp[BM / 8][4] = {};
     GemmNT<P, T, BM, D>(dp, sV + group * 16 * S, S, sdO, S, scratch);
-    GemmNN<P, T, C, BM>(dv, s, sdO + col0, S, scratch);
+    if constexpr (kExtras) {
+      float pz[BM / 8][4];  // P Z (P itself without dropout)
+      if (x.dropout) {
+        const uint32_t keep = DropoutKeepBits<BM / 8, true>(x, b, h, warp_key, m);
+        ApplyDropout(pz, s, keep, x.dropout_scale);
+        ApplyDropout(dp, dp, keep, x.dropout_scale);
+      } else {
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pz[j][e] = s[j][e];
+        }
+      }
+      GemmNN<P, T, C, BM>(dv, pz, sdO + col0, S, scratch);
+    } else {
+      GemmNN<P, T, C, BM>(dv, s, sdO + col0, S, scratch);
+    }
     ScoreGradient(s, dp, pre, sD, a.softcap, true);
     GemmNN<P, T, C, BM>(dk, s, sQ + col0, S, scratch);
   }
@@ -171,8 +203,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) FallbackDkDvKernel(const BwdArg
                       a.vector_io);
 }
 
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads) FallbackDqKernel(const BwdArgs ba) {
+template <class Cfg, bool kExtras>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    FallbackDqKernel(const BwdArgs ba, const ExtraArgs x) {
   using T = typename Cfg::Element;
   constexpr Path P = Cfg::kPath;
   constexpr int D = Cfg::kDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStride;
@@ -199,6 +232,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) FallbackDqKernel(const BwdArgs 
   const int offset = len_k - len_q;
   int n_lo, n_hi;
   VisibleKeys(a, m0, m0 + rows - 1, len_k, offset, n_lo, n_hi);
+  float slope = 0.0f;
+  if constexpr (kExtras) {
+    if (n_lo < n_hi) n_lo &= ~1;  // even key tiles for the dropout mask, as in the forward
+    slope = AlibiSlope(x, b, head);
+  }
   const int tiles = n_lo < n_hi ? (n_hi - n_lo + BN - 1) / BN : 0;
 
   const int64_t q_offset = (q_begin + m0) * a.q_row_stride + int64_t{head} * a.head_dim;
@@ -249,18 +287,35 @@ __global__ void __launch_bounds__(Cfg::kThreads) FallbackDqKernel(const BwdArgs 
     float s[BN / 8][4] = {};
     GemmNT<P, T, BN, D>(s, sQ + warp * 16 * S, S, sK, S, scratch);
     const bool masked = !AllVisible(a, m0, m0 + BM - 1, n, n + BN - 1, len_k, offset);
-    ScoresToPre<BN / 8, false>(s, a, masked, warp_row, n, len_k, offset);
     float pre[BN / 8][4];
+    if constexpr (kExtras) {
+      SoftcapScores(s, a);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pre[j][e] = s[j][e];  // finite where masked: P = 0 there
+      }
+      AddAlibi<BN / 8, false>(s, slope, warp_row, n, offset);
+      if (masked) MaskScores<BN / 8, false>(s, a, warp_row, n, len_k, offset);
+    } else {
+      ScoresToPre<BN / 8, false>(s, a, masked, warp_row, n, len_k, offset);
+    }
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        pre[j][e] = s[j][e];
+        if constexpr (!kExtras) pre[j][e] = s[j][e];
         s[j][e] = ptx::Exp2(fmaf(s[j][e], a.exp2_scale, -lse2[e / 2]));
       }
     }
     float dp[BN / 8][4] = {};
     GemmNT<P, T, BN, D>(dp, sdO + warp * 16 * S, S, sV, S, scratch);
+    if constexpr (kExtras) {
+      if (x.dropout) {
+        ApplyDropout(dp, dp, DropoutKeepBits<BN / 8, false>(x, b, head, warp_row, n),
+                     x.dropout_scale);
+      }
+    }
     ScoreGradient(s, dp, pre, dsum, a.softcap, false);
     GemmNN<P, T, D, BN>(dq, s, sK, S, scratch);
   }

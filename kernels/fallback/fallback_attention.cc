@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/dropout_mask.h"
 #include "kernels/fallback/kernel_args.h"
+#include "kernels/gpu_alibi_slopes.h"
 #include "kernels/gpu_launch_common.h"
 
 namespace attnserve::kernels::fallback {
@@ -24,22 +26,33 @@ const char* PathName(Path path) {
 
 namespace {
 
-using ForwardRun = KernelStatus (*)(const FwdArgs&, Path, const LaunchShape&, void*);
-using BackwardRun = KernelStatus (*)(const BwdArgs&, Path, const LaunchShape&, void*);
+using ForwardRun = KernelStatus (*)(const FwdArgs&, const ExtraArgs&, Path, const LaunchShape&,
+                                    void*);
+using BackwardRun = KernelStatus (*)(const BwdArgs&, const ExtraArgs&, Path, const LaunchShape&,
+                                     void*);
 
 struct BucketEntry {
   int head_dim;
-  ForwardRun forward[3];    // by DType: fp16, bf16, fp32
-  BackwardRun backward[3];
+  ForwardRun forward[2][3];  // by extras (dropout or ALiBi on), then DType: fp16, bf16, fp32
+  BackwardRun backward[2][3];
 };
+
+template <int kHeadDim, bool kExtras>
+constexpr BucketEntry MakeEntryPart(BucketEntry entry) {
+  entry.forward[kExtras][0] = &RunForward<DType::kFloat16, kHeadDim, kExtras>;
+  entry.forward[kExtras][1] = &RunForward<DType::kBFloat16, kHeadDim, kExtras>;
+  entry.forward[kExtras][2] = &RunForward<DType::kFloat32, kHeadDim, kExtras>;
+  entry.backward[kExtras][0] = &RunBackward<DType::kFloat16, kHeadDim, kExtras>;
+  entry.backward[kExtras][1] = &RunBackward<DType::kBFloat16, kHeadDim, kExtras>;
+  entry.backward[kExtras][2] = &RunBackward<DType::kFloat32, kHeadDim, kExtras>;
+  return entry;
+}
 
 template <int kHeadDim>
 constexpr BucketEntry MakeEntry() {
-  return {kHeadDim,
-          {&RunForward<DType::kFloat16, kHeadDim>, &RunForward<DType::kBFloat16, kHeadDim>,
-           &RunForward<DType::kFloat32, kHeadDim>},
-          {&RunBackward<DType::kFloat16, kHeadDim>, &RunBackward<DType::kBFloat16, kHeadDim>,
-           &RunBackward<DType::kFloat32, kHeadDim>}};
+  BucketEntry entry{};
+  entry.head_dim = kHeadDim;
+  return MakeEntryPart<kHeadDim, true>(MakeEntryPart<kHeadDim, false>(entry));
 }
 
 // The head-dim buckets this build holds (ATTN_FALLBACK_HEAD_DIMS), ascending; a head dim runs on
@@ -121,6 +134,8 @@ KernelStatus Validate(const ForwardParams& p) {
   if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) {
     return Error("softcap must be finite and >= 0");
   }
+  if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f)) return Error("dropout_p must be in [0, 1)");
+  if (o.has_alibi() && o.alibi_slopes_stride < 0) return Error("alibi_slopes_stride must be >= 0");
   return KernelStatus::Ok();
 }
 
@@ -207,6 +222,22 @@ FwdArgs MakeForwardArgs(const ForwardParams& p) {
   return args;
 }
 
+// Dropout and ALiBi for the kExtras kernels; `slopes` already holds the launch's device slopes.
+ExtraArgs MakeExtraArgs(const AttentionOptions& o, const DeviceAlibiSlopes& slopes) {
+  ExtraArgs x{};
+  x.alibi_slopes = slopes.base();
+  x.alibi_stride = slopes.stride();
+  x.alibi_scale = 1.0f / FoldScales(o).lse_scale;
+  x.dropout = o.has_dropout();
+  x.dropout_threshold = DropoutThreshold(o.dropout_p);
+  x.dropout_scale = x.dropout ? 1.0f / (1.0f - o.dropout_p) : 1.0f;
+  x.dropout_seed = o.dropout_seed;
+  x.first_sequence = o.first_sequence;
+  return x;
+}
+
+bool HasExtras(const AttentionOptions& o) { return o.has_dropout() || o.has_alibi(); }
+
 }  // namespace
 
 KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
@@ -221,8 +252,16 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
   if (!status.ok) return status;
   const BucketEntry* bucket = FindBucket(s.head_dim);
   const LaunchShape shape{s.batch, s.max_seqlen_q, s.max_seqlen_k, info.smem_limit};
-  return bucket->forward[DTypeIndex(s.dtype)](MakeForwardArgs(params), info.path, shape,
-                                              ctx.stream);
+  const bool extras = HasExtras(params.options);
+  DeviceAlibiSlopes slopes;  // freed in stream order after the launch
+  if (std::string problem =
+          slopes.Init(params.options, s, static_cast<cudaStream_t>(ctx.stream));
+      !problem.empty()) {
+    return Error(problem);
+  }
+  return bucket->forward[extras][DTypeIndex(s.dtype)](
+      MakeForwardArgs(params), MakeExtraArgs(params.options, slopes), info.path, shape,
+      ctx.stream);
 }
 
 size_t BackwardWorkspaceBytes(const BackwardParams& params) {
@@ -276,7 +315,15 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   args.grad_scale = params.options.softmax_scale;
   const BucketEntry* bucket = FindBucket(s.head_dim);
   const LaunchShape shape{s.batch, s.max_seqlen_q, s.max_seqlen_k, info.smem_limit};
-  return bucket->backward[DTypeIndex(s.dtype)](args, info.path, shape, ctx.stream);
+  const bool extras = HasExtras(params.options);
+  DeviceAlibiSlopes slopes;  // freed in stream order after the launches
+  if (std::string problem =
+          slopes.Init(params.options, s, static_cast<cudaStream_t>(ctx.stream));
+      !problem.empty()) {
+    return Error(problem);
+  }
+  return bucket->backward[extras][DTypeIndex(s.dtype)](
+      args, MakeExtraArgs(params.options, slopes), info.path, shape, ctx.stream);
 }
 
 }  // namespace attnserve::kernels::fallback

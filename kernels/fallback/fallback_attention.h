@@ -15,7 +15,9 @@ namespace attnserve::kernels::fallback {
 // largest bucket built, ATTN_FALLBACK_HEAD_DIMS). ctx.compute_capability picks the code path
 // (70: wmma fp16, 75: mma.sync m16n8k8 fp16, >= 80: mma.sync m16n8k16 fp16/bf16; bf16 below 80
 // and fp32 everywhere: fp32 CUDA-core math); 0 = the device's own; a path newer than the device
-// is an error. Returns an error, never crashes, for what it cannot run. Asynchronous.
+// is an error. Dropout and ALiBi (options.dropout_p, alibi_slopes[_device], first_sequence) run
+// separate kernel instantiations; without them the kernels are unchanged. Returns an error, never
+// crashes, for what it cannot run. Asynchronous.
 KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx);
 
 // Bytes of device scratch Backward needs in ctx.workspace: D = rowsum(dO * O) in float32

@@ -3,11 +3,14 @@
 // buffer each (on sm80+ paths V(n) loads under S = Q K(n)^T and K(n+1) under softmax and P V(n),
 // through cp.async); S, P and O never leave registers (or the warp's scratch on kWmma / kSimt).
 // Only key tiles some row of the block sees are visited; only tiles crossing a mask edge or the
-// end of the keys are masked element-wise.
+// end of the keys are masked element-wise. kExtras adds ALiBi (to pre, before masking) and
+// dropout (on P after the softmax statistics, so lse is of the undropped P; the 1 / (1 - p)
+// scale joins the final normalization); without it the kernel is exactly the one without them.
 #pragma once
 
 #include <math_constants.h>
 
+#include "kernels/fallback/extras.cuh"
 #include "kernels/fallback/kernel_args.h"
 #include "kernels/fallback/softmax.cuh"
 #include "kernels/fallback/tile_config.cuh"
@@ -31,8 +34,9 @@ __device__ __forceinline__ bool AllVisible(const FwdArgs& a, int row_first, int 
          key_last <= row_first + offset + a.window_right;
 }
 
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads) FallbackForwardKernel(const FwdArgs a) {
+template <class Cfg, bool kExtras>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    FallbackForwardKernel(const FwdArgs a, const ExtraArgs x) {
   using T = typename Cfg::Element;
   constexpr Path P = Cfg::kPath;
   constexpr int D = Cfg::kDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStride;
@@ -56,6 +60,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) FallbackForwardKernel(const Fwd
   const int offset = len_k - len_q;
   int n_lo, n_hi;
   VisibleKeys(a, m0, m0 + rows - 1, len_k, offset, n_lo, n_hi);
+  float slope = 0.0f;
+  if constexpr (kExtras) {
+    // Even key tiles: a lane's two keys 2t, 2t + 1 share one Philox call (extras.cuh); the
+    // extra key in front is masked like any other it does not see.
+    if (n_lo < n_hi) n_lo &= ~1;
+    slope = AlibiSlope(x, b, head);
+  }
 
   const T* q = static_cast<const T*>(a.q) + (q_begin + m0) * a.q_row_stride +
                int64_t{head} * a.head_dim;
@@ -105,8 +116,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) FallbackForwardKernel(const Fwd
         }
       }
       const bool masked = !AllVisible(a, m0, m0 + BM - 1, n, n + BN - 1, len_k, offset);
-      ScoresToPre<BN / 8, false>(s, a, masked, warp_row, n, len_k, offset);
+      if constexpr (kExtras) {
+        SoftcapScores(s, a);
+        AddAlibi<BN / 8, false>(s, slope, warp_row, n, offset);
+        if (masked) MaskScores<BN / 8, false>(s, a, warp_row, n, len_k, offset);
+      } else {
+        ScoresToPre<BN / 8, false>(s, a, masked, warp_row, n, len_k, offset);
+      }
       OnlineSoftmax(s, m, l, o, a.exp2_scale);
+      if constexpr (kExtras) {
+        if (x.dropout) {  // dropped entries leave o; kept ones are scaled in the epilogue
+          ApplyDropout(s, s, DropoutKeepBits<BN / 8, false>(x, b, head, warp_row, n), 1.0f);
+        }
+      }
       GemmNN<P, T, D, BN>(o, s, sV, S, scratch);
       if (staged && more) fetch.Store(sK);  // every warp finished reading K(n) before the barrier
     }
@@ -121,6 +143,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) FallbackForwardKernel(const Fwd
     const float sum = QuadSum(l[r]);
     inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
     lse[r] = sum > 0.0f ? m[r] * a.lse_scale + logf(sum) : CUDART_INF_F;
+    if constexpr (kExtras) inv[r] *= x.dropout_scale;  // 1 without dropout
   }
 #pragma unroll
   for (int d = 0; d < D / 8; ++d) {

@@ -67,19 +67,21 @@ inline KernelStatus CheckLaunch(const char* what) {
 
 inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
-template <Path P, typename T, int kHeadDim>
-KernelStatus LaunchForward(const FwdArgs& args, const LaunchShape& shape, cudaStream_t stream) {
+template <Path P, typename T, int kHeadDim, bool kExtras>
+KernelStatus LaunchForward(const FwdArgs& args, const ExtraArgs& extras, const LaunchShape& shape,
+                           cudaStream_t stream) {
   using Cfg = FwdConfig<P, T, kHeadDim>;
-  auto kernel = FallbackForwardKernel<Cfg>;
+  auto kernel = FallbackForwardKernel<Cfg, kExtras>;
   KernelStatus status = PrepareKernel(kernel, Cfg::kSmemBytes, shape, "forward");
   if (!status.ok) return status;
   const dim3 grid(CeilDiv(shape.max_seqlen_q, Cfg::kBlockM), args.num_heads, shape.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, extras);
   return CheckLaunch("forward");
 }
 
-template <Path P, typename T, int kHeadDim>
-KernelStatus LaunchBackward(const BwdArgs& args, const LaunchShape& shape, cudaStream_t stream) {
+template <Path P, typename T, int kHeadDim, bool kExtras>
+KernelStatus LaunchBackward(const BwdArgs& args, const ExtraArgs& extras,
+                            const LaunchShape& shape, cudaStream_t stream) {
   using DkDv = BwdConfig<P, T, kHeadDim>;
   using Dq = FwdConfig<P, T, kHeadDim, /*kDq=*/true>;
   const FwdArgs& f = args.fwd;
@@ -93,21 +95,21 @@ KernelStatus LaunchBackward(const BwdArgs& args, const LaunchShape& shape, cudaS
     if (!status.ok) return status;
   }
   if (f.total_k > 0) {
-    auto kernel = FallbackDkDvKernel<DkDv>;
+    auto kernel = FallbackDkDvKernel<DkDv, kExtras>;
     KernelStatus status = PrepareKernel(kernel, DkDv::kSmemBytes, shape, "backward dK/dV");
     if (!status.ok) return status;
     const dim3 grid(CeilDiv(shape.max_seqlen_k, DkDv::kBlockN), f.num_heads / f.head_group,
                     shape.batch);
-    kernel<<<grid, DkDv::kThreads, DkDv::kSmemBytes, stream>>>(args);
+    kernel<<<grid, DkDv::kThreads, DkDv::kSmemBytes, stream>>>(args, extras);
     status = CheckLaunch("backward dK/dV");
     if (!status.ok) return status;
   }
   if (f.total_q > 0) {
-    auto kernel = FallbackDqKernel<Dq>;
+    auto kernel = FallbackDqKernel<Dq, kExtras>;
     KernelStatus status = PrepareKernel(kernel, Dq::kSmemBytes, shape, "backward dQ");
     if (!status.ok) return status;
     const dim3 grid(CeilDiv(shape.max_seqlen_q, Dq::kBlockM), f.num_heads, shape.batch);
-    kernel<<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(args);
+    kernel<<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(args, extras);
     return CheckLaunch("backward dQ");
   }
   return KernelStatus::Ok();
@@ -115,29 +117,34 @@ KernelStatus LaunchBackward(const BwdArgs& args, const LaunchShape& shape, cudaS
 
 }  // namespace detail
 
-template <DType kDtype, int kHeadDim>
-KernelStatus RunForward(const FwdArgs& args, Path path, const LaunchShape& shape, void* stream) {
+template <DType kDtype, int kHeadDim, bool kExtras>
+KernelStatus RunForward(const FwdArgs& args, const ExtraArgs& extras, Path path,
+                        const LaunchShape& shape, void* stream) {
   using T = typename detail::ElementOf<kDtype>::type;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (path) {
     case Path::kMma16816:
       if constexpr (detail::kPathExists<T, Path::kMma16816>) {
-        return detail::LaunchForward<Path::kMma16816, T, kHeadDim>(args, shape, s);
+        return detail::LaunchForward<Path::kMma16816, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
     case Path::kMma1688:
       if constexpr (detail::kPathExists<T, Path::kMma1688>) {
-        return detail::LaunchForward<Path::kMma1688, T, kHeadDim>(args, shape, s);
+        return detail::LaunchForward<Path::kMma1688, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
     case Path::kWmma:
       if constexpr (detail::kPathExists<T, Path::kWmma>) {
-        return detail::LaunchForward<Path::kWmma, T, kHeadDim>(args, shape, s);
+        return detail::LaunchForward<Path::kWmma, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
     case Path::kSimt:
       if constexpr (detail::kPathExists<T, Path::kSimt>) {
-        return detail::LaunchForward<Path::kSimt, T, kHeadDim>(args, shape, s);
+        return detail::LaunchForward<Path::kSimt, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
   }
@@ -145,29 +152,34 @@ KernelStatus RunForward(const FwdArgs& args, Path path, const LaunchShape& shape
                        detail::ElementName(kDtype));
 }
 
-template <DType kDtype, int kHeadDim>
-KernelStatus RunBackward(const BwdArgs& args, Path path, const LaunchShape& shape, void* stream) {
+template <DType kDtype, int kHeadDim, bool kExtras>
+KernelStatus RunBackward(const BwdArgs& args, const ExtraArgs& extras, Path path,
+                         const LaunchShape& shape, void* stream) {
   using T = typename detail::ElementOf<kDtype>::type;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (path) {
     case Path::kMma16816:
       if constexpr (detail::kPathExists<T, Path::kMma16816>) {
-        return detail::LaunchBackward<Path::kMma16816, T, kHeadDim>(args, shape, s);
+        return detail::LaunchBackward<Path::kMma16816, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
     case Path::kMma1688:
       if constexpr (detail::kPathExists<T, Path::kMma1688>) {
-        return detail::LaunchBackward<Path::kMma1688, T, kHeadDim>(args, shape, s);
+        return detail::LaunchBackward<Path::kMma1688, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
     case Path::kWmma:
       if constexpr (detail::kPathExists<T, Path::kWmma>) {
-        return detail::LaunchBackward<Path::kWmma, T, kHeadDim>(args, shape, s);
+        return detail::LaunchBackward<Path::kWmma, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
     case Path::kSimt:
       if constexpr (detail::kPathExists<T, Path::kSimt>) {
-        return detail::LaunchBackward<Path::kSimt, T, kHeadDim>(args, shape, s);
+        return detail::LaunchBackward<Path::kSimt, T, kHeadDim, kExtras>(
+            args, extras, shape, s);
       }
       break;
   }

@@ -17,14 +17,9 @@ __device__ __forceinline__ float AccurateTanh(float x) {
   return 1.0f - 2.0f / (1.0f + ptx::Exp2(x * kTwoLog2e));
 }
 
-// Softcap (pre = tanh(s * softcap_input_scale)), then -inf where a query row does not see a key.
-// Rows of the tile are queries (kKeysAreRows false) or keys (true, the dK/dV pass); `row0` and
-// `col0` are the sequence positions of the lane's first row and the tile's first column.
-template <int kTiles, bool kKeysAreRows>
-__device__ __forceinline__ void ScoresToPre(float (&s)[kTiles][4], const FwdArgs& a, bool masked,
-                                            int row0, int col0, int len_k, int offset) {
-  const int lane = LaneId();
-  const int g = lane / 4, t = lane % 4;
+// Softcap: pre = tanh(s * softcap_input_scale) (the kernels' score unit; score = pre * lse_scale).
+template <int kTiles>
+__device__ __forceinline__ void SoftcapScores(float (&s)[kTiles][4], const FwdArgs& a) {
   if (a.softcap) {
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
@@ -32,7 +27,16 @@ __device__ __forceinline__ void ScoresToPre(float (&s)[kTiles][4], const FwdArgs
       for (int e = 0; e < 4; ++e) s[n][e] = AccurateTanh(s[n][e] * a.softcap_input_scale);
     }
   }
-  if (!masked) return;
+}
+
+// -inf where a query row does not see a key. Rows of the tile are queries (kKeysAreRows false)
+// or keys (true, the dK/dV pass); `row0` and `col0` are the sequence positions of the lane's
+// first row and the tile's first column.
+template <int kTiles, bool kKeysAreRows>
+__device__ __forceinline__ void MaskScores(float (&s)[kTiles][4], const FwdArgs& a, int row0,
+                                           int col0, int len_k, int offset) {
+  const int lane = LaneId();
+  const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
@@ -47,6 +51,16 @@ __device__ __forceinline__ void ScoresToPre(float (&s)[kTiles][4], const FwdArgs
       if (!visible) s[n][e] = -CUDART_INF_F;
     }
   }
+}
+
+// Softcap, then masking where the tile crosses a mask edge (`masked`). The kernels with dropout
+// and ALiBi call the two steps themselves, with the ALiBi bias in between.
+template <int kTiles, bool kKeysAreRows>
+__device__ __forceinline__ void ScoresToPre(float (&s)[kTiles][4], const FwdArgs& a, bool masked,
+                                            int row0, int col0, int len_k, int offset) {
+  SoftcapScores(s, a);
+  if (!masked) return;
+  MaskScores<kTiles, kKeysAreRows>(s, a, row0, col0, len_k, offset);
 }
 
 // Online softmax over one key tile: updates the running row maxima m and partial sums l (this

@@ -53,8 +53,8 @@ struct Row {
 };
 
 // Row::features bits (the dropout mask's contract is kernels/dropout_mask.h). On a GPU the
-// cublas family serves them; the tiled families (flash, fallback) do not implement them yet,
-// so routing passes over them for such requests.
+// fallback and cublas families serve them; a family without them is passed over for such
+// requests.
 constexpr unsigned kDropout = 1u << 0;
 constexpr unsigned kAlibi = 1u << 1;
 
@@ -79,9 +79,11 @@ constexpr Row kTable[] = {
      kernels::flash::SharedMemoryBytes},
     {"fallback", 70, kAnyCc, kFwd, kAllDTypes, 1, 256, 1,
      "memory-efficient tiled kernels for sm70+ (tensor cores for fp16, and bf16 on sm80+): "
-     "every dtype, head_dim 1..256"},
+     "every dtype, head_dim 1..256; dropout and ALiBi",
+     nullptr, kDropout | kAlibi},
     {"fallback", 70, kAnyCc, kBwd, kAllDTypes, 1, 256, 1,
-     "memory-efficient tiled backward for sm70+: every dtype, head_dim 1..256"},
+     "memory-efficient tiled backward for sm70+: every dtype, head_dim 1..256; dropout and ALiBi",
+     nullptr, kDropout | kAlibi},
     {"cublas", 70, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
      "cuBLAS GEMMs with softmax in query chunks (bounded workspace): any dtype and head_dim; "
      "dropout and ALiBi",

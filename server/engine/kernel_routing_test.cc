@@ -175,11 +175,22 @@ TEST(KernelRouting, DropoutAndAlibiRouteOnlyToFamiliesThatServeThem) {
       if (!dropout && !alibi) continue;
       RouteQuery query{0, Direction::kForward, DType::kFloat16, 64, 0, dropout, alibi};
       EXPECT_EQ(ChooseRoute(query, kAllFamilies).family, "reference");
-      // On a GPU: cublas, past flash and fallback; without cublas, an error naming the option.
+      // On a GPU: fallback where it covers the shape (fp32 and Turing bf16 are past flash),
+      // cublas past its head dims or without it; with neither, an error naming the option.
       query.compute_capability = 90;
+      query.dtype = DType::kFloat32;
       EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
-                "cublas");
-      const Route route = ChooseRoute(query, KernelCatalog{{"flash", "fallback"}});
+                "fallback");
+      EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "cublas"}}).family, "cublas");
+      RouteQuery turing = query;
+      turing.compute_capability = 75;
+      turing.dtype = DType::kBFloat16;
+      turing.head_dim = 128;
+      turing.direction = Direction::kBackward;
+      EXPECT_EQ(ChooseRoute(turing, kAllFamilies).family, "fallback");
+      turing.head_dim = 300;
+      EXPECT_EQ(ChooseRoute(turing, kAllFamilies).family, "cublas");
+      const Route route = ChooseRoute(query, KernelCatalog{{"flash"}});
       EXPECT_EQ(route.family, "");
       if (dropout) EXPECT_NE(route.reason.find("options.dropout_p"), std::string::npos);
       if (alibi) EXPECT_NE(route.reason.find("options.alibi_slopes"), std::string::npos);
@@ -189,7 +200,8 @@ TEST(KernelRouting, DropoutAndAlibiRouteOnlyToFamiliesThatServeThem) {
 
 TEST(KernelRouting, CoverageSaysWhichFamiliesServeDropoutAndAlibi) {
   for (const CoverageRow& row : CoverageFor(90, 0, kAllFamilies)) {
-    const bool serves = row.family == "reference" || row.family == "cublas";
+    const bool serves =
+        row.family == "reference" || row.family == "cublas" || row.family == "fallback";
     EXPECT_EQ(row.dropout, serves) << row.family;
     EXPECT_EQ(row.alibi, serves) << row.family;
   }

@@ -143,17 +143,37 @@ def test_forced_cublas_family_answers_everything(dtype, head_dim):
                          seqlens_q=(90, 0, 41), seqlens_k=(120, 5, 41))
 
 
-# Dropout and ALiBi run on the cuBLAS family on a GPU (the tiled families do not implement them
-# yet: routing passes over them, and GetServerInfo's routes say so); the mask is the reference's
-# (kernels/dropout_mask.h), so the float64 reference with the same seed checks every element.
-@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("options", [
+# Dropout and ALiBi on a GPU: the mask is the reference's (kernels/dropout_mask.h), so the
+# float64 reference with the same seed checks every element. Head dim 320 is past the tiled
+# families' 256, so the cuBLAS family serves it.
+DROPOUT_ALIBI_OPTIONS = pytest.mark.parametrize("options", [
     dict(causal=True, dropout_p=0.2, dropout_seed=12345),
     dict(alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625], np.float32)),
     dict(window_size=(40, 3), dropout_p=0.35, dropout_seed=7,
          alibi_slopes=np.array([[0.3, 0.2, 0.1, 0.05], [0.02, 0.04, 0.08, 0.16]], np.float32)),
 ], ids=["dropout-causal", "alibi", "window-dropout-alibi-per-sequence"])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@DROPOUT_ALIBI_OPTIONS
 def test_dropout_and_alibi_run_on_cublas(dtype, options):
     with server("native") as client:
-        check_round_trip(client, dtype, 64, "cublas", seqlens_q=(70, 33), seqlens_k=(90, 21),
+        check_round_trip(client, dtype, 320, "cublas", seqlens_q=(70, 33), seqlens_k=(90, 21),
+                         **options)
+
+
+# The fallback family serves them where it is the route: on a Turing GPU head_dim 128 and
+# bf16/fp32 are past Turing flash; natively fp32 (flash has none).
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@DROPOUT_ALIBI_OPTIONS
+def test_dropout_and_alibi_run_on_fallback_on_turing(dtype, options):
+    with server("sm75") as client:
+        check_round_trip(client, dtype, 128, "fallback", seqlens_q=(70, 33), seqlens_k=(90, 21),
+                         **options)
+
+
+@DROPOUT_ALIBI_OPTIONS
+def test_dropout_and_alibi_fp32_run_on_fallback_natively(options):
+    with server("native") as client:
+        check_round_trip(client, "fp32", 64, "fallback", seqlens_q=(70, 33), seqlens_k=(90, 21),
                          **options)
