@@ -173,25 +173,45 @@ TEST(KernelRouting, DropoutAndAlibiRouteOnlyToFamiliesThatServeThem) {
   for (bool dropout : {false, true}) {
     for (bool alibi : {false, true}) {
       if (!dropout && !alibi) continue;
-      RouteQuery query{0, Direction::kForward, DType::kFloat16, 64, 0, dropout, alibi};
-      EXPECT_EQ(ChooseRoute(query, kAllFamilies).family, "reference");
-      // On a GPU: cublas, past flash and fallback; without cublas, an error naming the option.
-      query.compute_capability = 90;
-      EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
-                "cublas");
-      const Route route = ChooseRoute(query, KernelCatalog{{"flash", "fallback"}});
-      EXPECT_EQ(route.family, "");
-      if (dropout) EXPECT_NE(route.reason.find("options.dropout_p"), std::string::npos);
-      if (alibi) EXPECT_NE(route.reason.find("options.alibi_slopes"), std::string::npos);
+      for (Direction direction : {Direction::kForward, Direction::kBackward}) {
+        RouteQuery query{0, direction, DType::kFloat16, 64, 0, dropout, alibi};
+        EXPECT_EQ(ChooseRoute(query, kAllFamilies).family, "reference");
+        // sm80 and Hopper: flash (its sm80 kernels); Turing: cublas, past flash and fallback;
+        // without cublas, an error naming the option.
+        for (int cc : {80, 86, 90}) {
+          query.compute_capability = cc;
+          EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
+                    "flash");
+          EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"fallback", "cublas"}}).family, "cublas");
+        }
+        query.compute_capability = 75;
+        EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
+                  "cublas");
+        const Route route = ChooseRoute(query, KernelCatalog{{"flash", "fallback"}});
+        EXPECT_EQ(route.family, "");
+        if (dropout) EXPECT_NE(route.reason.find("options.dropout_p"), std::string::npos);
+        if (alibi) EXPECT_NE(route.reason.find("options.alibi_slopes"), std::string::npos);
+        // Past the features, the usual limits hold: flash has no fp32.
+        query.compute_capability = 90;
+        query.dtype = DType::kFloat32;
+        EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
+                  "cublas");
+      }
     }
   }
 }
 
 TEST(KernelRouting, CoverageSaysWhichFamiliesServeDropoutAndAlibi) {
-  for (const CoverageRow& row : CoverageFor(90, 0, kAllFamilies)) {
-    const bool serves = row.family == "reference" || row.family == "cublas";
-    EXPECT_EQ(row.dropout, serves) << row.family;
-    EXPECT_EQ(row.alibi, serves) << row.family;
+  for (int cc : {75, 90}) {
+    for (const CoverageRow& row : CoverageFor(cc, 0, kAllFamilies)) {
+      const bool serves = row.family == "reference" || row.family == "cublas" ||
+                          (row.family == "flash" && cc >= 80);
+      EXPECT_EQ(row.dropout, serves) << row.family << " at " << cc;
+      EXPECT_EQ(row.alibi, serves) << row.family << " at " << cc;
+      if (row.family == "flash") {
+        EXPECT_EQ(row.reason.find("dropout and ALiBi") != std::string::npos, serves) << cc;
+      }
+    }
   }
 }
 
