@@ -143,9 +143,11 @@ def test_forced_cublas_family_answers_everything(dtype, head_dim):
                          seqlens_q=(90, 0, 41), seqlens_k=(120, 5, 41))
 
 
-# Dropout and ALiBi run on the cuBLAS family on a GPU (the tiled families do not implement them
-# yet: routing passes over them, and GetServerInfo's routes say so); the mask is the reference's
-# (kernels/dropout_mask.h), so the float64 reference with the same seed checks every element.
+# Dropout and ALiBi run on flash's sm80 kernels for fp16/bf16 on sm80+ (on the H100 too: the
+# sm90 kernels do not take them) and on the cuBLAS family for the rest (fp32 here; Turing;
+# fallback does not implement them, and GetServerInfo's routes say so); the mask is the
+# reference's (kernels/dropout_mask.h), so the float64 reference with the same seed checks every
+# element.
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("options", [
     dict(causal=True, dropout_p=0.2, dropout_seed=12345),
@@ -153,7 +155,14 @@ def test_forced_cublas_family_answers_everything(dtype, head_dim):
     dict(window_size=(40, 3), dropout_p=0.35, dropout_seed=7,
          alibi_slopes=np.array([[0.3, 0.2, 0.1, 0.05], [0.02, 0.04, 0.08, 0.16]], np.float32)),
 ], ids=["dropout-causal", "alibi", "window-dropout-alibi-per-sequence"])
-def test_dropout_and_alibi_run_on_cublas(dtype, options):
+def test_dropout_and_alibi_run_on_flash_or_cublas(dtype, options):
     with server("native") as client:
-        check_round_trip(client, dtype, 64, "cublas", seqlens_q=(70, 33), seqlens_k=(90, 21),
-                         **options)
+        check_round_trip(client, dtype, 64, "cublas" if dtype == "fp32" else "flash",
+                         seqlens_q=(70, 33), seqlens_k=(90, 21), **options)
+
+
+def test_emulated_turing_sends_dropout_to_cublas():
+    with server("sm75") as client:
+        check_round_trip(client, "fp16", 64, "cublas", causal=True, dropout_p=0.25,
+                         dropout_seed=99, alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625],
+                                                                np.float32))
