@@ -11,7 +11,9 @@ reference.py, the contract's other implementation).
   out's zero pattern is the mask; with dO's row i the unit vector e_i, dV[j, i] = P_ij Z_ij, so
   the dK/dV kernel's is too. Both must equal the reference's keep mask element for element.
 - Paths: on Hopper the default family and the one with the sm90 paths disabled run the same
-  sm80 kernels (bitwise equal results); the Turing path refuses these options with a message.
+  sm80 kernels (bitwise equal results); on a GPU newer than sm80 the backward also runs as an
+  A100 would (compute_capability 80: the narrow dK/dV kernels, 16 keys per warp at head dim 64);
+  the Turing path refuses these options with a message.
 Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
 
@@ -36,6 +38,10 @@ from capi_library import (PATH_SM90_BACKWARD, PATH_SM90_FORWARD, KernelError,  #
 LIB = load_family("flash")
 SM80 = load_family("flash", disabled_paths=PATH_SM90_FORWARD | PATH_SM90_BACKWARD)
 HOPPER = torch.cuda.get_device_capability()[0] == 9
+# The backward as the device runs it (the wide dK/dV kernels on the H100), and as an A100 would.
+BACKWARD_LIBS = [("device", LIB)]
+if torch.cuda.get_device_capability() > (8, 0):
+    BACKWARD_LIBS.append(("as sm80", load_family("flash", compute_capability=80)))
 BASE_SEED = int(os.environ["ATTN_TEST_SEED"])
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 ERROR_CAP = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}  # test_flash_forward.py's
@@ -156,18 +162,19 @@ def check(request, dtype, head_dim, mask, dropout_p, alibi, first_sequence=0, he
                           **opts)
     scales = reference_call(npref.attention_backward_term_scales, dout, q, k, v, ref_out,
                             ref_lse, **where, **opts)
-    for deterministic in (False, True):
-        grads = run_backward(LIB, dout, q, k, v, out, lse, cu_q, cu_k, causal, window,
-                             deterministic, softcap=softcap, **extras)
-        for name, g, ref, scale in zip(("dq", "dk", "dv"), grads, refs, scales):
-            assert not g.isnan().any(), f"{name}: unwritten elements"
-            e = gradient_error(g, ref, scale)
-            assert e <= GRAD_CAP[dtype], (
-                f"{name} ({'deterministic' if deterministic else 'atomic'}): rel error {e:.3g}")
-        if deterministic:
-            again = run_backward(LIB, dout, q, k, v, out, lse, cu_q, cu_k, causal, window, True,
-                                 softcap=softcap, **extras)
-            assert all(torch.equal(a, b) for a, b in zip(grads, again)), "not bitwise"
+    for path, lib in BACKWARD_LIBS:
+        for deterministic in (False, True):
+            mode = f"{'deterministic' if deterministic else 'atomic'}, {path}"
+            grads = run_backward(lib, dout, q, k, v, out, lse, cu_q, cu_k, causal, window,
+                                 deterministic, softcap=softcap, **extras)
+            for name, g, ref, scale in zip(("dq", "dk", "dv"), grads, refs, scales):
+                assert not g.isnan().any(), f"{name} ({mode}): unwritten elements"
+                e = gradient_error(g, ref, scale)
+                assert e <= GRAD_CAP[dtype], f"{name} ({mode}): rel error {e:.3g}"
+            if deterministic:
+                again = run_backward(lib, dout, q, k, v, out, lse, cu_q, cu_k, causal, window,
+                                     True, softcap=softcap, **extras)
+                assert all(torch.equal(a, b) for a, b in zip(grads, again)), f"{mode}: not bitwise"
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -204,7 +211,9 @@ def _unit_rows(rows, heads, head_dim, dtype):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_mask_is_the_contracts(request, head_dim, causal, deterministic):
+@pytest.mark.parametrize("path", range(len(BACKWARD_LIBS)),
+                         ids=[name for name, _ in BACKWARD_LIBS])
+def test_mask_is_the_contracts(request, head_dim, causal, deterministic, path):
     """out = P Z V with V = I shows Z; dV = (P Z)^T dO with dO = I shows it again."""
     gen = torch.Generator(device="cuda").manual_seed(_seed(request))
     heads, heads_k, first_sequence, p = 4, 2, 5, 0.4
@@ -226,9 +235,10 @@ def test_mask_is_the_contracts(request, head_dim, causal, deterministic):
     LIB.forward(q, k, v, cu_q.cuda(), cu_k.cuda(), max(lens_q), max(lens_k), causal=causal,
                 out=out, lse=lse, **hosts, **extras)
     grads = [torch.full_like(t, math.nan) for t in (q, k, v)]
-    LIB.backward(dout, q, k, v, out, lse, cu_q.cuda(), cu_k.cuda(), max(lens_q), max(lens_k),
-                 causal=causal, deterministic=deterministic, dq=grads[0], dk=grads[1],
-                 dv=grads[2], **hosts, **extras)
+    BACKWARD_LIBS[path][1].backward(
+        dout, q, k, v, out, lse, cu_q.cuda(), cu_k.cuda(), max(lens_q), max(lens_k),
+        causal=causal, deterministic=deterministic, dq=grads[0], dk=grads[1], dv=grads[2],
+        **hosts, **extras)
     torch.cuda.synchronize()
     out, dv = out.cpu(), grads[2].float().cpu()
     group = heads // heads_k
