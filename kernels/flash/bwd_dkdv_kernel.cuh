@@ -21,6 +21,8 @@
 #include "kernels/flash/bwd_mask_geometry.cuh"
 #include "kernels/flash/bwd_traits.cuh"
 #include "kernels/flash/bwd_warp_gemm.cuh"
+#include "kernels/flash/extras_args.h"
+#include "kernels/flash/extras_tile.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/ptx.cuh"
 
@@ -112,8 +114,9 @@ __device__ __forceinline__ void AccumulateDqAtomic(float* dq_accum, int64_t row_
 }
 
 // One CTA's work; the kernel below is this, or a trap where the path's instructions don't exist.
-template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
-__device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) {
+// kExtras: dropout and ALiBi (NOTES.md "Dropout and ALiBi"), compiled in only where set.
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq, bool kExtras>
+__device__ __forceinline__ void FlashBackwardDkDvCta(const BwdArgsOf<kExtras>& args) {
   using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>;
   static_assert(T::kDsBuffers == T::kStages, "one dS^T tile per stage");
   using Element = typename T::Element;
@@ -250,6 +253,25 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
         for (int e = 0; e < 4; ++e) s[nt][e] = ptx::Tanh(s[nt][e] * f.softcap_input_scale);
       }
     }
+    // Extras: softcap's factor 1 - tanh^2 is kept aside, as s takes the ALiBi bias (a constant
+    // shift of the score after softcap), and P / dS below follow the no-softcap code.
+    float softcap_grad[kExtras ? T::kSTiles : 1][4];
+    bool keep[kExtras ? T::kSTiles : 1][4];
+    int x_head = 0;  // the tile's query head (extras)
+    if constexpr (kExtras) {
+      x_head = kv_head * f.head_group + it / m_count;
+      if (f.softcap) {
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) softcap_grad[nt][e] = 1.0f - s[nt][e] * s[nt][e];
+        }
+      }
+      if (args.x.alibi_slopes != nullptr) {
+        AlibiColTile(s, AlibiSlopePre(args.x, batch, x_head), my_key,
+                     row0 + 2 * quad_lane + offset);
+      }
+    }
     // Element-wise masking only where the warp's 16 x 64 tile crosses a mask edge or the end of
     // the keys (decided per warp: warp-uniform).
     const bool mask = warp_key_first + T::kWarpRows > len_k ||
@@ -276,7 +298,7 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
 
     // P^T (in place without softcap; with it s keeps tanh for the chain rule). dV += P^T dO.
     uint32_t pa[T::kSTiles / 2][4];
-    if (!f.softcap) {
+    if (!f.softcap || kExtras) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
         const float2 lse = *reinterpret_cast<const float2*>(lse_st + nt * 8 + 2 * quad_lane);
@@ -285,7 +307,23 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
           s[nt][e] = ptx::Exp2(fmaf(s[nt][e], exp2_scale, -(e % 2 ? lse.y : lse.x) * lse2_scale));
         }
       }
-      PackA<Element, T::kSTiles>(pa, s);
+      bool dropped = false;
+      if constexpr (kExtras) {
+        if (args.x.dropout) {
+          // dV += (P o keep)^T dO; the 1 / (1 - p) of kept entries is applied to dV at the end.
+          DropoutKeepColTile(keep, args.x, args.x.first_sequence + batch, x_head, my_key,
+                             row0 + 2 * quad_lane);
+          float pz[T::kSTiles][4];
+#pragma unroll
+          for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pz[nt][e] = keep[nt][e] ? s[nt][e] : 0.0f;
+          }
+          PackA<Element, T::kSTiles>(pa, pz);
+          dropped = true;
+        }
+      }
+      if (!dropped) PackA<Element, T::kSTiles>(pa, s);
     } else {
       float p[T::kSTiles][4];
 #pragma unroll
@@ -316,7 +354,13 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float d = e % 2 ? dsum.y : dsum.x;
-        if (!f.softcap) {
+        if constexpr (kExtras) {
+          // dS = P o (dP o Z - D) [o (1 - tanh^2)], Z = keep / (1 - p).
+          float dpz = dp[nt][e];
+          if (args.x.dropout) dpz = keep[nt][e] ? dpz * args.x.dropout_scale : 0.0f;
+          dp[nt][e] = s[nt][e] * (dpz - d);
+          if (f.softcap) dp[nt][e] *= softcap_grad[nt][e];
+        } else if (!f.softcap) {
           dp[nt][e] = s[nt][e] * (dp[nt][e] - d);
         } else {
           const float t = s[nt][e];  // -inf where masked: p = 0 and the factor clamps to 0
@@ -364,7 +408,9 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
   ptx::WaitAsyncGroups<Arch, 0>();
   __syncthreads();
   StoreAccumulator<Element, T::kDTiles, kRowBytes>(k_rows, dk, args.grad_scale, lane);
-  StoreAccumulator<Element, T::kDTiles, kRowBytes>(v_rows, dv, 1.0f, lane);
+  float dv_scale = 1.0f;
+  if constexpr (kExtras) dv_scale = args.x.dropout_scale;  // kept P's 1 / (1 - p)
+  StoreAccumulator<Element, T::kDTiles, kRowBytes>(v_rows, dv, dv_scale, lane);
   __syncwarp();
   const int64_t out_offset = (int64_t{k_begin} + warp_key_first) * f.kv_row_stride +
                              int64_t{kv_head} * f.head_dim;
@@ -376,11 +422,11 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdKernelArgs& args) 
       len_k - warp_key_first, vecs_valid, lane);
 }
 
-template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq, bool kExtras = false>
 __global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>::kThreads)
-    FlashBackwardDkDvKernel(const __grid_constant__ BwdKernelArgs args) {
+    FlashBackwardDkDvKernel(const __grid_constant__ BwdArgsOf<kExtras> args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashBackwardDkDvCta<Arch, kDType, kHeadDim, kWide, kAtomicDq>(args);
+    FlashBackwardDkDvCta<Arch, kDType, kHeadDim, kWide, kAtomicDq, kExtras>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

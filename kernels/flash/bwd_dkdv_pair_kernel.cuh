@@ -26,13 +26,16 @@
 #include "kernels/flash/bwd_mask_geometry.cuh"
 #include "kernels/flash/bwd_traits.cuh"
 #include "kernels/flash/bwd_warp_gemm.cuh"
+#include "kernels/flash/extras_args.h"
+#include "kernels/flash/extras_tile.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/ptx.cuh"
 
 namespace attnserve::kernels::flash {
 
-template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
-__device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& args) {
+// kExtras: dropout and ALiBi (NOTES.md "Dropout and ALiBi"), compiled in only where set.
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq, bool kExtras>
+__device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdArgsOf<kExtras>& args) {
   using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>;
   using Element = typename T::Element;
   constexpr int kRowBytes = T::kSmemRowBytes;
@@ -216,9 +219,37 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
         }
       }
     }
+    const int q_first = row0 + part * kAWarpM;
+    // Extras: softcap's factor 1 - tanh^2 is kept aside, as s takes the ALiBi bias (a constant
+    // shift of the score after softcap), and P / dS below follow the no-softcap code.
+    float softcap_grad[kExtras ? kKeyTiles : 1][kExtras ? kAQTiles : 1][4];
+    bool keep[kExtras ? kKeyTiles : 1][kExtras ? kAQTiles : 1][4];
+    int x_head = 0;  // the tile's query head (extras)
+    if constexpr (kExtras) {
+      x_head = kv_head * f.head_group + it / m_count;
+      if (f.softcap) {
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              softcap_grad[mt][nt][e] = 1.0f - s[mt][nt][e] * s[mt][nt][e];
+            }
+          }
+        }
+      }
+      if (args.x.alibi_slopes != nullptr) {
+        const float slope = AlibiSlopePre(args.x, batch, x_head);
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+          AlibiColTile(s[mt], slope, warp_key_first + mt * 16 + group,
+                       q_first + 2 * quad_lane + offset);
+        }
+      }
+    }
     // Element-wise masking only where the warp's 32 x kAWarpM tile crosses a mask edge or the
     // end of the keys (warp-uniform).
-    const int q_first = row0 + part * kAWarpM;
     const bool mask = warp_key_first + 32 > len_k ||
                       warp_key_first + 31 > q_first + offset + f.window_right ||
                       warp_key_first < q_first + kAWarpM - 1 + offset - f.window_left;
@@ -274,7 +305,27 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
         }
       }
     };
-    if (!f.softcap) {
+    if constexpr (kExtras) {
+      exp_tile(s, s);
+      if (args.x.dropout) {
+        // The P^T tile feeds dV = (P o keep)^T dO; kept P's 1 / (1 - p) is applied to dV at the
+        // end.
+        float pz[kKeyTiles][kAQTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+          DropoutKeepColTile(keep[mt], args.x, args.x.first_sequence + batch, x_head,
+                             warp_key_first + mt * 16 + group, q_first + 2 * quad_lane);
+#pragma unroll
+          for (int nt = 0; nt < kAQTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pz[mt][nt][e] = keep[mt][nt][e] ? s[mt][nt][e] : 0.0f;
+          }
+        }
+        store_tile(p_smem, pz);
+      } else {
+        store_tile(p_smem, s);
+      }
+    } else if (!f.softcap) {
       exp_tile(s, s);
       store_tile(p_smem, s);
     } else {
@@ -295,7 +346,23 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
     }
     WarpGemmABtM<Arch, Element, kKeyTiles, kAQTiles, kHeadDim / T::kMmaK, kRowBytes, kRowBytes>(
         dp, v_rows + frag.a, do_st + part * kAWarpM * kRowBytes + frag.b);
-    if (!f.softcap) {
+    if constexpr (kExtras) {
+      // dS^T = P^T o (dP^T o Z - D) [o (1 - tanh^2)], Z = keep / (1 - p).
+#pragma unroll
+      for (int nt = 0; nt < kAQTiles; ++nt) {
+        const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
+#pragma unroll
+        for (int mt = 0; mt < kKeyTiles; ++mt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float dpz = dp[mt][nt][e];
+            if (args.x.dropout) dpz = keep[mt][nt][e] ? dpz * args.x.dropout_scale : 0.0f;
+            dp[mt][nt][e] = s[mt][nt][e] * (dpz - (e % 2 ? dsum.y : dsum.x));
+            if (f.softcap) dp[mt][nt][e] *= softcap_grad[mt][nt][e];
+          }
+        }
+      }
+    } else if (!f.softcap) {
 #pragma unroll
       for (int nt = 0; nt < kAQTiles; ++nt) {
         const float2 dsum = *reinterpret_cast<const float2*>(d_st + nt * 8 + 2 * quad_lane);
@@ -389,7 +456,10 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
         (key_part * 32 + mt * 16) * kRowBytes + part * kDPartTiles * T::kMmaN * 2;
     StoreAccumulator<Element, kDPartTiles, kRowBytes>(k_smem + offset_bytes, dk[mt],
                                                       args.grad_scale, lane);
-    StoreAccumulator<Element, kDPartTiles, kRowBytes>(v_smem + offset_bytes, dv[mt], 1.0f, lane);
+    float dv_scale = 1.0f;
+    if constexpr (kExtras) dv_scale = args.x.dropout_scale;  // kept P's 1 / (1 - p)
+    StoreAccumulator<Element, kDPartTiles, kRowBytes>(v_smem + offset_bytes, dv[mt], dv_scale,
+                                                      lane);
   }
   __syncthreads();
   const int64_t out_offset = (int64_t{k_begin} + key_first) * f.kv_row_stride +
@@ -402,11 +472,11 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdKernelArgs& ar
       vecs_valid, tid);
 }
 
-template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq>
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kAtomicDq, bool kExtras = false>
 __global__ void __launch_bounds__(BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>::kThreads)
-    FlashBackwardDkDvPairKernel(const __grid_constant__ BwdKernelArgs args) {
+    FlashBackwardDkDvPairKernel(const __grid_constant__ BwdArgsOf<kExtras> args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashBackwardDkDvPairCta<Arch, kDType, kHeadDim, kWide, kAtomicDq>(args);
+    FlashBackwardDkDvPairCta<Arch, kDType, kHeadDim, kWide, kAtomicDq, kExtras>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

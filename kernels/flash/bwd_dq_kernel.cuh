@@ -16,6 +16,8 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_traits.cuh"
 #include "kernels/flash/bwd_warp_gemm.cuh"
+#include "kernels/flash/extras_args.h"
+#include "kernels/flash/extras_tile.cuh"
 #include "kernels/flash/fwd_block.cuh"
 #include "kernels/flash/fwd_row_tile.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
@@ -24,8 +26,9 @@
 namespace attnserve::kernels::flash {
 
 // One CTA's work; the kernel below is this, or a trap where the path's instructions don't exist.
-template <class Arch, DType kDType, int kHeadDim, bool kWide>
-__device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
+// kExtras: dropout and ALiBi (NOTES.md "Dropout and ALiBi"), compiled in only where set.
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kExtras>
+__device__ __forceinline__ void FlashBackwardDqCta(const BwdArgsOf<kExtras>& args) {
   using T = BwdDqTraits<Arch, kDType, kHeadDim, kWide>;
   static_assert(T::kResidentRows == T::kStreamRows, "square 64 x 64 tiles");
   using Element = typename T::Element;
@@ -143,11 +146,27 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
         for (int e = 0; e < 4; ++e) s[nt][e] = ptx::Tanh(s[nt][e] * f.softcap_input_scale);
       }
     }
+    // Extras: softcap's factor 1 - tanh^2 is kept aside, as s takes the ALiBi bias (a constant
+    // shift of the score after softcap), and P / dS below follow the no-softcap code.
+    float softcap_grad[kExtras ? T::kSTiles : 1][4];
+    if constexpr (kExtras) {
+      if (f.softcap) {
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) softcap_grad[nt][e] = 1.0f - s[nt][e] * s[nt][e];
+        }
+      }
+      if (args.x.alibi_slopes != nullptr) {
+        AlibiRowTile(s, AlibiSlopePre(args.x, batch, head),
+                     block.diagonal + warp * T::kWarpRows + group, n * kBlock + 2 * quad_lane);
+      }
+    }
     if (n >= block.mask_from || n < block.mask_below) {
       MaskRowTile(s, block.diagonal + warp * T::kWarpRows + group, n * kBlock + 2 * quad_lane,
                   len_k, f);
     }
-    if (!f.softcap) {
+    if (!f.softcap || kExtras) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
 #pragma unroll
@@ -163,11 +182,22 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
     }
     WarpGemmABt<Arch, Element, T::kSTiles, kHeadDim / T::kMmaK, kRowBytes>(dp, do_rows + frag.a,
                                                                     v_st + frag.b);
+    if constexpr (kExtras) {
+      // dS = P o (dP o Z - D) [o (1 - tanh^2)], Z = keep / (1 - p).
+      if (args.x.dropout) {
+        DropoutRowTile(dp, args.x, args.x.first_sequence + batch, head,
+                       block.row_first + warp * T::kWarpRows + group, n * kBlock + 2 * quad_lane,
+                       args.x.dropout_scale);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (!f.softcap) {
+        if constexpr (kExtras) {
+          dp[nt][e] = s[nt][e] * (dp[nt][e] - dsum[e / 2]);
+          if (f.softcap) dp[nt][e] *= softcap_grad[nt][e];
+        } else if (!f.softcap) {
           dp[nt][e] = s[nt][e] * (dp[nt][e] - dsum[e / 2]);
         } else {
           const float t = s[nt][e];  // -inf where masked: p = 0 and the factor clamps to 0
@@ -194,11 +224,11 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdKernelArgs& args) {
       vecs_valid, lane);
 }
 
-template <class Arch, DType kDType, int kHeadDim, bool kWide>
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kExtras = false>
 __global__ void __launch_bounds__(BwdDqTraits<Arch, kDType, kHeadDim, kWide>::kThreads)
-    FlashBackwardDqKernel(const __grid_constant__ BwdKernelArgs args) {
+    FlashBackwardDqKernel(const __grid_constant__ BwdArgsOf<kExtras> args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashBackwardDqCta<Arch, kDType, kHeadDim, kWide>(args);
+    FlashBackwardDqCta<Arch, kDType, kHeadDim, kWide, kExtras>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

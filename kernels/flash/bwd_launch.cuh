@@ -20,22 +20,23 @@ inline KernelStatus BackwardLaunchError(const char* what, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
-// The backward with the wide or the narrow dK/dV kernel (and the dQ pass of that variant).
-template <class Arch, DType kDType, int kHeadDim, bool kWide>
-KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
+// The backward with the wide or the narrow dK/dV kernel (and the dQ pass of that variant);
+// kExtras: the dropout/ALiBi instantiations (extras_args.h).
+template <class Arch, DType kDType, int kHeadDim, bool kWide, bool kExtras>
+KernelStatus LaunchBackwardWith(const BwdArgsOf<kExtras>& args, const BwdGrid& grid,
                                 cudaStream_t stream) {
   using T = BwdDkDvTraits<Arch, kDType, kHeadDim, kWide>;
   using TDq = BwdDqTraits<Arch, kDType, kHeadDim, kWide>;
   const bool atomic_dq = args.dq_accum != nullptr;
-  void (*dkdv)(BwdKernelArgs);
+  void (*dkdv)(BwdArgsOf<kExtras>);
   if constexpr (T::kPair) {
-    dkdv = atomic_dq ? &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWide, true>
-                     : &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWide, false>;
+    dkdv = atomic_dq ? &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWide, true, kExtras>
+                     : &FlashBackwardDkDvPairKernel<Arch, kDType, kHeadDim, kWide, false, kExtras>;
   } else {
-    dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWide, true>
-                     : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWide, false>;
+    dkdv = atomic_dq ? &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWide, true, kExtras>
+                     : &FlashBackwardDkDvKernel<Arch, kDType, kHeadDim, kWide, false, kExtras>;
   }
-  const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim, kWide>;
+  const auto dq = &FlashBackwardDqKernel<Arch, kDType, kHeadDim, kWide, kExtras>;
   cudaError_t attr_err = cudaSuccess;
   if constexpr (T::kSmemBytes > kDefaultSmemLimit) {
     attr_err =
@@ -58,7 +59,8 @@ KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
   if (pairs > 0) {
     const int64_t blocks = (pairs + kPreprocessRowsPerBlock - 1) / kPreprocessRowsPerBlock;
     FlashBackwardPreprocessKernel<kDType>
-        <<<static_cast<unsigned>(blocks), kPreprocessThreads, 0, stream>>>(args);
+        <<<static_cast<unsigned>(blocks), kPreprocessThreads, 0, stream>>>(
+            static_cast<const BwdKernelArgs&>(args));  // D needs no extras: O is the dropped output
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardLaunchError("preprocess launch", err);
   }
@@ -89,14 +91,26 @@ KernelStatus LaunchBackwardWith(const BwdKernelArgs& args, const BwdGrid& grid,
 }
 
 // Wide where the device holds it (H100: 227 KB per block), narrow elsewhere (A100, sm86/89).
-template <class Arch, DType kDType, int kHeadDim>
-KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream) {
+template <class Arch, DType kDType, int kHeadDim, bool kExtras>
+KernelStatus LaunchBackwardOf(const BwdArgsOf<kExtras>& args, const BwdGrid& grid,
+                              cudaStream_t stream) {
   if constexpr (BackwardHasNarrow<Arch>(kHeadDim)) {
     if (grid.smem_limit < BackwardSmemBytes<Arch>(kHeadDim, true)) {
-      return LaunchBackwardWith<Arch, kDType, kHeadDim, false>(args, grid, stream);
+      return LaunchBackwardWith<Arch, kDType, kHeadDim, false, kExtras>(args, grid, stream);
     }
   }
-  return LaunchBackwardWith<Arch, kDType, kHeadDim, true>(args, grid, stream);
+  return LaunchBackwardWith<Arch, kDType, kHeadDim, true, kExtras>(args, grid, stream);
+}
+
+template <class Arch, DType kDType, int kHeadDim>
+KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream) {
+  return LaunchBackwardOf<Arch, kDType, kHeadDim, false>(args, grid, stream);
+}
+
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchBackwardExtras(const BwdKernelArgsX& args, const BwdGrid& grid,
+                                  cudaStream_t stream) {
+  return LaunchBackwardOf<Sm80, kDType, kHeadDim, true>(args, grid, stream);
 }
 
 }  // namespace attnserve::kernels::flash

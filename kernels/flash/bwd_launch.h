@@ -8,6 +8,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/flash/arch.h"
 #include "kernels/flash/bwd_args.h"
+#include "kernels/flash/extras_args.h"
 
 namespace attnserve::kernels::flash {
 
@@ -17,6 +18,12 @@ namespace attnserve::kernels::flash {
 // provided args.dsum.
 template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchBackward(const BwdKernelArgs& args, const BwdGrid& grid, cudaStream_t stream);
+
+// The sm80 backward with dropout and ALiBi (extras_args.h), both dQ modes; the same contract.
+// The only extras instantiation of the backward: Hopper runs it too, Turing refuses these options.
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchBackwardExtras(const BwdKernelArgsX& args, const BwdGrid& grid,
+                                  cudaStream_t stream);
 
 // The Hopper (sm_90a) backward for kHeadDim (bwd_sm90_launch.cuh; atomic-dQ mode only, so
 // args.dq_accum must be set): preprocess, wgmma dK/dV kernel, dQ conversion. The caller has

@@ -13,107 +13,21 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/bwd_sm90_dq_tiles.h"
+#include "kernels/flash/flash_extras.h"
 #include "kernels/flash/fwd_args.h"
 #include "kernels/architecture_limits.h"
 #include "kernels/gpu_launch_common.h"
 #include "kernels/flash/fwd_launch.h"
+#include "kernels/flash/kernel_tables.h"
 #include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
 namespace {
 
-using LaunchFn = KernelStatus (*)(const FwdKernelArgs&, const FwdGrid&, cudaStream_t);
-
-struct KernelEntry {
-  int head_dim;
-  LaunchFn fp16;
-  LaunchFn bf16;
-};
-
-// The instantiated kernels this build holds (ATTN_HEAD_DIMS), ascending head dim.
-constexpr KernelEntry kKernels[] = {
-#include "kernels/flash/instantiations/kernel_table.inc"
-};
-
-using BackwardLaunchFn = KernelStatus (*)(const BwdKernelArgs&, const BwdGrid&, cudaStream_t);
-
-struct BackwardKernelEntry {
-  int head_dim;
-  BackwardLaunchFn fp16;
-  BackwardLaunchFn bf16;
-};
-
-// The instantiated backward kernels (ATTN_HEAD_DIMS up to kMaxBackwardHeadDim), ascending.
-constexpr BackwardKernelEntry kBackwardKernels[] = {
-#include "kernels/flash/instantiations/bwd_kernel_table.inc"
-};
-
-// The Hopper (sm90, wgmma) forward kernels this build holds (ATTN_HEAD_DIMS of 64, 128, 256,
-// when it targets sm_90), ascending head dim, then a sentinel that matches no head dim.
-constexpr KernelEntry kSm90Kernels[] = {
-#include "kernels/flash/instantiations/sm90_kernel_table.inc"
-    {0, nullptr, nullptr}};
-
-// The Hopper (sm90, wgmma) backward kernels this build holds (ATTN_HEAD_DIMS of 64, 128, 192 and
-// 256, when it targets sm_90), ascending head dim, then a sentinel that matches no head dim.
-constexpr BackwardKernelEntry kSm90BackwardKernels[] = {
-#include "kernels/flash/instantiations/sm90_bwd_kernel_table.inc"
-    {0, nullptr, nullptr}};
-
-struct TuringKernelEntry {
-  int head_dim;
-  LaunchFn forward;  // fp16
-  BackwardLaunchFn backward;
-};
-
-// The Turing (sm75) path's kernels (ATTN_HEAD_DIMS of 32 and 64), ascending head dim, then a
-// sentinel that matches no head dim (the list may be empty).
-constexpr TuringKernelEntry kTuringKernels[] = {
-#include "kernels/flash/instantiations/sm75_kernel_table.inc"
-    {0, nullptr, nullptr}};
-
 KernelStatus Error(const std::string& message) { return KernelStatus::Error("flash: " + message); }
 
 KernelStatus CudaError(const char* what, cudaError_t err) {
   return Error(std::string(what) + " failed: " + cudaGetErrorString(err));
-}
-
-const KernelEntry* FindKernel(int head_dim) {
-  for (const KernelEntry& entry : kKernels) {
-    if (entry.head_dim >= head_dim) return &entry;
-  }
-  return nullptr;
-}
-
-const BackwardKernelEntry* FindBackwardKernel(int head_dim) {
-  for (const BackwardKernelEntry& entry : kBackwardKernels) {
-    if (entry.head_dim >= head_dim) return &entry;
-  }
-  return nullptr;
-}
-
-// The sm90 forward for exactly `head_dim` (the sm80 kernel's instantiated head dim, so both
-// paths pad the same way), or null: head dims without one run the sm80 kernel.
-const KernelEntry* FindSm90Kernel(int head_dim) {
-  for (const KernelEntry& entry : kSm90Kernels) {
-    if (entry.head_dim == head_dim) return &entry;
-  }
-  return nullptr;
-}
-
-// The sm90 backward for exactly `head_dim` (the sm80 backward's instantiated head dim), or null.
-const BackwardKernelEntry* FindSm90BackwardKernel(int head_dim) {
-  for (const BackwardKernelEntry& entry : kSm90BackwardKernels) {
-    if (entry.head_dim == head_dim) return &entry;
-  }
-  return nullptr;
-}
-
-const TuringKernelEntry* FindTuringKernel(int head_dim) {
-  for (const TuringKernelEntry& entry : kTuringKernels) {
-    if (entry.head_dim >= head_dim) return &entry;
-  }
-  return nullptr;
 }
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -164,6 +78,7 @@ KernelStatus Validate(const ForwardParams& p) {
   if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) {
     return Error("softcap must be finite and >= 0");
   }
+  if (std::string problem = ExtrasProblem(o); !problem.empty()) return Error(problem);
   return KernelStatus::Ok();
 }
 
@@ -226,7 +141,8 @@ struct Target {
   int smem_limit;
 };
 
-KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim, Target* target) {
+KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim, bool extras,
+                          Target* target) {
   if (ctx.compute_capability < 0) {
     return Error("compute_capability must be >= 0 (0 = the device's own)");
   }
@@ -256,6 +172,10 @@ KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim
     return Error("flash on sm75 supports fp16 head_dim <= " + std::to_string(Sm75::kMaxHeadDim) +
                  "; route to fallback (got " + (dtype == DType::kFloat16 ? "fp16" : "bf16") +
                  " head_dim " + std::to_string(head_dim) + ")");
+  }
+  if (target->turing && extras) {
+    return Error("flash on sm75 does not support dropout or ALiBi (only the sm80 path, compute "
+                 "capability >= 8.0, runs them); route to cublas or reference");
   }
   return KernelStatus::Ok();
 }
@@ -336,8 +256,9 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
   KernelStatus status = Validate(params);
   if (!status.ok) return status;
   const AttentionShape& s = params.shape;
+  const bool extras = HasExtras(params.options);
   Target target;
-  status = SelectTarget(ctx, s.dtype, s.head_dim, &target);
+  status = SelectTarget(ctx, s.dtype, s.head_dim, extras, &target);
   if (!status.ok) return status;
   LaunchFn launch = nullptr;
   int kernel_head_dim = 0;
@@ -355,13 +276,13 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     kernel_head_dim = kernel->head_dim;
     smem = ForwardSmemBytes<Sm80>(kernel_head_dim);
     // Hopper: the wgmma kernel where one is built for this head dim and fits the block's shared
-    // memory (every feature is supported there), unless the context disables kPathSm90Forward;
-    // otherwise the sm80 kernel. Its sm_90a code runs on compute capability 9.x devices only
+    // memory (every feature but dropout and ALiBi is supported there), unless the context
+    // disables kPathSm90Forward; otherwise the sm80 kernel. Its sm_90a code runs on compute capability 9.x devices only
     // (arch-specific features are not forward compatible), so newer GPUs keep the sm80 kernel.
     const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
     if (target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 && sm90 != nullptr &&
-        Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
+        Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit && !extras &&
         (ctx.disabled_paths & kPathSm90Forward) == 0) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90ForwardSmemBytes(kernel_head_dim);
@@ -375,7 +296,18 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
 
   const FwdKernelArgs args = MakeForwardArgs(params);
   const FwdGrid grid{s.batch, s.max_seqlen_q};
-  return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  if (!extras) return launch(args, grid, stream);
+  const ExtrasKernelEntry* kernel = FindExact(kExtrasKernels, kernel_head_dim);
+  if (kernel == nullptr) return NotBuilt(target, "dropout/ALiBi ", s.head_dim);
+  DeviceAlibiSlopes slopes;
+  if (const std::string failed = slopes.Init(params.options, s, stream); !failed.empty()) {
+    return Error(failed);
+  }
+  FwdKernelArgsX xargs;
+  static_cast<FwdKernelArgs&>(xargs) = args;
+  xargs.x = MakeExtrasArgs(params.options, args.lse_scale, slopes);
+  return (s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16)(xargs, grid, stream);
 }
 
 size_t BackwardWorkspaceBytes(const BackwardParams& params) {
@@ -388,12 +320,13 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   KernelStatus status = Validate(forward);
   if (!status.ok) return status;
   const AttentionShape& s = params.shape;
+  const bool extras = HasExtras(params.options);
   if (s.head_dim > kMaxBackwardHeadDim) {
     return Error("backward supports head_dim up to " + std::to_string(kMaxBackwardHeadDim) +
                  ", got " + std::to_string(s.head_dim));
   }
   Target target;
-  status = SelectTarget(ctx, s.dtype, s.head_dim, &target);
+  status = SelectTarget(ctx, s.dtype, s.head_dim, extras, &target);
   if (!status.ok) return status;
   BackwardLaunchFn launch = nullptr;
   int smem = 0;
@@ -412,9 +345,10 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
     // Hopper, unless the context disables kPathSm90Backward: the wgmma dK/dV kernel where one
     // is built for this head dim and fits the block's shared memory, in the atomic-dQ mode only
-    // (the deterministic mode keeps the sm80 path); 9.x devices only, as for the sm90 forward.
+    // (the deterministic mode keeps the sm80 path) and without dropout or ALiBi; 9.x devices
+    // only, as for the sm90 forward.
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
-    if (!params.deterministic && sm90 != nullptr &&
+    if (!params.deterministic && !extras && sm90 != nullptr &&
         target.compute_capability >= Sm90::kComputeCapability &&
         target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 &&
         Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
@@ -462,7 +396,18 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   args.lse_log2_scale = kLog2e;
   args.grad_scale = params.options.softmax_scale;
   const BwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k, target.smem_limit};
-  return launch(args, grid, static_cast<cudaStream_t>(ctx.stream));
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  if (!extras) return launch(args, grid, stream);
+  const ExtrasBackwardKernelEntry* kernel = FindExact(kExtrasBackwardKernels, kernel_head_dim);
+  if (kernel == nullptr) return NotBuilt(target, "dropout/ALiBi backward for ", s.head_dim);
+  DeviceAlibiSlopes slopes;
+  if (const std::string failed = slopes.Init(params.options, s, stream); !failed.empty()) {
+    return Error(failed);
+  }
+  BwdKernelArgsX xargs;
+  static_cast<BwdKernelArgs&>(xargs) = args;
+  xargs.x = MakeExtrasArgs(params.options, args.fwd.lse_scale, slopes);
+  return (s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16)(xargs, grid, stream);
 }
 
 }  // namespace attnserve::kernels::flash

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/flash/extras_args.h"
+#include "kernels/flash/extras_tile.cuh"
 #include "kernels/flash/fwd_args.h"
 #include "kernels/flash/fwd_block.cuh"
 #include "kernels/flash/fwd_row_tile.cuh"
@@ -20,13 +22,16 @@
 
 namespace attnserve::kernels::flash {
 
-template <class Arch, DType kDType, int kHeadDim>
+// kExtras: dropout and ALiBi (extras_tile.cuh), compiled in only where set, so the plain
+// instantiation is unchanged.
+template <class Arch, DType kDType, int kHeadDim, bool kExtras = false>
 class FwdBlockRunner {
   using T = FwdTraits<Arch, kDType, kHeadDim>;
   using Element = typename T::Element;
+  using Args = FwdArgsOf<kExtras>;
 
  public:
-  __device__ __forceinline__ FwdBlockRunner(const FwdKernelArgs& args, const FwdBlock& block,
+  __device__ __forceinline__ FwdBlockRunner(const Args& args, const FwdBlock& block,
                                             int64_t kv_offset, unsigned char* smem)
       : args_(args), block_(block), kv_offset_(kv_offset) {
     tid_ = threadIdx.x;
@@ -46,6 +51,10 @@ class FwdBlockRunner {
     k_frag_ = k_smem_ + (r8 + upper * 8) * T::kSmemRowBytes + half * 16;
     v_frag_ = v_smem_ + (r8 + half * 8) * T::kSmemRowBytes + upper * 16;
     vecs_valid_ = args.head_dim / T::kVecElems;
+    if constexpr (kExtras) {
+      // The CTA's (sequence, head): blockIdx.z, blockIdx.y (BeginForwardCta).
+      slope_ = AlibiSlopePre(args.x, blockIdx.z, blockIdx.y);
+    }
   }
 
   // Loads Q and the last key tile; call once before Run.
@@ -89,7 +98,8 @@ class FwdBlockRunner {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = QuadRowSum(row_sum_[mt][h]);
-        const float inv = RowNormalizer(sum);
+        float inv = RowNormalizer(sum);
+        if constexpr (kExtras) inv *= args_.x.dropout_scale;  // kept P: times 1 / (1 - p)
         const int row = warp_ * T::kWarpRows + mt * T::kMmaM + group + 8 * h;
 #pragma unroll
         for (int nt = 0; nt < T::kOTiles; ++nt) {
@@ -154,6 +164,9 @@ class FwdBlockRunner {
         }
       }
     }
+    if constexpr (kExtras) {
+      if (args_.x.alibi_slopes != nullptr) ApplyAlibi(s, n);  // after softcap, before masks
+    }
     if constexpr (kMask) ApplyMask(s, n);
 
     // V(n) has landed, and every warp is done with K(n): prefetch K(n-1).
@@ -164,8 +177,42 @@ class FwdBlockRunner {
       ptx::CommitAsyncGroup<Arch>();
     }
 
-    UpdateSoftmax(s);
+    UpdateSoftmax(s);  // row maxima and sums (so lse) of the undropped P
+    if constexpr (kExtras) {
+      if (args_.x.dropout) ApplyDropout(s, n);
+    }
     AccumulatePV(s);
+  }
+
+  // This thread's first row (of row tile 0) within the sequence, its row tile mt's diagonal key
+  // and its first key column of tile n.
+  __device__ __forceinline__ int ThreadRow(int tid) const {
+    return block_.row_first + (tid / 32) * T::kWarpRows + tid % 32 / 4;
+  }
+  __device__ __forceinline__ int FirstCol(int tid, int n) const {
+    return n * T::kBlockN + 2 * (tid % 4);
+  }
+
+  // s -= slope * |i + len_k - len_q - j| (extras_tile.cuh).
+  __device__ __forceinline__ void ApplyAlibi(float (&s)[T::kMTiles][T::kSTiles][4], int n) {
+    const int tid = ptx::FreshThreadIdx();
+    // The key on this thread's row's diagonal: row + len_k - len_q.
+    const int aligned = block_.diagonal + ThreadRow(tid) - block_.row_first;
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+      AlibiRowTile(s[mt], slope_, aligned + mt * T::kMmaM, FirstCol(tid, n));
+    }
+  }
+
+  // P -> P * Z (the 1 / (1 - p) of kept entries is folded into the epilogue's normalizer).
+  __device__ __forceinline__ void ApplyDropout(float (&p)[T::kMTiles][T::kSTiles][4], int n) {
+    const int tid = ptx::FreshThreadIdx();
+    const uint32_t sequence = static_cast<uint32_t>(args_.x.first_sequence) + blockIdx.z;
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+      DropoutRowTile(p[mt], args_.x, sequence, blockIdx.y, ThreadRow(tid) + mt * T::kMmaM,
+                     FirstCol(tid, n), 1.0f);
+    }
   }
 
   __device__ __forceinline__ void ComputeScores(float (&s)[T::kMTiles][T::kSTiles][4]) {
@@ -252,8 +299,9 @@ class FwdBlockRunner {
     }
   }
 
-  const FwdKernelArgs& args_;
+  const Args& args_;
   const FwdBlock& block_;
+  float slope_;  // ALiBi slope in pre-score units (kExtras only)
   int64_t kv_offset_;  // elements from the K/V base to this sequence's first row, this kv head
   int tid_, warp_, lane_, vecs_valid_;
   uint32_t q_smem_, k_smem_, v_smem_;
@@ -265,24 +313,24 @@ class FwdBlockRunner {
 };
 
 // One CTA's work; the kernel below is this, or a trap where the path's instructions do not exist.
-template <class Arch, DType kDType, int kHeadDim>
-__device__ __forceinline__ void FlashForwardCta(const FwdKernelArgs& args) {
+template <class Arch, DType kDType, int kHeadDim, bool kExtras>
+__device__ __forceinline__ void FlashForwardCta(const FwdArgsOf<kExtras>& args) {
   using T = FwdTraits<Arch, kDType, kHeadDim>;
   using Element = typename T::Element;
   extern __shared__ __align__(16) unsigned char smem[];
   FwdCta<Element> cta;
   if (!BeginForwardCta<T::kBlockM, T::kBlockN, T::kRowVecs, T::kThreads>(args, cta)) return;
-  FwdBlockRunner<Arch, kDType, kHeadDim> runner(args, cta.block, cta.kv_offset, smem);
+  FwdBlockRunner<Arch, kDType, kHeadDim, kExtras> runner(args, cta.block, cta.kv_offset, smem);
   runner.Prologue(cta.q);
   runner.Run();
   runner.Epilogue(cta.out, cta.lse);
 }
 
-template <class Arch, DType kDType, int kHeadDim>
+template <class Arch, DType kDType, int kHeadDim, bool kExtras = false>
 __global__ void __launch_bounds__(FwdTraits<Arch, kDType, kHeadDim>::kThreads)
-    FlashForwardKernel(const __grid_constant__ FwdKernelArgs args) {
+    FlashForwardKernel(const __grid_constant__ FwdArgsOf<kExtras> args) {
   if constexpr (kArchBodyCompiled<Arch>) {
-    FlashForwardCta<Arch, kDType, kHeadDim>(args);
+    FlashForwardCta<Arch, kDType, kHeadDim, kExtras>(args);
   } else {
     __trap();  // an sm80 kernel in an sm_75 binary: never launched there
   }

@@ -14,8 +14,8 @@ inline constexpr int kDefaultSmemLimit = 48 * 1024;
 // Launches `kernel` on one CTA per (query block, head, sequence), opting in to its dynamic
 // shared memory where it needs more than the default; `what` names it in errors. The sm80/sm75
 // and the Hopper forward launchers share it.
-template <typename Kernel>
-KernelStatus LaunchForwardGrid(Kernel kernel, const FwdKernelArgs& args, const FwdGrid& grid,
+template <typename Kernel, typename Args>
+KernelStatus LaunchForwardGrid(Kernel kernel, const Args& args, const FwdGrid& grid,
                                int block_m, int threads, int smem_bytes, cudaStream_t stream,
                                const char* what) {
   if (smem_bytes > kDefaultSmemLimit) {
@@ -41,6 +41,15 @@ KernelStatus LaunchForward(const FwdKernelArgs& args, const FwdGrid& grid, cudaS
   using T = FwdTraits<Arch, kDType, kHeadDim>;
   return LaunchForwardGrid(&FlashForwardKernel<Arch, kDType, kHeadDim>, args, grid, T::kBlockM,
                            T::kThreads, T::kSmemBytes, stream, "forward");
+}
+
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchForwardExtras(const FwdKernelArgsX& args, const FwdGrid& grid,
+                                 cudaStream_t stream) {
+  using T = FwdTraits<Sm80, kDType, kHeadDim>;
+  return LaunchForwardGrid(&FlashForwardKernel<Sm80, kDType, kHeadDim, true>, args, grid,
+                           T::kBlockM, T::kThreads, T::kSmemBytes, stream,
+                           "forward (dropout/ALiBi)");
 }
 
 }  // namespace attnserve::kernels::flash

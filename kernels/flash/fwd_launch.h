@@ -7,6 +7,7 @@
 
 #include "kernels/attention_params.h"
 #include "kernels/flash/arch.h"
+#include "kernels/flash/extras_args.h"
 #include "kernels/flash/fwd_args.h"
 
 namespace attnserve::kernels::flash {
@@ -20,6 +21,12 @@ struct FwdGrid {
 // caller has validated args and checked the device (compute capability, shared memory).
 template <class Arch, DType kDType, int kHeadDim>
 KernelStatus LaunchForward(const FwdKernelArgs& args, const FwdGrid& grid, cudaStream_t stream);
+
+// The sm80 forward with dropout and ALiBi (extras_args.h); the same contract. The only extras
+// instantiation of the forward: Hopper runs it too, Turing refuses these options.
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchForwardExtras(const FwdKernelArgsX& args, const FwdGrid& grid,
+                                 cudaStream_t stream);
 
 // The Hopper (sm_90a, wgmma) forward for kHeadDim >= args.head_dim (kSm90ForwardHeadDims); the
 // same contract. Built only when the build targets sm_90 (ATTN_FLASH_SM90).

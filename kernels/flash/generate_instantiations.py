@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes one .cu file per (dtype, head dim) flash forward kernel and per (dtype, head dim)
-backward of the sm80 path, per (dtype, head dim) Hopper (sm90) forward and backward, and per head
+backward of the sm80 path, the same pairs of the sm80 path with dropout/ALiBi ("x" files), per (dtype, head dim) Hopper (sm90) forward and backward, and per head
 dim forward and backward of the Turing (sm75) path, into instantiations/, plus the dispatch tables
 flash_attention.cc includes. Re-run after changing HEAD_DIMS, SM90_HEAD_DIMS, SM90_BWD_HEAD_DIMS,
 TURING_HEAD_DIMS or DTYPES; the output is checked in. CMake compiles only the head
@@ -43,6 +43,38 @@ template KernelStatus LaunchBackward<{arch}, DType::{dtype}, {head_dim}>(
     const BwdKernelArgs&, const BwdGrid&, cudaStream_t);
 
 }}  // namespace attnserve::kernels::flash
+"""
+
+X_KERNEL_FILE = HEADER + """
+#include "kernels/flash/fwd_launch.cuh"
+
+namespace attnserve::kernels::flash {{
+
+template KernelStatus LaunchForwardExtras<DType::{dtype}, {head_dim}>(
+    const FwdKernelArgsX&, const FwdGrid&, cudaStream_t);
+
+}}  // namespace attnserve::kernels::flash
+"""
+
+X_BWD_KERNEL_FILE = HEADER + """
+#include "kernels/flash/bwd_launch.cuh"
+
+namespace attnserve::kernels::flash {{
+
+template KernelStatus LaunchBackwardExtras<DType::{dtype}, {head_dim}>(
+    const BwdKernelArgsX&, const BwdGrid&, cudaStream_t);
+
+}}  // namespace attnserve::kernels::flash
+"""
+
+X_TABLE_ENTRY = """#ifdef ATTN_FLASH_HDIM_{head_dim}
+{{{head_dim}, &LaunchForwardExtras<DType::kFloat16, {head_dim}>, &LaunchForwardExtras<DType::kBFloat16, {head_dim}>}},
+#endif
+"""
+
+X_BWD_TABLE_ENTRY = """#ifdef ATTN_FLASH_HDIM_{head_dim}
+{{{head_dim}, &LaunchBackwardExtras<DType::kFloat16, {head_dim}>, &LaunchBackwardExtras<DType::kBFloat16, {head_dim}>}},
+#endif
 """
 
 SM90_KERNEL_FILE = HEADER + """
@@ -118,6 +150,24 @@ def main() -> None:
     )
     table += "".join(BWD_TABLE_ENTRY.format(head_dim=d) for d in sorted(BWD_HEAD_DIMS))
     (out_dir / "bwd_kernel_table.inc").write_text(table)
+    for head_dim in HEAD_DIMS:
+        for short, dtype in DTYPES.items():
+            (out_dir / f"fwd_x_{short}_hdim{head_dim}.cu").write_text(
+                X_KERNEL_FILE.format(dtype=dtype, head_dim=head_dim))
+            (out_dir / f"bwd_x_{short}_hdim{head_dim}.cu").write_text(
+                X_BWD_KERNEL_FILE.format(dtype=dtype, head_dim=head_dim))
+    table = HEADER + (
+        "// Dropout/ALiBi (sm80) forward rows {head_dim, fp16 launcher, bf16 launcher}, ascending\n"
+        "// head dim; only the head dims CMake builds (ATTN_FLASH_HDIM_<d> defined) are listed.\n"
+    )
+    table += "".join(X_TABLE_ENTRY.format(head_dim=d) for d in sorted(HEAD_DIMS))
+    (out_dir / "x_kernel_table.inc").write_text(table)
+    table = HEADER + (
+        "// Dropout/ALiBi (sm80) backward rows {head_dim, fp16 launcher, bf16 launcher}, ascending\n"
+        "// head dim; only the head dims CMake builds (ATTN_FLASH_HDIM_<d> defined) are listed.\n"
+    )
+    table += "".join(X_BWD_TABLE_ENTRY.format(head_dim=d) for d in sorted(BWD_HEAD_DIMS))
+    (out_dir / "x_bwd_kernel_table.inc").write_text(table)
     for head_dim in TURING_HEAD_DIMS:
         (out_dir / f"fwd_sm75_fp16_hdim{head_dim}.cu").write_text(
             KERNEL_FILE.format(arch="Sm75", dtype="kFloat16", head_dim=head_dim))

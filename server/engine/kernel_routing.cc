@@ -52,9 +52,10 @@ struct Row {
   unsigned features = 0;  // kDropout | kAlibi: the options beyond the base semantics it serves
 };
 
-// Row::features bits (the dropout mask's contract is kernels/dropout_mask.h). On a GPU the
-// fallback and cublas families serve them; a family without them is passed over for such
-// requests.
+// Row::features bits (the dropout mask's contract is kernels/dropout_mask.h). On a GPU flash
+// serves them where its sm80 kernels run (compute capability >= 8.0; Hopper runs those instead
+// of its sm90 kernels for such requests), the fallback and cublas families everywhere; flash on
+// Turing does not implement them, so routing passes over it for such requests.
 constexpr unsigned kDropout = 1u << 0;
 constexpr unsigned kAlibi = 1u << 1;
 
@@ -65,17 +66,18 @@ constexpr Direction kBwd = Direction::kBackward;
 constexpr Row kTable[] = {
     {"flash", 80, kAnyCc, kFwd, kF16 | kBF16, 8, 256, 8,
      "FlashAttention-2-class kernels (sm80+ mma.sync m16n8k16): fp16/bf16, head_dim a multiple "
-     "of 8 up to 256",
-     kernels::flash::SharedMemoryBytes},
+     "of 8 up to 256; dropout and ALiBi (sm80 kernels, on Hopper too)",
+     kernels::flash::SharedMemoryBytes, kDropout | kAlibi},
     {"flash", 80, kAnyCc, kBwd, kF16 | kBF16, 8, 256, 8,
-     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 256",
-     kernels::flash::SharedMemoryBytes},
+     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 256; "
+     "dropout and ALiBi (sm80 kernels, on Hopper too)",
+     kernels::flash::SharedMemoryBytes, kDropout | kAlibi},
     {"flash", 75, 80, kFwd, kF16, 8, 64, 8,
      "flash on Turing (mma.sync m16n8k8, 64 KB shared memory): fp16, head_dim a multiple of 8 "
-     "up to 64",
+     "up to 64; no dropout or ALiBi",
      kernels::flash::SharedMemoryBytes},
     {"flash", 75, 80, kBwd, kF16, 8, 64, 8,
-     "flash backward on Turing: fp16, head_dim a multiple of 8 up to 64",
+     "flash backward on Turing: fp16, head_dim a multiple of 8 up to 64; no dropout or ALiBi",
      kernels::flash::SharedMemoryBytes},
     {"fallback", 70, kAnyCc, kFwd, kAllDTypes, 1, 256, 1,
      "memory-efficient tiled kernels for sm70+ (tensor cores for fp16, and bf16 on sm80+): "

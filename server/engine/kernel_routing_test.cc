@@ -173,37 +173,52 @@ TEST(KernelRouting, DropoutAndAlibiRouteOnlyToFamiliesThatServeThem) {
   for (bool dropout : {false, true}) {
     for (bool alibi : {false, true}) {
       if (!dropout && !alibi) continue;
-      RouteQuery query{0, Direction::kForward, DType::kFloat16, 64, 0, dropout, alibi};
-      EXPECT_EQ(ChooseRoute(query, kAllFamilies).family, "reference");
-      // On a GPU: fallback where it covers the shape (fp32 and Turing bf16 are past flash),
-      // cublas past its head dims or without it; with neither, an error naming the option.
-      query.compute_capability = 90;
-      query.dtype = DType::kFloat32;
-      EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
-                "fallback");
-      EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "cublas"}}).family, "cublas");
-      RouteQuery turing = query;
-      turing.compute_capability = 75;
-      turing.dtype = DType::kBFloat16;
-      turing.head_dim = 128;
-      turing.direction = Direction::kBackward;
-      EXPECT_EQ(ChooseRoute(turing, kAllFamilies).family, "fallback");
-      turing.head_dim = 300;
-      EXPECT_EQ(ChooseRoute(turing, kAllFamilies).family, "cublas");
-      const Route route = ChooseRoute(query, KernelCatalog{{"flash"}});
-      EXPECT_EQ(route.family, "");
-      if (dropout) EXPECT_NE(route.reason.find("options.dropout_p"), std::string::npos);
-      if (alibi) EXPECT_NE(route.reason.find("options.alibi_slopes"), std::string::npos);
+      for (Direction direction : {Direction::kForward, Direction::kBackward}) {
+        RouteQuery query{0, direction, DType::kFloat16, 64, 0, dropout, alibi};
+        EXPECT_EQ(ChooseRoute(query, kAllFamilies).family, "reference");
+        // sm80 and Hopper: flash (its sm80 kernels); without flash, fallback; without both,
+        // cublas; with none of them, an error naming the option.
+        for (int cc : {80, 86, 90}) {
+          query.compute_capability = cc;
+          EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
+                    "flash");
+          EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"fallback", "cublas"}}).family,
+                    "fallback");
+          EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"cublas"}}).family, "cublas");
+        }
+        // Turing: fallback, past flash's Turing variant; cublas past fallback's head dims.
+        query.compute_capability = 75;
+        EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
+                  "fallback");
+        RouteQuery wide = query;
+        wide.head_dim = 300;
+        EXPECT_EQ(ChooseRoute(wide, kAllFamilies).family, "cublas");
+        const Route route = ChooseRoute(query, KernelCatalog{{"flash"}});
+        EXPECT_EQ(route.family, "");
+        if (dropout) EXPECT_NE(route.reason.find("options.dropout_p"), std::string::npos);
+        if (alibi) EXPECT_NE(route.reason.find("options.alibi_slopes"), std::string::npos);
+        // Past the features, the usual limits hold: flash has no fp32.
+        query.compute_capability = 90;
+        query.dtype = DType::kFloat32;
+        EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "fallback", "cublas"}}).family,
+                  "fallback");
+        EXPECT_EQ(ChooseRoute(query, KernelCatalog{{"flash", "cublas"}}).family, "cublas");
+      }
     }
   }
 }
 
 TEST(KernelRouting, CoverageSaysWhichFamiliesServeDropoutAndAlibi) {
-  for (const CoverageRow& row : CoverageFor(90, 0, kAllFamilies)) {
-    const bool serves =
-        row.family == "reference" || row.family == "cublas" || row.family == "fallback";
-    EXPECT_EQ(row.dropout, serves) << row.family;
-    EXPECT_EQ(row.alibi, serves) << row.family;
+  for (int cc : {75, 90}) {
+    for (const CoverageRow& row : CoverageFor(cc, 0, kAllFamilies)) {
+      const bool serves = row.family == "reference" || row.family == "cublas" ||
+                          row.family == "fallback" || (row.family == "flash" && cc >= 80);
+      EXPECT_EQ(row.dropout, serves) << row.family << " at " << cc;
+      EXPECT_EQ(row.alibi, serves) << row.family << " at " << cc;
+      if (row.family == "flash") {
+        EXPECT_EQ(row.reason.find("dropout and ALiBi") != std::string::npos, serves) << cc;
+      }
+    }
   }
 }
 

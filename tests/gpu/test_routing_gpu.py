@@ -144,8 +144,9 @@ def test_forced_cublas_family_answers_everything(dtype, head_dim):
 
 
 # Dropout and ALiBi on a GPU: the mask is the reference's (kernels/dropout_mask.h), so the
-# float64 reference with the same seed checks every element. Head dim 320 is past the tiled
-# families' 256, so the cuBLAS family serves it.
+# float64 reference with the same seed checks every element. Each family that serves them is the
+# route somewhere: flash's sm80 kernels for fp16/bf16 on sm80+ (on the H100 too: its sm90 kernels
+# do not take them), fallback for fp32 and on Turing, cuBLAS past the tiled families' head dims.
 DROPOUT_ALIBI_OPTIONS = pytest.mark.parametrize("options", [
     dict(causal=True, dropout_p=0.2, dropout_seed=12345),
     dict(alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625], np.float32)),
@@ -156,14 +157,22 @@ DROPOUT_ALIBI_OPTIONS = pytest.mark.parametrize("options", [
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @DROPOUT_ALIBI_OPTIONS
+def test_dropout_and_alibi_run_on_flash_or_fallback(dtype, options):
+    with server("native") as client:
+        check_round_trip(client, dtype, 64, "fallback" if dtype == "fp32" else "flash",
+                         seqlens_q=(70, 33), seqlens_k=(90, 21), **options)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@DROPOUT_ALIBI_OPTIONS
 def test_dropout_and_alibi_run_on_cublas(dtype, options):
     with server("native") as client:
         check_round_trip(client, dtype, 320, "cublas", seqlens_q=(70, 33), seqlens_k=(90, 21),
                          **options)
 
 
-# The fallback family serves them where it is the route: on a Turing GPU head_dim 128 and
-# bf16/fp32 are past Turing flash; natively fp32 (flash has none).
+# On a Turing GPU flash's Turing variant takes neither: fp16 head_dim 64 goes to fallback, as do
+# head_dim 128 and bf16/fp32, which are past Turing flash anyway.
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @DROPOUT_ALIBI_OPTIONS
 def test_dropout_and_alibi_run_on_fallback_on_turing(dtype, options):
@@ -172,8 +181,8 @@ def test_dropout_and_alibi_run_on_fallback_on_turing(dtype, options):
                          **options)
 
 
-@DROPOUT_ALIBI_OPTIONS
-def test_dropout_and_alibi_fp32_run_on_fallback_natively(options):
-    with server("native") as client:
-        check_round_trip(client, "fp32", 64, "fallback", seqlens_q=(70, 33), seqlens_k=(90, 21),
-                         **options)
+def test_emulated_turing_sends_fp16_dropout_past_flash_to_fallback():
+    with server("sm75") as client:
+        check_round_trip(client, "fp16", 64, "fallback", causal=True, dropout_p=0.25,
+                         dropout_seed=99, alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625],
+                                                                np.float32))
