@@ -27,8 +27,10 @@ struct BackwardLaunchSet {
   std::vector<char*> destinations;
 };
 
-// Runs `plan`'s launches (groups of whole sequences: a backward is never cut inside one,
-// launch_split.h says why) in order on the lane, each writing its rows of dq, dk and dv.
+// Runs `plan`'s launches in order on the lane: a group of whole sequences writes its rows of
+// dq, dk and dv; a block of one sequence's rows (launch_split.h) writes its rows of dq and
+// partial dk and dv into device scratch, which a small kernel (kernels/gradient_sum) adds into
+// float32 sums in the workspace, written out as the sequence's dk and dv after its last block.
 // `context`: the device context it reads q, k, v, out and lse from, or null when they travel.
 absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& family,
                                             const BackwardLaunchSet& set,
