@@ -13,17 +13,21 @@
 namespace attnserve::engine {
 namespace {
 
-// Where the launch reads q, k, v, out and lse ([heads, total_q]) from: the run's inputs, or
-// the context's device memory.
+// Where the launch reads dout, q, k, v, out and lse ([heads, total_q]) from: the run's
+// inputs, the context's device memory, or a resident request's own device tensors.
 struct Sources {
-  const char *q, *k, *v, *out, *lse;
+  const char *dout, *q, *k, *v, *out, *lse;
 };
 
-Sources SourcesOf(const DeviceBuffers& d, const ContextMemory* context) {
-  if (context == nullptr) {
-    return {d.inputs[1], d.inputs[2], d.inputs[3], d.inputs[4], d.inputs[5]};
+Sources SourcesOf(const DeviceBuffers& d, const ContextMemory* context,
+                  const std::array<const char*, 6>& resident) {
+  if (resident[0] != nullptr) {
+    return {resident[0], resident[1], resident[2], resident[3], resident[4], resident[5]};
   }
-  return {context->address(ContextTensor::kQ), context->address(ContextTensor::kK),
+  if (context == nullptr) {
+    return {d.inputs[0], d.inputs[1], d.inputs[2], d.inputs[3], d.inputs[4], d.inputs[5]};
+  }
+  return {d.inputs[0], context->address(ContextTensor::kQ), context->address(ContextTensor::kK),
           context->address(ContextTensor::kV), context->address(ContextTensor::kOut),
           context->address(ContextTensor::kLse)};
 }
@@ -86,7 +90,8 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
   const size_t partial_at = AlignedScratch(lse_scratch);
   const size_t sums_at = partial_at + 2 * AlignedScratch(partial_bytes);
   const size_t scratch_bytes = sums_at + 2 * AlignedScratch(sum_bytes);
-  // Inputs: dout, then (when they travel) q, k, v, out, lse; the launches' offsets last.
+  // Inputs: dout, then (when they travel) q, k, v, out, lse, none of them for a resident
+  // request; the launches' offsets last.
   std::vector<GatheredInput> inputs = set.tensors;
   const size_t offsets_input = inputs.size();
   inputs.push_back({{plan.offsets.data(), plan.offsets_bytes()}});
@@ -106,8 +111,9 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
     const ByteRange query_rows{group.q0 * q_row, group.q1 * q_row};
     const ByteRange key_rows{k_from * k_row, group.k1 * k_row};
     const auto with_first = [g](size_t bytes) { return g == 0 ? ByteRange{0, bytes} : ByteRange{}; };
-    step.inputs = {query_rows};
-    if (context == nullptr) {
+    const bool resident = set.resident[0] != nullptr;
+    if (!resident) step.inputs = {query_rows};
+    if (context == nullptr && !resident) {
       step.inputs.insert(step.inputs.end(),
                          {query_rows, key_rows, key_rows, query_rows, with_first(lse_bytes)});
     }
@@ -146,7 +152,7 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
           }
         }
       } else {
-        const Sources from = SourcesOf(d, context);
+        const Sources from = SourcesOf(d, context, set.resident);
         float* const lse = reinterpret_cast<float*>(d.workspace);
         // The launch's lse columns of every head, [heads, rows] as its own launch reads them.
         if (absl::Status s = CudaStatus(
@@ -161,7 +167,7 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
         params.shape = launch->shape;
         params.options = LaunchOptions(options, *launch);
         params.deterministic = set.deterministic;
-        params.dout = d.inputs[0] + launch->q0 * q_row;
+        params.dout = from.dout + launch->q0 * q_row;
         params.q = from.q + launch->q0 * q_row;
         params.k = from.k + launch->k0 * k_row;
         params.v = from.v + launch->k0 * k_row;

@@ -6,6 +6,8 @@
 // transport streams them. A backward on a device context reads the context where it lies.
 #pragma once
 
+#include <array>
+
 #include "absl/status/statusor.h"
 #include "kernels/kernel_families.h"
 #include "server/engine/attention_request.h"
@@ -25,6 +27,10 @@ struct BackwardLaunchSet {
   RequestOptions options;
   bool deterministic = false;
   std::vector<char*> destinations;
+  // A resident request (cuda_resident.h): dout, q, k, v, out and lse already lie in this
+  // device's memory here, `tensors` is empty and only the launches' offsets cross. All null:
+  // the tensors travel (or q, k, v, out and lse come from a context).
+  std::array<const char*, 6> resident = {};
 };
 
 // Runs `plan`'s launches in order on the lane: a group of whole sequences writes its rows of
