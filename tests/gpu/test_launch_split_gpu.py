@@ -7,13 +7,16 @@ independent) and for a deterministic backward; blocks of query rows start at mul
 kernel's query tile, so a forward's are expected bitwise too (a separate test says whether they
 are). A backward's long sequence runs by the same blocks, its dk and dv summed over them in
 float32 after each block's partial was rounded to fp16: close to one launch's, not bitwise.
-A forward over the data channel, which arrives group by group, is cut within its groups.
+A forward over the data channel, which arrives group by group, is cut within its groups, and
+requests whose tensors lie in CUDA shared memory (the split server has --allow_shared_memory)
+are cut the same way, reading at offsets into the client's device memory.
 A request far longer than its deadline stops between launches: the request queued behind it on
 the one lane runs at once instead of waiting for the rest of it. Skipped without the servers."""
 import os
 import re
 import time
 import urllib.request
+import uuid
 
 import grpc
 import numpy as np
@@ -238,3 +241,54 @@ def test_a_request_past_its_deadline_stops_within_a_slice(stubs):
           f"deadline {deadline:.2f} s; the next request answered {waited * 1e3:.1f} ms after it")
     # Unsplit, it would have waited about compute / 2 for the long request to finish.
     assert waited < min(0.5, compute / 4), waited
+
+
+def test_resident_requests_are_cut_and_answer_as_one_launch(stubs):
+    # Tensors in the client's device memory (CUDA shared memory) used to run as one launch
+    # whatever their length; now they are cut like any other request.
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA to make the region")
+    from cuda_region import CudaRegion
+    case = Case("resident: one long causal sequence, GQA", [20000], [20000], heads_k=2,
+                causal=True, row_blocks=True)
+    out, lse = case.forward(stubs[0])
+    want = case.backward(stubs[0], out, lse)
+    region = CudaRegion(SPLIT, f"split-{uuid.uuid4().hex[:8]}", 384 << 20)
+    region.register()
+    try:
+        def on_gpu(a):
+            return torch.from_numpy(np.array(a)).cuda()  # a copy: frombuffer arrays are read-only
+        for name, a in (("q", case.q), ("k", case.k), ("v", case.v), ("dout", case.dout)):
+            region.place(name, on_gpu(a)).copy_(on_gpu(a))
+        got_out = region.place("out", on_gpu(case.q))
+        got_lse = region.place("lse", on_gpu(lse))
+        offsets = {"cu_seqlens_q": case.cu_q.tolist(), "cu_seqlens_k": case.cu_k.tolist()}
+        before = split_launches(SPLIT_HTTP)
+        region.infer("attention_forward", ["q", "k", "v"], ["out", "lse"], offsets,
+                     {"causal": True})
+        torch.cuda.synchronize()
+        assert split_launches(SPLIT_HTTP) - before >= 2, "the resident forward was not cut"
+        split_out, split_lse = got_out.cpu().numpy(), got_lse.cpu().numpy()
+        finite = np.isfinite(lse)
+        np.testing.assert_array_equal(np.isfinite(split_lse), finite)
+        np.testing.assert_allclose(split_lse[finite], lse[finite], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(split_out.astype(np.float32), out.astype(np.float32), rtol=0,
+                                   atol=1e-3)
+
+        # The backward reads the native forward's out and lse, as the gRPC one did.
+        got_out.copy_(on_gpu(out))
+        got_lse.copy_(on_gpu(lse))
+        grads = [region.place(n, on_gpu(a)) for n, a in
+                 (("dq", case.q), ("dk", case.k), ("dv", case.v))]
+        before = split_launches(SPLIT_HTTP)
+        region.infer("attention_backward", ["dout", "q", "k", "v", "out", "lse"],
+                     ["dq", "dk", "dv"], offsets, {"causal": True, "deterministic": True})
+        torch.cuda.synchronize()
+        assert split_launches(SPLIT_HTTP) - before >= 2, "the resident backward was not cut"
+        for name, w, g in zip(("dq", "dk", "dv"), want, grads):
+            got = g.cpu().numpy().ravel()
+            assert np.isfinite(got).all(), name
+            assert relative_error(got, w) <= 2e-3, (name, relative_error(got, w))
+    finally:
+        region.close()
