@@ -4,6 +4,10 @@
 // the slice runs as launches of at most about one slice each, and the lane checks between
 // them whether its deadline passed or its caller left (cuda_lane.h LaneStep::before_launch):
 // a stopped request then holds the device at most about one slice past the moment it stopped.
+// Requests whose tensors lie in the device's memory (cuda_resident.h) are cut the same way, at
+// offsets into those tensors. The CPU device cuts a backward the same way too (split_backward.h;
+// its reference kernels also stop part way on their own), so both devices sum a long
+// sequence's dk and dv by the same blocks.
 //
 // The cuts: groups of whole sequences (sequences are independent, so each group's answer is
 // bitwise the one launch's), and a sequence that alone exceeds the slice, forward or backward,
