@@ -1,6 +1,7 @@
 #include "server/engine/cpu_worker.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "kernels/reference/reference_attention.h"
 #include "server/engine/split_backward.h"
@@ -17,6 +18,9 @@ CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& opt
       context_{options.cpu_threads},
       metrics_(metrics),
       max_launch_seconds_(options.max_launch_seconds),
+      host_threads_(options.cpu_threads > 0
+                        ? options.cpu_threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       catalog_(KernelCatalog::Only(options.forced_kernel_family.empty()
                                        ? kReferenceFamily.name
                                        : options.forced_kernel_family)) {
@@ -85,7 +89,7 @@ std::vector<LaunchRange> CpuWorker::BackwardSplit(const BackwardInputs& inputs) 
   request.heads = inputs.q.shape[1];
   request.head_dim = static_cast<int>(inputs.q.shape[2]);
   request.rate = FamilyThroughput(kReferenceFamily.name, /*compute_capability=*/0,
-                                  context_.num_threads);
+                                  host_threads_);
   return PlanLaunchSplit(request, max_launch_seconds_);
 }
 

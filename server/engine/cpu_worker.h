@@ -42,6 +42,9 @@ class CpuWorker : public QueueWorker {
   const kernels::ExecutionContext context_;
   metrics::ServerMetrics* const metrics_;
   const double max_launch_seconds_;  // 0: never split
+  // Threads the reference kernels give one request (--cpu_threads, 0 resolved to every core),
+  // for the rate a backward's launches are sized by: a batch is cut no finer than it runs.
+  const int host_threads_;
   const KernelCatalog catalog_;
 };
 
