@@ -36,9 +36,10 @@ start_server faults 8041 8040 --data_port=8042 --inject_device_fault=cuda:0@3/1 
 # CUDA shared memory: tests/gpu/test_cuda_shared_memory_gpu.py registers device memory by IPC.
 start_server shm 8051 8050 --data_port=8052 --allow_shared_memory
 # Launches of about 2 ms on one lane: tests/gpu/test_launch_split_gpu.py compares its answers
-# with the native server's single launches and stops a 2M-token request at its deadline.
+# (CUDA shared memory's too) with the native server's single launches and stops a 2M-token
+# request at its deadline.
 start_server split 8061 8060 --data_port=8062 --max_launch_seconds=0.002 --cuda_lanes=1 \
-  --max_total_tokens=4194304
+  --max_total_tokens=4194304 --allow_shared_memory
 
 status=0
 ctl=.gpu-bundle/bin/attnctl

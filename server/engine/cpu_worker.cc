@@ -1,8 +1,11 @@
 #include "server/engine/cpu_worker.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "kernels/reference/reference_attention.h"
+#include "server/engine/split_backward.h"
+#include "server/engine/work_estimate.h"
 
 namespace attnserve::engine {
 
@@ -13,6 +16,11 @@ CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& opt
                      metrics::ServerMetrics* metrics, ContextStore* contexts)
     : QueueWorker(std::move(device), options, metrics, contexts),
       context_{options.cpu_threads},
+      metrics_(metrics),
+      max_launch_seconds_(options.max_launch_seconds),
+      host_threads_(options.cpu_threads > 0
+                        ? options.cpu_threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       catalog_(KernelCatalog::Only(options.forced_kernel_family.empty()
                                        ? kReferenceFamily.name
                                        : options.forced_kernel_family)) {
@@ -48,9 +56,41 @@ absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, 
   }
   kernels::ExecutionContext context = context_;
   context.should_stop = LaneStop(lane);
-  absl::StatusOr<BackwardResult> result = RunBackward(kReferenceFamily, inputs, context);
+  const std::vector<LaunchRange> split = BackwardSplit(inputs);
+  absl::StatusOr<BackwardResult> result;
+  if (split.empty()) {
+    result = RunBackward(kReferenceFamily, inputs, context);
+  } else {
+    if (metrics_ != nullptr) metrics_->RecordSplitLaunches(device().name, split.size());
+    const std::function<bool()>& stop = LaneStop(lane);
+    result = RunBackwardInLaunches(kReferenceFamily, inputs, split, context,
+                                   [&stop]() -> absl::Status {
+                                     if (stop && stop()) {
+                                       return absl::CancelledError(
+                                           "stopped between launches: its deadline passed or "
+                                           "its caller cancelled");
+                                     }
+                                     return absl::OkStatus();
+                                   });
+  }
   if (result.ok()) result->execution.device = device().name;
   return result;
+}
+
+std::vector<LaunchRange> CpuWorker::BackwardSplit(const BackwardInputs& inputs) const {
+  // A backward still arriving runs group by group as it comes (kernel_runner.h); the
+  // reference kernel stops part way at its deadline in any case.
+  if (inputs.groups != nullptr) return {};
+  SplitRequest request;
+  request.direction = Direction::kBackward;
+  request.cu_seqlens_q = &inputs.cu_seqlens_q;
+  request.cu_seqlens_k = &inputs.cu_seqlens_k;
+  request.options = inputs.options;
+  request.heads = inputs.q.shape[1];
+  request.head_dim = static_cast<int>(inputs.q.shape[2]);
+  request.rate = FamilyThroughput(kReferenceFamily.name, /*compute_capability=*/0,
+                                  host_threads_);
+  return PlanLaunchSplit(request, max_launch_seconds_);
 }
 
 }  // namespace attnserve::engine

@@ -1,10 +1,13 @@
 // Runs requests on the host CPU with the exact reference kernels, by default one request at a
-// time (the kernel itself uses every core).
+// time (the kernel itself uses every core). A backward estimated past --max_launch_seconds runs
+// as several launches (launch_split.h, split_backward.h), as on a GPU, so both devices answer
+// it the same way.
 #pragma once
 
 #include "server/engine/kernel_runner.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/kernel_routing.h"
+#include "server/engine/launch_split.h"
 #include "server/engine/queue_worker.h"
 
 namespace attnserve::engine {
@@ -33,7 +36,15 @@ class CpuWorker : public QueueWorker {
   absl::Status CheckRoute(Direction direction, const TensorView& q,
                           const RequestOptions& options) const;
 
+  // The launches a backward runs as (PlanLaunchSplit), empty when it runs as one.
+  std::vector<LaunchRange> BackwardSplit(const BackwardInputs& inputs) const;
+
   const kernels::ExecutionContext context_;
+  metrics::ServerMetrics* const metrics_;
+  const double max_launch_seconds_;  // 0: never split
+  // Threads the reference kernels give one request (--cpu_threads, 0 resolved to every core),
+  // for the rate a backward's launches are sized by: a batch is cut no finer than it runs.
+  const int host_threads_;
   const KernelCatalog catalog_;
 };
 

@@ -6,6 +6,8 @@
 // transport streams them. A backward on a device context reads the context where it lies.
 #pragma once
 
+#include <array>
+
 #include "absl/status/statusor.h"
 #include "kernels/kernel_families.h"
 #include "server/engine/attention_request.h"
@@ -25,10 +27,16 @@ struct BackwardLaunchSet {
   RequestOptions options;
   bool deterministic = false;
   std::vector<char*> destinations;
+  // A resident request (cuda_resident.h): dout, q, k, v, out and lse already lie in this
+  // device's memory here, `tensors` is empty and only the launches' offsets cross. All null:
+  // the tensors travel (or q, k, v, out and lse come from a context).
+  std::array<const char*, 6> resident = {};
 };
 
-// Runs `plan`'s launches (groups of whole sequences: a backward is never cut inside one,
-// launch_split.h says why) in order on the lane, each writing its rows of dq, dk and dv.
+// Runs `plan`'s launches in order on the lane: a group of whole sequences writes its rows of
+// dq, dk and dv; a block of one sequence's rows (launch_split.h) writes its rows of dq and
+// partial dk and dv into device scratch, which a small kernel (kernels/gradient_sum) adds into
+// float32 sums in the workspace, written out as the sequence's dk and dv after its last block.
 // `context`: the device context it reads q, k, v, out and lse from, or null when they travel.
 absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& family,
                                             const BackwardLaunchSet& set,

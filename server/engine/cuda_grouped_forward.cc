@@ -31,6 +31,9 @@ absl::StatusOr<LaneRun> RunForwardLaunches(const kernels::KernelFamilyEntry& fam
   const size_t cu_q_bytes = set.cu_seqlens_q->size() * sizeof(int32_t);
   const size_t cu_k_bytes = set.cu_seqlens_k->size() * sizeof(int32_t);
 
+  // A resident request's q, k and v are read where they lie: only the offsets cross.
+  const bool resident = set.resident[0] != nullptr;
+  const size_t offsets_input = resident ? 2 : 5;
   const int count = static_cast<int>(plan.groups.size());
   std::vector<LaneStep> steps(count);
   // Key rows already sent: blocks of one sequence's rows share its first keys.
@@ -44,22 +47,27 @@ absl::StatusOr<LaneRun> RunForwardLaunches(const kernels::KernelFamilyEntry& fam
     if (hooks.ready) step.ready = [&hooks, g] { return hooks.ready(g); };
     step.before_launch = hooks.before_launch;
     // The offsets (the whole forward's too, for a kept context) cross with the first launch.
-    step.inputs = {{group.q0 * q_row, group.q1 * q_row},
-                   {k_from * k_row, group.k1 * k_row},
-                   {k_from * k_row, group.k1 * k_row},
-                   g == 0 ? whole(cu_q_bytes) : ByteRange{},
+    step.inputs = {g == 0 ? whole(cu_q_bytes) : ByteRange{},
                    g == 0 ? whole(cu_k_bytes) : ByteRange{},
                    g == 0 ? whole(plan.offsets_bytes()) : ByteRange{}};
+    if (!resident) {
+      step.inputs.insert(step.inputs.begin(), {{group.q0 * q_row, group.q1 * q_row},
+                                               {k_from * k_row, group.k1 * k_row},
+                                               {k_from * k_row, group.k1 * k_row}});
+    }
     step.launch = [&, launch = &group, rows](const DeviceBuffers& d,
                                              cudaStream_t stream) -> absl::Status {
       if (rows == 0) return absl::OkStatus();
       kernels::ForwardParams params;
       params.shape = launch->shape;
       params.options = LaunchOptions(options, *launch);
-      params.q = d.inputs[0] + launch->q0 * q_row;
-      params.k = d.inputs[1] + launch->k0 * k_row;
-      params.v = d.inputs[2] + launch->k0 * k_row;
-      const int32_t* offsets = reinterpret_cast<const int32_t*>(d.inputs[5]);
+      const char* const q = resident ? set.resident[0] : d.inputs[0];
+      const char* const k = resident ? set.resident[1] : d.inputs[1];
+      const char* const v = resident ? set.resident[2] : d.inputs[2];
+      params.q = q + launch->q0 * q_row;
+      params.k = k + launch->k0 * k_row;
+      params.v = v + launch->k0 * k_row;
+      const int32_t* offsets = reinterpret_cast<const int32_t*>(d.inputs[offsets_input]);
       params.shape.cu_seqlens_q_device = offsets + launch->cu_q_at;
       params.shape.cu_seqlens_k_device = offsets + launch->cu_k_at;
       params.out = d.outputs[0] + launch->q0 * q_row;
@@ -81,13 +89,12 @@ absl::StatusOr<LaneRun> RunForwardLaunches(const kernels::KernelFamilyEntry& fam
         {group.q0 * lse_row, rows * lse_row, static_cast<size_t>(heads), total_q * lse_row}};
     if (hooks.done) step.done = [&hooks, g] { hooks.done(g); };
   }
+  std::vector<GatheredInput> inputs = {{{set.cu_seqlens_q->data(), cu_q_bytes}},
+                                       {{set.cu_seqlens_k->data(), cu_k_bytes}},
+                                       {{plan.offsets.data(), plan.offsets_bytes()}}};
+  if (!resident) inputs.insert(inputs.begin(), {set.q_data, set.k_data, set.v_data});
   return lane.RunSteps(
-      {set.q_data,
-       set.k_data,
-       set.v_data,
-       {{set.cu_seqlens_q->data(), cu_q_bytes}},
-       {{set.cu_seqlens_k->data(), cu_k_bytes}},
-       {{plan.offsets.data(), plan.offsets_bytes()}}},
+      inputs,
       {static_cast<size_t>(total_q) * q_row, static_cast<size_t>(heads * total_q) * lse_row},
       scratch_bytes + kernel_workspace, steps, keep, set.destinations);
 }

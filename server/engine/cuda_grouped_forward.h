@@ -7,6 +7,8 @@
 // estimated work instead of arrival.
 #pragma once
 
+#include <array>
+
 #include <functional>
 #include <memory>
 
@@ -32,6 +34,9 @@ struct ForwardLaunchSet {
   const std::vector<int32_t>* cu_seqlens_k = nullptr;
   RequestOptions options;
   std::vector<char*> destinations;
+  // A resident request (cuda_resident.h): q, k and v already lie in this device's memory here,
+  // *_data are empty and only the offsets cross (nothing is kept). All null: they travel.
+  std::array<const char*, 3> resident = {};
 };
 
 // What runs around launch g (each may be empty): `ready(g)` before its inputs cross,

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "server/engine/cuda_grouped_backward.h"
+#include "server/engine/group_launch.h"
 #include "server/engine/kernel_launch_status.h"
 #include "server/engine/kernel_runner.h"
 
@@ -68,6 +70,44 @@ absl::StatusOr<LaneRun> RunResidentBackward(const kernels::KernelFamilyEntry& fa
                                                                  workspace_bytes)));
       },
       /*keep=*/nullptr, in.output_space.destinations);
+}
+
+absl::StatusOr<LaneRun> RunResidentForwardLaunches(const kernels::KernelFamilyEntry& family,
+                                                   const ForwardInputs& in,
+                                                   const std::vector<LaunchRange>& split,
+                                                   const LaunchHooks& hooks, CudaLane& lane,
+                                                   const DeviceContextFn& device_context) {
+  ForwardLaunchSet set;
+  set.q = in.q;
+  set.k = in.k;
+  set.cu_seqlens_q = &in.cu_seqlens_q;
+  set.cu_seqlens_k = &in.cu_seqlens_k;
+  set.options = in.options;
+  set.destinations = in.output_space.destinations;
+  set.resident = {in.q.data, in.k.data, in.v.data};
+  const GroupLaunches plan =
+      PlanSplitLaunches(split, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  return RunForwardLaunches(family, set, plan, hooks, lane, device_context, /*keep=*/nullptr);
+}
+
+absl::StatusOr<LaneRun> RunResidentBackwardLaunches(const kernels::KernelFamilyEntry& family,
+                                                    const BackwardInputs& in,
+                                                    const std::vector<LaunchRange>& split,
+                                                    const LaunchHooks& hooks, CudaLane& lane,
+                                                    const DeviceContextFn& device_context) {
+  BackwardLaunchSet set;
+  set.q = in.q;
+  set.k = in.k;
+  set.cu_seqlens_q = &in.cu_seqlens_q;
+  set.cu_seqlens_k = &in.cu_seqlens_k;
+  set.options = in.options;
+  set.deterministic = in.deterministic;
+  set.destinations = in.output_space.destinations;
+  set.resident = {in.dout.data, in.q.data, in.k.data, in.v.data, in.out.data, in.lse.data};
+  const GroupLaunches plan =
+      PlanSplitLaunches(split, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  return RunBackwardLaunches(family, set, plan, hooks, lane, device_context,
+                             /*context=*/nullptr);
 }
 
 absl::Status ZeroDeviceBytes(char* at, size_t bytes, int device) {

@@ -9,6 +9,7 @@
 #include "server/engine/attention_request.h"
 #include "server/engine/cuda_grouped_forward.h"
 #include "server/engine/cuda_lane.h"
+#include "server/engine/launch_split.h"
 
 namespace attnserve::engine {
 
@@ -20,6 +21,19 @@ absl::StatusOr<LaneRun> RunResidentForward(const kernels::KernelFamilyEntry& fam
 absl::StatusOr<LaneRun> RunResidentBackward(const kernels::KernelFamilyEntry& family,
                                             const BackwardInputs& in, CudaLane& lane,
                                             const DeviceContextFn& device_context);
+
+// The same as several launches (launch_split.h: `split` is PlanLaunchSplit's, not empty), read
+// at offsets into the device tensors; `hooks.before_launch` stops the request between them.
+absl::StatusOr<LaneRun> RunResidentForwardLaunches(const kernels::KernelFamilyEntry& family,
+                                                   const ForwardInputs& in,
+                                                   const std::vector<LaunchRange>& split,
+                                                   const LaunchHooks& hooks, CudaLane& lane,
+                                                   const DeviceContextFn& device_context);
+absl::StatusOr<LaneRun> RunResidentBackwardLaunches(const kernels::KernelFamilyEntry& family,
+                                                    const BackwardInputs& in,
+                                                    const std::vector<LaunchRange>& split,
+                                                    const LaunchHooks& hooks, CudaLane& lane,
+                                                    const DeviceContextFn& device_context);
 
 // Zeroes `bytes` of device memory at `at` (a destination of a backward without queries or
 // keys: every gradient is zero) and waits.

@@ -587,6 +587,17 @@ absl::StatusOr<ForwardResult> CudaWorker::ExecuteResident(const ForwardInputs& i
     empty.execution.kernel = (*family)->name;
     return empty;
   }
+  // Only the outputs may cross the host link (when they go to host memory): out and lse.
+  const std::vector<LaunchRange> split = SplitOf(
+      **family, Direction::kForward, inputs.q, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
+      inputs.options, static_cast<double>(RowBytes(inputs.q) + sizeof(float) * inputs.q.shape[1]),
+      0);
+  if (!split.empty()) {
+    RecordSplit(split.size());
+    return ForwardAnswer(**family, inputs,
+                         RunResidentForwardLaunches(**family, inputs, split, StopHooks(lane),
+                                                    *lanes_[lane], DeviceContextMaker()));
+  }
   return ForwardAnswer(**family, inputs,
                        RunResidentForward(**family, inputs, *lanes_[lane], DeviceContextMaker()));
 }
@@ -598,6 +609,16 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs&
   if (!family.ok()) return family.status();
   if (!(*family)->runs_on_device) return HostFamilyRefused(**family, inputs.q);
   if (inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
+    // Only the outputs may cross the host link (when they go to host memory): dq, dk, dv.
+    const std::vector<LaunchRange> split =
+        SplitOf(**family, Direction::kBackward, inputs.q, inputs.cu_seqlens_q,
+                inputs.cu_seqlens_k, inputs.options, RowBytes(inputs.q), 2.0 * RowBytes(inputs.k));
+    if (!split.empty()) {
+      RecordSplit(split.size());
+      return BackwardAnswer(**family, inputs,
+                            RunResidentBackwardLaunches(**family, inputs, split, StopHooks(lane),
+                                                        *lanes_[lane], DeviceContextMaker()));
+    }
     return BackwardAnswer(
         **family, inputs,
         RunResidentBackward(**family, inputs, *lanes_[lane], DeviceContextMaker()));

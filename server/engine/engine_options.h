@@ -49,9 +49,10 @@ struct EngineOptions {
   // A batched launch posts all of its requests' answers at once: two threads halved their
   // delivery time (3.4 against 6.1 ms) but not the batch's throughput or p99, so one by default.
   int answer_threads_per_lane = 1;
-  // A GPU request (or batch) estimated to keep its device longer than this runs as several
-  // launches, and stops between them once its deadline passed or its caller left
-  // (launch_split.h): how long a stopped request may still hold a GPU. 0: one launch always.
+  // A GPU request (or batch), or a CPU backward, estimated to keep its device longer than this
+  // runs as several launches, and stops between them once its deadline passed or its caller
+  // left (launch_split.h): how long a stopped request may still hold a GPU. 0: one launch
+  // always.
   double max_launch_seconds = 0.25;
   BatchingOptions batching;
   // Jobs a device may hold waiting; past it new jobs are refused with RESOURCE_EXHAUSTED

@@ -51,6 +51,10 @@ GroupLaunches PlanSplitLaunches(const std::vector<LaunchRange>& ranges, const Te
       launch.k0 = cu_seqlens_k[b0];
       launch.k1 = cu_seqlens_k[b0] + range.key_end;
       launch.window_shift = range.window_shift;
+      launch.row_block = true;
+      launch.first_block = range.row_begin == 0;
+      launch.last_block = range.row_end == cu_seqlens_q[b0 + 1] - cu_seqlens_q[b0];
+      launch.seq_k1 = cu_seqlens_k[b0 + 1];
       rebased_q[g] = {0, static_cast<int32_t>(launch.q1 - launch.q0)};
       rebased_k[g] = {0, static_cast<int32_t>(launch.k1 - launch.k0)};
     } else {

@@ -20,6 +20,11 @@ struct GroupLaunch {
   int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;  // the group's query and key rows
   size_t cu_q_at = 0, cu_k_at = 0;          // its offsets in GroupLaunches::offsets, in int32s
   int window_shift = 0;  // a block of one sequence's rows: LaunchRange::window_shift
+  // A block of one sequence's rows (LaunchRange::row_block): k0 is the sequence's first key,
+  // seq_k1 its end, and first_block / last_block say whether the block is its first or last
+  // (where a backward's float32 sums of partial dk and dv start and are written out).
+  bool row_block = false, first_block = false, last_block = false;
+  int64_t seq_k1 = 0;
   // The request's index of the launch's first sequence: the launch sets
   // AttentionOptions::first_sequence to it (the dropout mask and per-sequence ALiBi slopes).
   int first_sequence = 0;

@@ -57,11 +57,7 @@ kernels::AttentionOptions ResolveOptions(const RequestOptions& o, int head_dim) 
   return resolved;
 }
 
-namespace {
-
-// A result tensor shaped like `like`, and where its bytes go: `destination` when given (the
-// tensor then owns none), else its own bytes.
-char* Output(const TensorView& like, char* destination, OwnedTensor& t) {
+char* OutputOf(const TensorView& like, char* destination, OwnedTensor& t) {
   t.dtype = like.dtype;
   t.shape = like.shape;
   if (destination != nullptr) return destination;
@@ -76,8 +72,6 @@ absl::Status KernelError(const KernelFamily& family, const kernels::KernelStatus
   }
   return absl::InternalError(absl::StrCat("kernel family ", family.name, ": ", status.message));
 }
-
-}  // namespace
 
 TensorView RowsOfView(const TensorView& t, int64_t first, int64_t end) {
   const size_t row_bytes =
@@ -157,9 +151,9 @@ absl::StatusOr<BackwardResult> RunBackwardByGroups(const KernelFamily& family,
   const size_t q_row = in.q.size_bytes / std::max<int64_t>(1, total_q);
   const size_t k_row = in.k.size_bytes / std::max<int64_t>(1, in.k.shape[0]);
   BackwardResult result;
-  char* const dq = Output(in.q, in.output_space.at(0), result.dq);
-  char* const dk = Output(in.k, in.output_space.at(1), result.dk);
-  char* const dv = Output(in.v, in.output_space.at(2), result.dv);
+  char* const dq = OutputOf(in.q, in.output_space.at(0), result.dq);
+  char* const dk = OutputOf(in.k, in.output_space.at(1), result.dk);
+  char* const dv = OutputOf(in.v, in.output_space.at(2), result.dv);
   const float* const lse = reinterpret_cast<const float*>(in.lse.data);
   const GroupLaunches plan =
       PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
@@ -225,10 +219,10 @@ absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const Forwa
   ForwardResult result;
   // out may overlay q: the host families (the reference) read each (row, head) of q before
   // they write out's, and never read it again.
-  params.out = Output(in.q, in.output_space.at(0), result.out);
+  params.out = OutputOf(in.q, in.output_space.at(0), result.out);
   TensorView lse_like{DType::kFloat32, {params.shape.num_heads, params.shape.total_q}, nullptr,
                       sizeof(float) * params.shape.num_heads * params.shape.total_q};
-  params.lse = reinterpret_cast<float*>(Output(lse_like, in.output_space.at(1), result.lse));
+  params.lse = reinterpret_cast<float*>(OutputOf(lse_like, in.output_space.at(1), result.lse));
   params.q = in.q.data;
   params.k = in.k.data;
   params.v = in.v.data;
@@ -256,9 +250,9 @@ absl::StatusOr<BackwardResult> RunBackward(const KernelFamily& family, const Bac
     char* d = in.output_space.at(i);
     destinations[i] = d == overlaid[i]->data ? nullptr : d;
   }
-  params.dq = Output(in.q, destinations[0], result.dq);
-  params.dk = Output(in.k, destinations[1], result.dk);
-  params.dv = Output(in.v, destinations[2], result.dv);
+  params.dq = OutputOf(in.q, destinations[0], result.dq);
+  params.dk = OutputOf(in.k, destinations[1], result.dk);
+  params.dv = OutputOf(in.v, destinations[2], result.dv);
   params.q = in.q.data;
   params.k = in.k.data;
   params.v = in.v.data;

@@ -29,6 +29,12 @@ TensorView RowsOfView(const TensorView& t, int64_t first, int64_t end);
 // Offsets of sequences [first, end) counted from the first one's start (end - first + 1 of them).
 std::vector<int32_t> Rebased(const std::vector<int32_t>& cu, int32_t first, int32_t end);
 
+// A result tensor shaped like `like`, and where its bytes go: `destination` when given (the
+// tensor then owns none), else its own bytes.
+char* OutputOf(const TensorView& like, char* destination, OwnedTensor& t);
+// A family's failed status as the engine reports it (CANCELLED when it stopped part way).
+absl::Status KernelError(const KernelFamily& family, const kernels::KernelStatus& status);
+
 // Run on the host: inputs must have passed ValidateForward / ValidateBackward. They set
 // execution.kernel and execution.compute_us (wall time of the kernel call).
 absl::StatusOr<ForwardResult> RunForward(const KernelFamily& family, const ForwardInputs& inputs,

@@ -134,7 +134,7 @@ std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& r, double slice_sec
   for (int32_t b = first; b < end; ++b) {
     const int64_t len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
     const double seconds = cost.Sequence(len_q, len_k);
-    if (forward && row_blocks && seconds > slice_seconds && len_q > kRowBlockAlignment) {
+    if (row_blocks && seconds > slice_seconds && len_q > kRowBlockAlignment) {
       close_group(b);
       AppendRowBlocks(r, cost, b, len_q, len_k, slice_seconds, ranges);
       group.first_sequence = b + 1;

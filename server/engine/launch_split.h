@@ -4,10 +4,14 @@
 // the slice runs as launches of at most about one slice each, and the lane checks between
 // them whether its deadline passed or its caller left (cuda_lane.h LaneStep::before_launch):
 // a stopped request then holds the device at most about one slice past the moment it stopped.
+// Requests whose tensors lie in the device's memory (cuda_resident.h) are cut the same way, at
+// offsets into those tensors. The CPU device cuts a backward the same way too (split_backward.h;
+// its reference kernels also stop part way on their own), so both devices sum a long
+// sequence's dk and dv by the same blocks.
 //
 // The cuts: groups of whole sequences (sequences are independent, so each group's answer is
-// bitwise the one launch's), and for a forward, a sequence that alone exceeds the slice by
-// blocks of its query rows. Rows [a, b) of a sequence of sq queries and sk keys are the
+// bitwise the one launch's), and a sequence that alone exceeds the slice, forward or backward,
+// by blocks of its query rows. Rows [a, b) of a sequence of sq queries and sk keys are the
 // sequence of b − a queries over its keys [0, key_end): FlashAttention's mask is aligned
 // bottom-right (row i sees keys up to i + sk − sq + window_right), so keeping the block's
 // key count at b + sk − sq keeps every row's diagonal where it was. Where window_right > 0
@@ -16,14 +20,19 @@
 // row's visible keys unchanged. Blocks start at multiples of kRowBlockAlignment rows, so
 // their query tiles are the whole launch's and each row meets its keys in the same tiles.
 //
-// With dropout or ALiBi a forward too is cut by whole sequences only: a row block renumbers its
-// rows, which key the dropout mask, and moves its diagonal, which ALiBi's distances start from.
+// A backward block computes dq of its rows completely (each row's dq sums over its own keys
+// only) and its lse is its rows' columns. dk and dv of a key sum over every query row, so a
+// block gives a partial sum over its rows for keys [0, key_end) (keys past key_end get nothing
+// from it): the engine adds each block's partial dk and dv into float32 accumulators beside the
+// outputs, sized to that one sequence's keys, and writes the final dk and dv in the output
+// dtype after the sequence's last block (split_backward.h on the host, cuda_grouped_backward.h
+// on a GPU). The blocks run in the plan's order, first rows first, so the sum's order is fixed
+// and a deterministic backward stays bitwise reproducible; it is not bitwise the unsplit
+// launch's (that one sums dk and dv over row tiles in its own order), only equal within float
+// rounding, each partial having been rounded to the output dtype once.
 //
-// A backward is cut by whole sequences only: one sequence's dk and dv sum over all of its
-// query rows, so blocks of rows would have to accumulate them across launches (in float32,
-// beside the outputs) and a deterministic backward would have to fix that order too. One very
-// long backward sequence therefore stays one launch, bounded by admission
-// (--max_request_compute_seconds) only.
+// With dropout or ALiBi a request is cut by whole sequences only: a row block renumbers its
+// rows, which key the dropout mask, and moves its diagonal, which ALiBi's distances start from.
 #pragma once
 
 #include <cstdint>

@@ -89,17 +89,64 @@ TEST(LaunchSplitTest, SequencesGroupWholeUpToTheSlice) {
   }
 }
 
-TEST(LaunchSplitTest, OneLongBackwardSequenceStaysOneLaunch) {
+TEST(LaunchSplitTest, LongBackwardSequenceRunsInOrderedBlocksOfRows) {
+  // 20,000² scores at 2.5× the forward's cost = 2 s; blocks of about 0.1 s.
   const std::vector<int32_t> cu = Offsets({20000});
-  EXPECT_TRUE(PlanLaunchSplit(Request(Direction::kBackward, cu, cu), 0.001).empty());
-  // Beside others it is a launch of its own, never cut.
+  const std::vector<LaunchRange> alone =
+      PlanLaunchSplit(Request(Direction::kBackward, cu, cu), 0.1);
+  ASSERT_GE(alone.size(), 20u);
+  int64_t row = 0;
+  for (const LaunchRange& r : alone) {
+    ASSERT_TRUE(r.row_block);
+    EXPECT_EQ(r.first_sequence, 0);
+    EXPECT_EQ(r.end_sequence, 1);
+    // First rows first: the order the engine sums the blocks' dk and dv in.
+    EXPECT_EQ(r.row_begin, row);
+    EXPECT_EQ(r.row_begin % kRowBlockAlignment, 0);
+    EXPECT_EQ(r.key_end, 20000);  // no mask: every key
+    EXPECT_LE(2.5 * kSecondsPerScore * (r.row_end - r.row_begin) * 20000, 0.1);
+    row = r.row_end;
+  }
+  EXPECT_EQ(row, 20000);
+  // The same plan every time (a deterministic backward depends on it).
+  const std::vector<LaunchRange> again =
+      PlanLaunchSplit(Request(Direction::kBackward, cu, cu), 0.1);
+  ASSERT_EQ(again.size(), alone.size());
+  for (size_t i = 0; i < again.size(); ++i) {
+    EXPECT_EQ(again[i].row_begin, alone[i].row_begin);
+    EXPECT_EQ(again[i].row_end, alone[i].row_end);
+  }
+  // Beside others, its neighbours stay whole sequences.
   const std::vector<int32_t> three = Offsets({1000, 20000, 1000});
   const std::vector<LaunchRange> ranges =
-      PlanLaunchSplit(Request(Direction::kBackward, three, three), 0.001);
-  ASSERT_EQ(ranges.size(), 3u);
-  EXPECT_FALSE(ranges[1].row_block);
-  EXPECT_EQ(ranges[1].first_sequence, 1);
-  EXPECT_EQ(ranges[1].end_sequence, 2);
+      PlanLaunchSplit(Request(Direction::kBackward, three, three), 0.1);
+  ASSERT_GE(ranges.size(), 22u);
+  EXPECT_FALSE(ranges.front().row_block);
+  EXPECT_EQ(ranges.front().end_sequence, 1);
+  EXPECT_FALSE(ranges.back().row_block);
+  EXPECT_EQ(ranges.back().first_sequence, 2);
+  for (size_t i = 1; i + 1 < ranges.size(); ++i) {
+    EXPECT_TRUE(ranges[i].row_block);
+    EXPECT_EQ(ranges[i].first_sequence, 1);
+  }
+}
+
+TEST(LaunchSplitTest, DropoutOrAlibiKeepsLongSequencesWhole) {
+  const std::vector<int32_t> cu = Offsets({1000, 20000, 1000});
+  RequestOptions dropout;
+  dropout.dropout_p = 0.1f;
+  RequestOptions alibi;
+  alibi.alibi_slopes = OwnedTensor{};
+  for (Direction direction : {Direction::kForward, Direction::kBackward}) {
+    for (const RequestOptions* options : {&dropout, &alibi}) {
+      const std::vector<LaunchRange> ranges =
+          PlanLaunchSplit(Request(direction, cu, cu, *options), 0.001);
+      ASSERT_EQ(ranges.size(), 3u);
+      for (const LaunchRange& r : ranges) EXPECT_FALSE(r.row_block);
+      EXPECT_EQ(ranges[1].first_sequence, 1);
+      EXPECT_EQ(ranges[1].end_sequence, 2);
+    }
+  }
 }
 
 TEST(LaunchSplitTest, LongForwardSequenceRunsInAlignedBlocksOfRows) {
@@ -142,49 +189,53 @@ TEST(LaunchSplitTest, BlocksKeepEveryRowsKeys) {
       {true, 1000, -1, 9000, 9500},  {false, -1, -1, 5000, 3000},
   };
   for (const Case& c : cases) {
-    const std::string name = testing::PrintToString(std::vector<int>{
-        c.causal, c.window_left, c.window_right, c.len_q, c.len_k});
-    RequestOptions options;
-    options.causal = c.causal;
-    if (c.window_left >= 0) options.window_left = c.window_left;
-    if (c.window_right >= 0) options.window_right = c.window_right;
-    const std::vector<int32_t> cu_q = Offsets({c.len_q}), cu_k = Offsets({c.len_k});
-    // About a fifth of the sequence's work per slice.
-    double work = 0;
-    for (int64_t row = 0; row < c.len_q; ++row) {
-      const Keys keys = VisibleRange(c.causal, c.window_left, c.window_right, c.len_q, c.len_k,
-                                     row);
-      if (!keys.empty()) work += static_cast<double>(keys.last - keys.first + 1);
-    }
-    const std::vector<LaunchRange> ranges =
-        PlanLaunchSplit(Request(Direction::kForward, cu_q, cu_k, options),
-                        work * kSecondsPerScore / 5);
-    ASSERT_GE(ranges.size(), 2u) << name;
-    int64_t next = 0;
-    for (const LaunchRange& r : ranges) {
-      ASSERT_TRUE(r.row_block) << name;
-      EXPECT_EQ(r.row_begin, next) << name;
-      EXPECT_EQ(r.row_begin % kRowBlockAlignment, 0) << name;
-      EXPECT_GT(r.key_end, 0) << name;
-      EXPECT_LE(r.key_end, c.len_k) << name;
-      next = r.row_end;
-      int window_left = c.window_left, window_right = c.window_right;
-      ShiftWindow(r.window_shift, &window_left, &window_right);
-      EXPECT_GE(window_right, c.window_right >= 0 ? 0 : -1) << name;
-      for (int64_t row = r.row_begin; row < r.row_end; ++row) {
-        const Keys whole = VisibleRange(c.causal, c.window_left, c.window_right, c.len_q,
-                                        c.len_k, row);
-        Keys block = VisibleRange(c.causal, window_left, window_right, r.row_end - r.row_begin,
-                                  r.key_end, row - r.row_begin);
-        if (whole.empty()) {
-          EXPECT_TRUE(block.empty()) << name << " row " << row;
-          continue;
-        }
-        ASSERT_EQ(block.first, whole.first) << name << " row " << row;
-        ASSERT_EQ(block.last, whole.last) << name << " row " << row;
+    for (Direction direction : {Direction::kForward, Direction::kBackward}) {
+      const std::string name = testing::PrintToString(std::vector<int>{
+          direction == Direction::kBackward, c.causal, c.window_left, c.window_right, c.len_q,
+          c.len_k});
+      RequestOptions options;
+      options.causal = c.causal;
+      if (c.window_left >= 0) options.window_left = c.window_left;
+      if (c.window_right >= 0) options.window_right = c.window_right;
+      const std::vector<int32_t> cu_q = Offsets({c.len_q}), cu_k = Offsets({c.len_k});
+      // About a fifth of the sequence's work per slice.
+      double work = 0;
+      for (int64_t row = 0; row < c.len_q; ++row) {
+        const Keys keys = VisibleRange(c.causal, c.window_left, c.window_right, c.len_q, c.len_k,
+                                       row);
+        if (!keys.empty()) work += static_cast<double>(keys.last - keys.first + 1);
       }
+      const std::vector<LaunchRange> ranges =
+          PlanLaunchSplit(Request(direction, cu_q, cu_k, options),
+                          work * kSecondsPerScore / 5 *
+                              (direction == Direction::kForward ? 1 : kBackwardWorkFactor));
+      ASSERT_GE(ranges.size(), 2u) << name;
+      int64_t next = 0;
+      for (const LaunchRange& r : ranges) {
+        ASSERT_TRUE(r.row_block) << name;
+        EXPECT_EQ(r.row_begin, next) << name;
+        EXPECT_EQ(r.row_begin % kRowBlockAlignment, 0) << name;
+        EXPECT_GT(r.key_end, 0) << name;
+        EXPECT_LE(r.key_end, c.len_k) << name;
+        next = r.row_end;
+        int window_left = c.window_left, window_right = c.window_right;
+        ShiftWindow(r.window_shift, &window_left, &window_right);
+        EXPECT_GE(window_right, c.window_right >= 0 ? 0 : -1) << name;
+        for (int64_t row = r.row_begin; row < r.row_end; ++row) {
+          const Keys whole = VisibleRange(c.causal, c.window_left, c.window_right, c.len_q,
+                                          c.len_k, row);
+          Keys block = VisibleRange(c.causal, window_left, window_right, r.row_end - r.row_begin,
+                                    r.key_end, row - r.row_begin);
+          if (whole.empty()) {
+            EXPECT_TRUE(block.empty()) << name << " row " << row;
+            continue;
+          }
+          ASSERT_EQ(block.first, whole.first) << name << " row " << row;
+          ASSERT_EQ(block.last, whole.last) << name << " row " << row;
+        }
+      }
+      EXPECT_EQ(next, c.len_q) << name;
     }
-    EXPECT_EQ(next, c.len_q) << name;
   }
 }
 

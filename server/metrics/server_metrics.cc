@@ -114,7 +114,7 @@ ServerMetrics::ServerMetrics(const std::string& version)
                               .Register(*registry_)),
       split_requests_total_(prometheus::BuildCounter()
                                 .Name("attnserve_split_requests_total")
-                                .Help("GPU launches too long for one launch "
+                                .Help("Requests too long for one launch "
                                       "(--max_launch_seconds), run as several.")
                                 .Register(*registry_)),
       split_launches_total_(prometheus::BuildCounter()

@@ -2,7 +2,9 @@
 deadline used to hold the CPU device for ~19 s and the calls behind it missed their
 deadlines, and at the default token limit a 12 MB request would have run for hours. Requests
 estimated to run longer than --max_request_compute_seconds on the device they would run on are
-refused at admission; a running request stops when its deadline passes or its caller leaves."""
+refused at admission; a running request stops when its deadline passes or its caller leaves.
+A backward too long for one launch (--max_launch_seconds) runs on the CPU device as several,
+down to blocks of one long sequence's query rows, and stops between them."""
 import time
 
 import grpc
@@ -32,6 +34,12 @@ def request(tokens, heads=HEADS, head_dim=64):
 def serial_server():
     yield from run_server({"cpu_threads": 1, "batching": "false", "max_total_tokens": 8192,
                            "max_message_bytes": 64 << 20})
+
+
+@pytest.fixture
+def sliced_server():
+    yield from run_server({"cpu_threads": 1, "batching": "false", "max_total_tokens": 8192,
+                           "max_message_bytes": 64 << 20, "max_launch_seconds": 0.05})
 
 
 @pytest.fixture
@@ -98,3 +106,39 @@ def test_a_running_request_stops_when_its_caller_is_gone(serial_server, leave):
     serial_server.wait_for_metric(
         "attnserve_requests_total", 1,
         ['code="DEADLINE_EXCEEDED",rpc="Forward"', 'code="CANCELLED",rpc="Forward"'])
+
+
+def long_backward(tokens, heads=HEADS, head_dim=64):
+    """One sequence's backward; its out and lse need not come from a forward to cost the same
+    (an lse of 50 keeps every probability finite)."""
+    rng = np.random.default_rng(1)
+    data = lambda: pb2.Tensor(dtype=pb2.DTYPE_FLOAT32, shape=(tokens, heads, head_dim),
+                              data=rng.standard_normal((tokens, heads, head_dim))
+                              .astype(np.float32).tobytes())
+    lse = np.full((heads, tokens), 50.0, np.float32)
+    return pb2.BackwardRequest(dout=data(), q=data(), k=data(), v=data(), out=data(),
+                               lse=pb2.Tensor(dtype=pb2.DTYPE_FLOAT32, shape=lse.shape,
+                                              data=lse.tobytes()),
+                               cu_seqlens_q=[0, tokens], cu_seqlens_k=[0, tokens])
+
+
+def test_a_long_single_sequence_backward_stops_between_row_blocks(sliced_server):
+    # 3072 tokens x 8 heads x head_dim 64 backward on one thread: seconds of work, cut into
+    # blocks of 768 query rows (each over the 0.05 s slice, so one launch each).
+    with grpc.insecure_channel(sliced_server.target, options=CHANNEL_OPTIONS) as channel:
+        attention = pb2_grpc.AttentionServiceStub(channel)
+        attention.Forward(request(SHORT_TOKENS), timeout=10)  # connected, and warm
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as expired:
+            attention.Backward(long_backward(3072), timeout=1)
+        assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # It ran as row blocks on the CPU device: 3072 rows are 4 blocks of 768.
+        sliced_server.wait_for_metric("attnserve_split_requests_total", 1, 'device="cpu"')
+        assert sliced_server.metric("attnserve_split_launches_total", 'device="cpu"') == 4
+        # The device is free again within about a slice (a block) of the deadline.
+        for _ in range(3):
+            short = attention.Forward(request(SHORT_TOKENS), timeout=2)
+            assert short.out.shape[:] == [SHORT_TOKENS, HEADS, 64]
+        assert time.monotonic() - start < 3.0
+    sliced_server.wait_for_metric("attnserve_requests_total", 1,
+                                  'code="DEADLINE_EXCEEDED",rpc="Backward"')
