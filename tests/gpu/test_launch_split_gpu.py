@@ -101,8 +101,10 @@ class Case:
 SEQUENCE_CASES = [
     Case("many causal sequences, GQA", [1000 + 37 * i for i in range(24)],
          [1000 + 37 * i for i in range(24)], heads_k=2, causal=True),
+    # Its longest sequences alone exceed the split server's 2 ms slice in a backward (their
+    # rows' bytes over the host link count), so they run as row blocks there (below).
     Case("many sequences, sq != sk, windowed", [700 + 91 * i for i in range(20)],
-         [900 + 53 * i for i in range(20)], window=(256, 64)),
+         [900 + 53 * i for i in range(20)], window=(256, 64), row_blocks=True),
 ]
 ROW_BLOCK_CASES = [
     Case("one long causal sequence, sq < sk", [24000], [30000], causal=True, row_blocks=True),
@@ -145,8 +147,13 @@ def test_sequence_groups_answer_bitwise_as_one_launch(stubs, case):
     want = case.backward(stubs[0], out, lse)
     got = case.backward(stubs[1], out, lse)
     assert split_launches(SPLIT_HTTP) - before >= 2
-    for name, w, g in zip(("dq", "dk", "dv"), want, got):
-        np.testing.assert_array_equal(g, w, err_msg=name)
+    np.testing.assert_array_equal(got[0], want[0], err_msg="dq")
+    for name, w, g in zip(("dk", "dv"), want[1:], got[1:]):
+        if case.row_blocks:
+            # A sequence cut into row blocks sums fp16 partials of dk and dv (launch_split.h).
+            assert relative_error(g, w) <= 2e-3, (name, relative_error(g, w))
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=name)
 
 
 @pytest.mark.parametrize("case", ROW_BLOCK_CASES, ids=repr)
