@@ -83,6 +83,31 @@ TensorView RowsOfView(const TensorView& t, int64_t first, int64_t end) {
   return rows;
 }
 
+kernels::BackwardParams BackwardOfRows(const BackwardInputs& in,
+                                       const kernels::AttentionShape& shape,
+                                       const kernels::AttentionOptions& options, int64_t q0,
+                                       int64_t q1, int64_t k0, int64_t k1,
+                                       std::vector<float>& lse_scratch) {
+  kernels::BackwardParams params;
+  params.shape = shape;
+  params.options = options;
+  params.deterministic = in.deterministic;
+  params.q = RowsOfView(in.q, q0, q1).data;
+  params.k = RowsOfView(in.k, k0, k1).data;
+  params.v = RowsOfView(in.v, k0, k1).data;
+  params.out = RowsOfView(in.out, q0, q1).data;
+  params.dout = RowsOfView(in.dout, q0, q1).data;
+  // lse is [heads, total_q]: the rows are a column range of every head.
+  const int64_t heads = in.q.shape[1], total_q = in.q.shape[0];
+  const float* const lse = reinterpret_cast<const float*>(in.lse.data);
+  lse_scratch.resize(static_cast<size_t>(heads * (q1 - q0)));
+  for (int64_t h = 0; h < heads; ++h) {
+    std::copy_n(lse + h * total_q + q0, q1 - q0, lse_scratch.data() + h * (q1 - q0));
+  }
+  params.lse = lse_scratch.data();
+  return params;
+}
+
 std::vector<int32_t> Rebased(const std::vector<int32_t>& cu, int32_t first, int32_t end) {
   std::vector<int32_t> rebased(cu.begin() + first, cu.begin() + end + 1);
   for (int32_t& offset : rebased) offset -= cu[first];
@@ -147,14 +172,12 @@ absl::StatusOr<BackwardResult> RunBackwardByGroups(const KernelFamily& family,
                                                    const BackwardInputs& in,
                                                    const kernels::ExecutionContext& ctx) {
   SequenceGroups& groups = *in.groups;
-  const int64_t heads = in.q.shape[1], total_q = in.q.shape[0];
-  const size_t q_row = in.q.size_bytes / std::max<int64_t>(1, total_q);
+  const size_t q_row = in.q.size_bytes / std::max<int64_t>(1, in.q.shape[0]);
   const size_t k_row = in.k.size_bytes / std::max<int64_t>(1, in.k.shape[0]);
   BackwardResult result;
   char* const dq = OutputOf(in.q, in.output_space.at(0), result.dq);
   char* const dk = OutputOf(in.k, in.output_space.at(1), result.dk);
   char* const dv = OutputOf(in.v, in.output_space.at(2), result.dv);
-  const float* const lse = reinterpret_cast<const float*>(in.lse.data);
   const GroupLaunches plan =
       PlanGroupLaunches(groups, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   std::vector<float> group_lse;
@@ -165,22 +188,10 @@ absl::StatusOr<BackwardResult> RunBackwardByGroups(const KernelFamily& family,
     const GroupLaunch& launch = plan.groups[g];
     const int64_t q0 = launch.q0, q1 = launch.q1, k0 = launch.k0, k1 = launch.k1;
     if (q1 > q0 || k1 > k0) {
-      kernels::BackwardParams params;
-      params.shape = launch.shape;
-      params.options = ResolveOptions(in.options, params.shape.head_dim);
-      params.options.first_sequence = launch.first_sequence;
-      params.deterministic = in.deterministic;
-      params.q = RowsOfView(in.q, q0, q1).data;
-      params.k = RowsOfView(in.k, k0, k1).data;
-      params.v = RowsOfView(in.v, k0, k1).data;
-      params.out = RowsOfView(in.out, q0, q1).data;
-      params.dout = RowsOfView(in.dout, q0, q1).data;
-      // lse is [heads, total_q]: the group's rows are a column range of every head.
-      group_lse.resize(static_cast<size_t>(heads * (q1 - q0)));
-      for (int64_t h = 0; h < heads; ++h) {
-        std::copy_n(lse + h * total_q + q0, q1 - q0, group_lse.data() + h * (q1 - q0));
-      }
-      params.lse = group_lse.data();
+      kernels::AttentionOptions options = ResolveOptions(in.options, launch.shape.head_dim);
+      options.first_sequence = launch.first_sequence;
+      kernels::BackwardParams params =
+          BackwardOfRows(in, launch.shape, options, q0, q1, k0, k1, group_lse);
       group_dq.resize((q1 - q0) * q_row);
       group_dk.resize((k1 - k0) * k_row);
       group_dv.resize((k1 - k0) * k_row);

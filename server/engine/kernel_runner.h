@@ -26,6 +26,14 @@ kernels::AttentionOptions ResolveOptions(const RequestOptions& options, int head
 
 // Rows [first, end) of a packed [rows, heads, head_dim] tensor.
 TensorView RowsOfView(const TensorView& t, int64_t first, int64_t end);
+// The backward of rows [q0, q1) of q, out and dout and [k0, k1) of k and v of `in`, with this
+// shape and these options: lse's columns of those rows are copied into `lse_scratch` (lse is
+// [heads, total_q]); dq, dk and dv are left for the caller to point at its scratch.
+kernels::BackwardParams BackwardOfRows(const BackwardInputs& in,
+                                       const kernels::AttentionShape& shape,
+                                       const kernels::AttentionOptions& options, int64_t q0,
+                                       int64_t q1, int64_t k0, int64_t k1,
+                                       std::vector<float>& lse_scratch);
 // Offsets of sequences [first, end) counted from the first one's start (end - first + 1 of them).
 std::vector<int32_t> Rebased(const std::vector<int32_t>& cu, int32_t first, int32_t end);
 

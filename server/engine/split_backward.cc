@@ -36,7 +36,6 @@ void StoreAccumulated(kernels::DType dtype, const float* accumulator, int64_t el
 absl::StatusOr<BackwardResult> RunBackwardInLaunches(
     const KernelFamily& family, const BackwardInputs& in, const std::vector<LaunchRange>& ranges,
     const kernels::ExecutionContext& ctx, const std::function<absl::Status()>& before_launch) {
-  const int64_t heads = in.q.shape[1], total_q = in.q.shape[0];
   const size_t q_row = RowBytesOf(in.q), k_row = RowBytesOf(in.k);
   const int64_t k_row_elements = in.k.shape[1] * in.k.shape[2];
   BackwardResult result;
@@ -47,7 +46,6 @@ absl::StatusOr<BackwardResult> RunBackwardInLaunches(
   char* const dq = OutputOf(in.q, in.output_space.at(0), result.dq);
   char* const dk = OutputOf(in.k, in.output_space.at(1), result.dk);
   char* const dv = OutputOf(in.v, in.output_space.at(2), result.dv);
-  const float* const lse = reinterpret_cast<const float*>(in.lse.data);
   const GroupLaunches plan =
       PlanSplitLaunches(ranges, in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
   const kernels::AttentionOptions options =
@@ -71,21 +69,8 @@ absl::StatusOr<BackwardResult> RunBackwardInLaunches(
     launch_dk.assign((k1 - k0) * k_row, '\0');
     launch_dv.assign((k1 - k0) * k_row, '\0');
     if (q1 > q0 || k1 > k0) {
-      kernels::BackwardParams params;
-      params.shape = launch.shape;
-      params.options = LaunchOptions(options, launch);
-      params.deterministic = in.deterministic;
-      params.q = RowsOfView(in.q, q0, q1).data;
-      params.k = RowsOfView(in.k, k0, k1).data;
-      params.v = RowsOfView(in.v, k0, k1).data;
-      params.out = RowsOfView(in.out, q0, q1).data;
-      params.dout = RowsOfView(in.dout, q0, q1).data;
-      // lse is [heads, total_q]: the launch's rows are a column range of every head.
-      launch_lse.resize(static_cast<size_t>(heads * (q1 - q0)));
-      for (int64_t h = 0; h < heads; ++h) {
-        std::copy_n(lse + h * total_q + q0, q1 - q0, launch_lse.data() + h * (q1 - q0));
-      }
-      params.lse = launch_lse.data();
+      kernels::BackwardParams params = BackwardOfRows(
+          in, launch.shape, LaunchOptions(options, launch), q0, q1, k0, k1, launch_lse);
       params.dq = launch_dq.data();
       params.dk = launch_dk.data();
       params.dv = launch_dv.data();
