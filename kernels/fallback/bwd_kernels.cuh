@@ -59,7 +59,7 @@ __device__ __forceinline__ void ScoreGradient(float (&p)[kTiles][4], const float
 
 template <class Cfg, bool kExtras>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    FallbackDkDvKernel(const BwdArgs ba, const ExtraArgs x) {
+    FallbackDkDvKernel(const BwdArgs ba, const ExtrasArgs x) {
   using T = typename Cfg::Element;
   constexpr Path P = Cfg::kPath;
   constexpr int D = Cfg::kDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStride;
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
 template <class Cfg, bool kExtras>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    FallbackDqKernel(const BwdArgs ba, const ExtraArgs x) {
+    FallbackDqKernel(const BwdArgs ba, const ExtrasArgs x) {
   using T = typename Cfg::Element;
   constexpr Path P = Cfg::kPath;
   constexpr int D = Cfg::kDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStride;

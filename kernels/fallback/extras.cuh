@@ -14,9 +14,9 @@
 namespace attnserve::kernels::fallback {
 
 // The ALiBi slope of (launch sequence b, query head) in units of pre; 0 when ALiBi is off.
-__device__ __forceinline__ float AlibiSlope(const ExtraArgs& x, int b, int head) {
+__device__ __forceinline__ float AlibiSlope(const ExtrasArgs& x, int b, int head) {
   if (x.alibi_slopes == nullptr) return 0.0f;
-  return x.alibi_slopes[int64_t{b} * x.alibi_stride + head] * x.alibi_scale;
+  return x.alibi_slopes[int64_t{b} * x.alibi_stride + head] * x.alibi_to_pre;
 }
 
 // pre -= slope * |query + offset - key| on every element; masking runs afterwards and overrides
@@ -51,7 +51,7 @@ __device__ __forceinline__ uint32_t PickWord(const Philox4& bits, int i) {
 // keys 2t and 2t + 1 share one Philox call; with key rows each element is its own call (its two
 // columns are different queries).
 template <int kTiles, bool kKeysAreRows>
-__device__ __forceinline__ uint32_t DropoutKeepBits(const ExtraArgs& x, int b, int head,
+__device__ __forceinline__ uint32_t DropoutKeepBits(const ExtrasArgs& x, int b, int head,
                                                     int row0, int col0) {
   static_assert(kTiles * 4 <= 32, "one bit per element of the lane's tiles");
   const int lane = LaneId();

@@ -7,9 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/dropout_mask.h"
 #include "kernels/fallback/kernel_args.h"
-#include "kernels/gpu_alibi_slopes.h"
+#include "kernels/gpu_extras.h"
 #include "kernels/gpu_launch_common.h"
 
 namespace attnserve::kernels::fallback {
@@ -26,9 +25,9 @@ const char* PathName(Path path) {
 
 namespace {
 
-using ForwardRun = KernelStatus (*)(const FwdArgs&, const ExtraArgs&, Path, const LaunchShape&,
+using ForwardRun = KernelStatus (*)(const FwdArgs&, const ExtrasArgs&, Path, const LaunchShape&,
                                     void*);
-using BackwardRun = KernelStatus (*)(const BwdArgs&, const ExtraArgs&, Path, const LaunchShape&,
+using BackwardRun = KernelStatus (*)(const BwdArgs&, const ExtrasArgs&, Path, const LaunchShape&,
                                      void*);
 
 struct BucketEntry {
@@ -134,8 +133,7 @@ KernelStatus Validate(const ForwardParams& p) {
   if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) {
     return Error("softcap must be finite and >= 0");
   }
-  if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f)) return Error("dropout_p must be in [0, 1)");
-  if (o.has_alibi() && o.alibi_slopes_stride < 0) return Error("alibi_slopes_stride must be >= 0");
+  if (std::string problem = ExtrasProblem(o); !problem.empty()) return Error(problem);
   return KernelStatus::Ok();
 }
 
@@ -222,22 +220,6 @@ FwdArgs MakeForwardArgs(const ForwardParams& p) {
   return args;
 }
 
-// Dropout and ALiBi for the kExtras kernels; `slopes` already holds the launch's device slopes.
-ExtraArgs MakeExtraArgs(const AttentionOptions& o, const DeviceAlibiSlopes& slopes) {
-  ExtraArgs x{};
-  x.alibi_slopes = slopes.base();
-  x.alibi_stride = slopes.stride();
-  x.alibi_scale = 1.0f / FoldScales(o).lse_scale;
-  x.dropout = o.has_dropout();
-  x.dropout_threshold = DropoutThreshold(o.dropout_p);
-  x.dropout_scale = x.dropout ? 1.0f / (1.0f - o.dropout_p) : 1.0f;
-  x.dropout_seed = o.dropout_seed;
-  x.first_sequence = o.first_sequence;
-  return x;
-}
-
-bool HasExtras(const AttentionOptions& o) { return o.has_dropout() || o.has_alibi(); }
-
 }  // namespace
 
 KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
@@ -259,9 +241,9 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
       !problem.empty()) {
     return Error(problem);
   }
+  const FwdArgs args = MakeForwardArgs(params);
   return bucket->forward[extras][DTypeIndex(s.dtype)](
-      MakeForwardArgs(params), MakeExtraArgs(params.options, slopes), info.path, shape,
-      ctx.stream);
+      args, MakeExtrasArgs(params.options, args.lse_scale, slopes), info.path, shape, ctx.stream);
 }
 
 size_t BackwardWorkspaceBytes(const BackwardParams& params) {
@@ -323,7 +305,8 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     return Error(problem);
   }
   return bucket->backward[extras][DTypeIndex(s.dtype)](
-      args, MakeExtraArgs(params.options, slopes), info.path, shape, ctx.stream);
+      args, MakeExtrasArgs(params.options, args.fwd.lse_scale, slopes), info.path, shape,
+      ctx.stream);
 }
 
 }  // namespace attnserve::kernels::fallback

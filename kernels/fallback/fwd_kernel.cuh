@@ -36,7 +36,7 @@ __device__ __forceinline__ bool AllVisible(const FwdArgs& a, int row_first, int 
 
 template <class Cfg, bool kExtras>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    FallbackForwardKernel(const FwdArgs a, const ExtraArgs x) {
+    FallbackForwardKernel(const FwdArgs a, const ExtrasArgs x) {
   using T = typename Cfg::Element;
   constexpr Path P = Cfg::kPath;
   constexpr int D = Cfg::kDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kStride;

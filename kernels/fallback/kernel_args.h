@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/attention_params.h"
+#include "kernels/gpu_extras.h"
 
 namespace attnserve::kernels::fallback {
 
@@ -62,22 +63,6 @@ struct BwdArgs {
   float grad_scale; // softmax_scale
 };
 
-// Dropout and ALiBi (AttentionOptions), read only by the kernels instantiated with kExtras, so
-// requests without them run exactly the kernels that existed before (same SASS, same speed).
-struct ExtraArgs {
-  // Device slopes: sequence b (of this launch) and query head h at [b * alibi_stride + h];
-  // null = ALiBi off. alibi_scale = 1 / lse_scale turns a slope into units of pre (the kernels'
-  // score before the folded scale), so the bias joins pre and the softmax and lse are unchanged.
-  const float* alibi_slopes;
-  int alibi_stride;
-  float alibi_scale;
-  bool dropout;
-  uint32_t dropout_threshold;  // kernels/dropout_mask.h
-  float dropout_scale;         // 1 / (1 - p)
-  uint64_t dropout_seed;
-  int first_sequence;          // the request's index of the launch's sequence 0
-};
-
 struct LaunchShape {
   int batch;
   int max_seqlen_q;
@@ -88,10 +73,10 @@ struct LaunchShape {
 // Defined per (dtype, head-dim bucket, extras) in the generated instantiation files; kExtras
 // false ignores `extras` (the kernels without dropout and ALiBi).
 template <DType kDtype, int kHeadDim, bool kExtras>
-KernelStatus RunForward(const FwdArgs& args, const ExtraArgs& extras, Path path,
+KernelStatus RunForward(const FwdArgs& args, const ExtrasArgs& extras, Path path,
                         const LaunchShape& shape, void* stream);
 template <DType kDtype, int kHeadDim, bool kExtras>
-KernelStatus RunBackward(const BwdArgs& args, const ExtraArgs& extras, Path path,
+KernelStatus RunBackward(const BwdArgs& args, const ExtrasArgs& extras, Path path,
                          const LaunchShape& shape, void* stream);
 
 }  // namespace attnserve::kernels::fallback

@@ -68,7 +68,7 @@ inline KernelStatus CheckLaunch(const char* what) {
 inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
 template <Path P, typename T, int kHeadDim, bool kExtras>
-KernelStatus LaunchForward(const FwdArgs& args, const ExtraArgs& extras, const LaunchShape& shape,
+KernelStatus LaunchForward(const FwdArgs& args, const ExtrasArgs& extras, const LaunchShape& shape,
                            cudaStream_t stream) {
   using Cfg = FwdConfig<P, T, kHeadDim>;
   auto kernel = FallbackForwardKernel<Cfg, kExtras>;
@@ -80,7 +80,7 @@ KernelStatus LaunchForward(const FwdArgs& args, const ExtraArgs& extras, const L
 }
 
 template <Path P, typename T, int kHeadDim, bool kExtras>
-KernelStatus LaunchBackward(const BwdArgs& args, const ExtraArgs& extras,
+KernelStatus LaunchBackward(const BwdArgs& args, const ExtrasArgs& extras,
                             const LaunchShape& shape, cudaStream_t stream) {
   using DkDv = BwdConfig<P, T, kHeadDim>;
   using Dq = FwdConfig<P, T, kHeadDim, /*kDq=*/true>;
@@ -118,7 +118,7 @@ KernelStatus LaunchBackward(const BwdArgs& args, const ExtraArgs& extras,
 }  // namespace detail
 
 template <DType kDtype, int kHeadDim, bool kExtras>
-KernelStatus RunForward(const FwdArgs& args, const ExtraArgs& extras, Path path,
+KernelStatus RunForward(const FwdArgs& args, const ExtrasArgs& extras, Path path,
                         const LaunchShape& shape, void* stream) {
   using T = typename detail::ElementOf<kDtype>::type;
   const auto s = static_cast<cudaStream_t>(stream);
@@ -153,7 +153,7 @@ KernelStatus RunForward(const FwdArgs& args, const ExtraArgs& extras, Path path,
 }
 
 template <DType kDtype, int kHeadDim, bool kExtras>
-KernelStatus RunBackward(const BwdArgs& args, const ExtraArgs& extras, Path path,
+KernelStatus RunBackward(const BwdArgs& args, const ExtrasArgs& extras, Path path,
                          const LaunchShape& shape, void* stream) {
   using T = typename detail::ElementOf<kDtype>::type;
   const auto s = static_cast<cudaStream_t>(stream);

@@ -37,7 +37,7 @@ constexpr BackwardKernelEntry kBackwardKernels[] = {
 #include "kernels/flash/instantiations/bwd_kernel_table.inc"
 };
 
-// The sm80 kernels with dropout and ALiBi (flash_extras.h), as kKernels and kBackwardKernels.
+// The sm80 kernels with dropout and ALiBi (kernels/gpu_extras.h), as kKernels and kBackwardKernels.
 using ExtrasLaunchFn = KernelStatus (*)(const FwdKernelArgsX&, const FwdGrid&, cudaStream_t);
 using ExtrasBackwardLaunchFn = KernelStatus (*)(const BwdKernelArgsX&, const BwdGrid&,
                                                 cudaStream_t);
