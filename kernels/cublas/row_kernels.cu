@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/dropout_mask.h"
+#include "kernels/device_convert.cuh"
 
 namespace attnserve::kernels::cublas {
 namespace {
@@ -21,15 +22,6 @@ constexpr int kWarps = kRowThreads / kWarpSize;
 // Elementwise kernels: threads per block and a cap on blocks (they loop over the rest).
 constexpr int kFillThreads = 256;
 constexpr int64_t kMaxFillBlocks = 4096;
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat(float x) { return x; }
-template <>
-__device__ __forceinline__ __half FromFloat(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat(float x) { return __float2bfloat16_rn(x); }
 
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/device_convert.cuh"
 #include "kernels/fallback/kernel_args.h"
 
 namespace attnserve::kernels::fallback {
@@ -33,28 +34,6 @@ __host__ __device__ constexpr int ScratchBytesPerWarp(int max_k) {
 }
 
 __device__ __forceinline__ int LaneId() { return threadIdx.x & 31; }
-
-template <typename T>
-__device__ __forceinline__ float ToFloat(T x);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ float ToFloat<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 namespace ptx {
 

@@ -3,27 +3,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/device_convert.cuh"
+
 namespace attnserve::kernels::gradient_sum {
 namespace {
 
 // One element per thread, a grid-stride loop so any size fits a bounded grid.
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
-
-__device__ inline float ToFloat(float x) { return x; }
-__device__ inline float ToFloat(__half x) { return __half2float(x); }
-__device__ inline float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ inline T FromFloat(float x);
-template <>
-__device__ inline float FromFloat<float>(float x) { return x; }
-template <>
-__device__ inline __half FromFloat<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 template <typename T>
 __global__ void AccumulateKernel(const T* __restrict__ partial, int64_t elements,
