@@ -260,13 +260,7 @@ __device__ __forceinline__ void FlashBackwardDkDvCta(const BwdArgsOf<kExtras>& a
     int x_head = 0;  // the tile's query head (extras)
     if constexpr (kExtras) {
       x_head = kv_head * f.head_group + it / m_count;
-      if (f.softcap) {
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) softcap_grad[nt][e] = 1.0f - s[nt][e] * s[nt][e];
-        }
-      }
+      if (f.softcap) SoftcapGradient(s, softcap_grad);
       if (args.x.alibi_slopes != nullptr) {
         AlibiColTile(s, AlibiSlopePre(args.x, batch, x_head), my_key,
                      row0 + 2 * quad_lane + offset);

@@ -229,15 +229,7 @@ __device__ __forceinline__ void FlashBackwardDkDvPairCta(const BwdArgsOf<kExtras
       x_head = kv_head * f.head_group + it / m_count;
       if (f.softcap) {
 #pragma unroll
-        for (int mt = 0; mt < kKeyTiles; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < kAQTiles; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              softcap_grad[mt][nt][e] = 1.0f - s[mt][nt][e] * s[mt][nt][e];
-            }
-          }
-        }
+        for (int mt = 0; mt < kKeyTiles; ++mt) SoftcapGradient(s[mt], softcap_grad[mt]);
       }
       if (args.x.alibi_slopes != nullptr) {
         const float slope = AlibiSlopePre(args.x, batch, x_head);

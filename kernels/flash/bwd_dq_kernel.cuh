@@ -150,13 +150,7 @@ __device__ __forceinline__ void FlashBackwardDqCta(const BwdArgsOf<kExtras>& arg
     // shift of the score after softcap), and P / dS below follow the no-softcap code.
     float softcap_grad[kExtras ? T::kSTiles : 1][4];
     if constexpr (kExtras) {
-      if (f.softcap) {
-#pragma unroll
-        for (int nt = 0; nt < T::kSTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) softcap_grad[nt][e] = 1.0f - s[nt][e] * s[nt][e];
-        }
-      }
+      if (f.softcap) SoftcapGradient(s, softcap_grad);
       if (args.x.alibi_slopes != nullptr) {
         AlibiRowTile(s, AlibiSlopePre(args.x, batch, head),
                      block.diagonal + warp * T::kWarpRows + group, n * kBlock + 2 * quad_lane);

@@ -21,6 +21,18 @@ __device__ __forceinline__ float AlibiSlopePre(const ExtrasArgs& x, int batch, i
              : x.alibi_slopes[int64_t{batch} * x.alibi_stride + head] * x.alibi_to_pre;
 }
 
+// Softcap's factor 1 - tanh^2 from s (holding tanh), kept aside before ALiBi shifts s: P and dS
+// then follow the no-softcap code, and dS takes this factor.
+template <int kTiles>
+__device__ __forceinline__ void SoftcapGradient(const float (&s)[kTiles][4],
+                                                float (&grad)[kTiles][4]) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) grad[nt][e] = 1.0f - s[nt][e] * s[nt][e];
+  }
+}
+
 // s -= slope * |i + len_k - len_q - j|; `aligned` is the key on row `row`'s diagonal.
 template <int kTiles>
 __device__ __forceinline__ void AlibiRowTile(float (&s)[kTiles][4], float slope, int aligned,
