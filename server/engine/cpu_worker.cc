@@ -81,16 +81,12 @@ std::vector<LaunchRange> CpuWorker::BackwardSplit(const BackwardInputs& inputs) 
   // A backward still arriving runs group by group as it comes (kernel_runner.h); the
   // reference kernel stops part way at its deadline in any case.
   if (inputs.groups != nullptr) return {};
-  SplitRequest request;
-  request.direction = Direction::kBackward;
-  request.cu_seqlens_q = &inputs.cu_seqlens_q;
-  request.cu_seqlens_k = &inputs.cu_seqlens_k;
-  request.options = inputs.options;
-  request.heads = inputs.q.shape[1];
-  request.head_dim = static_cast<int>(inputs.q.shape[2]);
-  request.rate = FamilyThroughput(kReferenceFamily.name, /*compute_capability=*/0,
-                                  host_threads_);
-  return PlanLaunchSplit(request, max_launch_seconds_);
+  return PlanLaunchSplit(
+      SplitRequestOf(Direction::kBackward, inputs.q, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
+                     inputs.options,
+                     FamilyThroughput(kReferenceFamily.name, /*compute_capability=*/0,
+                                      host_threads_)),
+      max_launch_seconds_);
 }
 
 }  // namespace attnserve::engine

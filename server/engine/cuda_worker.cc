@@ -654,16 +654,11 @@ std::vector<LaunchRange> CudaWorker::SplitOf(const kernels::KernelFamilyEntry& f
                                              const RequestOptions& options,
                                              double query_row_bytes, double key_row_bytes,
                                              int32_t first, int32_t end) const {
-  SplitRequest request;
-  request.direction = direction;
-  request.cu_seqlens_q = &cu_seqlens_q;
-  request.cu_seqlens_k = &cu_seqlens_k;
-  request.options = options;
-  request.heads = q.shape[1];
-  request.head_dim = static_cast<int>(q.shape[2]);
+  SplitRequest request =
+      SplitRequestOf(direction, q, cu_seqlens_q, cu_seqlens_k, options,
+                     FamilyThroughput(family.name, compute_capability_, host_threads_));
   request.query_row_bytes = query_row_bytes;
   request.key_row_bytes = key_row_bytes;
-  request.rate = FamilyThroughput(family.name, compute_capability_, host_threads_);
   if (end < 0) end = static_cast<int32_t>(cu_seqlens_q.size()) - 1;
   return PlanLaunchSplit(request, max_launch_seconds_, first, end);
 }

@@ -96,6 +96,21 @@ void AppendRowBlocks(const SplitRequest& r, const PieceCost& cost, int32_t b, in
 
 }  // namespace
 
+SplitRequest SplitRequestOf(Direction direction, const TensorView& q,
+                            const std::vector<int32_t>& cu_seqlens_q,
+                            const std::vector<int32_t>& cu_seqlens_k,
+                            const RequestOptions& options, const Throughput& rate) {
+  SplitRequest request;
+  request.direction = direction;
+  request.cu_seqlens_q = &cu_seqlens_q;
+  request.cu_seqlens_k = &cu_seqlens_k;
+  request.options = options;
+  request.heads = q.shape[1];
+  request.head_dim = static_cast<int>(q.shape[2]);
+  request.rate = rate;
+  return request;
+}
+
 std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& r, double slice_seconds) {
   return PlanLaunchSplit(r, slice_seconds, 0, static_cast<int32_t>(r.cu_seqlens_q->size()) - 1);
 }

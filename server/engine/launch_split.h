@@ -68,6 +68,14 @@ struct SplitRequest {
   Throughput rate;  // of the family and device that run it
 };
 
+// The request's shape as the planner sees it: `q` (its rows and heads), the offsets (kept by
+// pointer: they must outlive the request), the options and the rate; no bytes over the host
+// link (set query_row_bytes / key_row_bytes where they cross it).
+SplitRequest SplitRequestOf(Direction direction, const TensorView& q,
+                            const std::vector<int32_t>& cu_seqlens_q,
+                            const std::vector<int32_t>& cu_seqlens_k,
+                            const RequestOptions& options, const Throughput& rate);
+
 // The launches, in order, covering every sequence once; empty when the request fits one
 // slice (it then runs as one launch, as it always did) or slice_seconds is 0 (off).
 std::vector<LaunchRange> PlanLaunchSplit(const SplitRequest& request, double slice_seconds);

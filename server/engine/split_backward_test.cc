@@ -151,15 +151,10 @@ absl::StatusOr<BackwardResult> RunOn(LocalEngine& engine, const BackwardInputs& 
 
 // The plan the CPU worker makes of `in` under `slice` (as CpuWorker does).
 std::vector<LaunchRange> CpuPlan(const BackwardInputs& in, double slice) {
-  SplitRequest request;
-  request.direction = Direction::kBackward;
-  request.cu_seqlens_q = &in.cu_seqlens_q;
-  request.cu_seqlens_k = &in.cu_seqlens_k;
-  request.options = in.options;
-  request.heads = in.q.shape[1];
-  request.head_dim = static_cast<int>(in.q.shape[2]);
-  request.rate = FamilyThroughput(kReferenceFamily.name, 0, EngineOptions{}.cpu_threads);
-  return PlanLaunchSplit(request, slice);
+  return PlanLaunchSplit(
+      SplitRequestOf(Direction::kBackward, in.q, in.cu_seqlens_q, in.cu_seqlens_k, in.options,
+                     FamilyThroughput(kReferenceFamily.name, 0, EngineOptions{}.cpu_threads)),
+      slice);
 }
 
 // Tolerances of split against unsplit, ‖split − whole‖ / ‖whole‖: fp32 sums the same products
