@@ -42,8 +42,9 @@ struct AttentionOptions {
   // ALiBi slopes, float32: the slope of (sequence b, query head h) is
   // alibi_slopes[(first_sequence + b) * alibi_slopes_stride + h], so stride 0 is one slope per
   // head ([num_heads]) and stride num_heads one row per sequence ([batch, num_heads] of the
-  // whole request). Null = off. Host memory; GPU families read alibi_slopes_device, a device
-  // copy with the same layout that the engine's CUDA worker fills, as it does cu_seqlens_*_device.
+  // whole request). Null = off. Host memory; GPU families read alibi_slopes_device when a caller
+  // gives one (the C ABI takes device slopes), else copy the host slopes to the device per launch
+  // (kernels/gpu_alibi_slopes.h).
   const float* alibi_slopes = nullptr;
   const float* alibi_slopes_device = nullptr;
   int alibi_slopes_stride = 0;

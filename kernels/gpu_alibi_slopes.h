@@ -1,6 +1,7 @@
-// The ALiBi slopes of a launch in device memory, for every GPU family: the engine's device copy
-// (AttentionOptions::alibi_slopes_device) when it made one, else a copy of the host slopes made
-// here on `stream` and freed in stream order when this object goes. Empty when ALiBi is off.
+// The ALiBi slopes of a launch in device memory, for every GPU family: the caller's device copy
+// (AttentionOptions::alibi_slopes_device, e.g. from the C ABI) when it gave one, else a copy of
+// the host slopes (the engine's) made here on `stream` and freed in stream order when this
+// object goes. Empty when ALiBi is off.
 // Header-only so each family links nothing more than the CUDA runtime it already uses.
 #pragma once
 
