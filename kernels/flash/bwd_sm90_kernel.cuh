@@ -14,12 +14,13 @@
 //   dK += dS^T Q                         wgmma RS
 //   dQ (+)= dS K                         wgmma SS, both operands MN-major (dS^T tile, K),
 //                                        64 queries x half the head dim per warpgroup, added
-//                                        to the float32 dQ workspace (red.global.add.v2.f32)
+//                                        to the float32 dQ workspace by tile (one bulk
+//                                        reduction per warp, bwd_sm90_dq_tiles.h); at head
+//                                        dim 64 issued in the next tile (kDeferredDq)
 // so only the atomic-dQ mode exists here (the deterministic one stays on the sm80 path); the
-// preprocess (D) and the dQ conversion are the sm80 path's kernels. dK is scaled by
-// softmax_scale at the end. One barrier per tile among the consumers, before dQ (both
-// warpgroups' dS^T rows); it keeps them within a tile of each other, so two dS^T buffers (by
-// tile parity) suffice.
+// preprocess (D) is the sm80 path's kernel. dK is scaled by softmax_scale at the end. One
+// barrier per tile among the consumers, before dQ (both warpgroups' dS^T rows); it keeps them
+// within a tile of each other, so two dS^T buffers (by tile parity) suffice.
 #pragma once
 
 #include <cmath>
@@ -103,18 +104,79 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
       }
     }
     QueryTile tile = FirstTile();
-    for (int it = 0; it < iters_; ++it) {
-      barriers_.WaitFull(0, it);
-      Step<kSoftcap>(StageSmem(it), ds_smem_ + (it % T::kDsBuffers) * T::kDsBytes, tile);
-      barriers_.Release(0, it);
-      Next(tile);
+    if constexpr (T::kDeferredDq) {
+      // Tile it's dQ is issued in tile it+1 behind its S^T / dP^T (the first tile has none, a
+      // separate instantiation, so that the groups in flight at every wait are compile-time
+      // facts); the last tile's follows the loop.
+      if (iters_ == 0) return;
+      barriers_.WaitFull(0, 0);
+      Step<kSoftcap, false>(0, tile, tile);
+      barriers_.Release(0, 0);
+      for (int it = 1; it < iters_; ++it) {
+        const QueryTile prev = tile;
+        Next(tile);
+        barriers_.WaitFull(0, it);
+        PublishDs();
+        Step<kSoftcap, true>(it, prev, tile);
+        barriers_.Release(0, it);
+      }
+      PublishDs();
+      const int tid = Sm90ConsumerThread<T>();
+      const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+      float dq[T::kDqTiles][4];
+      ptx::WgmmaFence();
+      IssueDq(dq, DsSmem(iters_ - 1), warpgroup);
+      ptx::WgmmaWait<0>(dq);
+      AddDqPiece(dq, tile, warpgroup * 4 + tid % 128 / 32, tid % 32);
+    } else {
+      for (int it = 0; it < iters_; ++it) {
+        barriers_.WaitFull(0, it);
+        Step<kSoftcap, false>(it, tile, tile);
+        barriers_.Release(0, it);
+        Next(tile);
+      }
     }
   }
 
-  // One query tile (stage at q_st, dS^T tile at ds_st): the five products, with the P^T and
-  // dS^T math under the running wgmma.
-  template <bool kSoftcap>
-  __device__ __forceinline__ void Step(uint32_t q_st, uint32_t ds_st, QueryTile tile) {
+  // The consumers' meeting before a dQ product: both warpgroups' dS^T rows of the tile are in
+  // shared memory (written by the generic proxy, read by the tensor cores: fence, then
+  // barrier). It also keeps the warpgroups within a tile of each other, so two dS^T buffers (by
+  // tile parity) suffice.
+  __device__ __forceinline__ void PublishDs() {
+    ptx::FenceProxyAsyncShared();
+    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
+  }
+
+  __device__ __forceinline__ uint32_t DsSmem(int it) const {
+    return ds_smem_ + (it % T::kDsBuffers) * T::kDsBytes;
+  }
+
+  // dQ (this warpgroup's columns) = dS K from the dS^T tile at ds_st, one committed group: both
+  // operands MN-major, K's columns dq_col0.. in head-dim block dq_col0 / 64 at byte
+  // (dq_col0 % 64) * 2 of its rows (N = 32 starts mid-row at 64 bytes; the swizzle comes from
+  // the address bits, as for the 32-byte k steps of the K-major operands).
+  __device__ __forceinline__ void IssueDq(float (&dq)[T::kDqTiles][4], uint32_t ds_st,
+                                          int warpgroup) {
+    const int dq_col0 = warpgroup * T::kDqCols;
+    const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
+    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds_st, T::kBlockN * 128, 1024);
+    const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < T::kDqSteps; ++kk) {
+      // 16 keys per step: 16 rows of 128 bytes in both MN-major tiles.
+      MmaDq::SSTrans(dq, ptx::DescriptorPlus(ds_desc, kk * 16 * 128),
+                     ptx::DescriptorPlus(k_desc, kk * 16 * 128), kk > 0);
+    }
+    ptx::WgmmaCommit();
+  }
+
+  // Query tile it (`tile`): the five products, with the P^T and dS^T math under the running
+  // wgmma. kPrevDq (deferred dQ only): the previous tile's (`prev`) dQ is issued behind S^T and
+  // dP^T, and its reduction runs under dV and dK.
+  template <bool kSoftcap, bool kPrevDq>
+  __device__ __forceinline__ void Step(int it, QueryTile prev, QueryTile tile) {
+    const uint32_t q_st = StageSmem(it);
+    const uint32_t ds_st = DsSmem(it);
     const int tid = Sm90ConsumerThread<T>();
     // Warp-uniform as far as the compiler can see (broadcast from lane 0), so that the operand
     // addresses and descriptors stay in uniform registers.
@@ -130,7 +192,10 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     ptx::WgmmaFence();
     IssueScores(s, k_smem_ + warpgroup * 64 * 128, q_st);
     IssueScores(dp, v_smem_ + warpgroup * 64 * 128, do_st);
-    ptx::WgmmaWait<1>(s);
+    float dq[T::kDqTiles][4];
+    if constexpr (kPrevDq) IssueDq(dq, DsSmem(it - 1), warpgroup);
+    // In flight: S^T, dP^T (, dQ of the previous tile): wait for S^T only.
+    ptx::WgmmaWait<kPrevDq ? 2 : 1>(s);
 
     // P^T into the A fragments of dV += P^T dO; s keeps G for dS^T.
     uint32_t p[T::kGradSteps][4];
@@ -138,9 +203,9 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
                                        key_first_ + warpgroup * 64 + warp * 16, group, quad_lane);
     ptx::WgmmaFence();
     IssueGrad(dv_, p, do_st);
-    // S^T and dP^T are done; dV runs on under the dS^T math (its P^T fragments stay live until
-    // the last wait of the tile).
-    ptx::WgmmaWait<1>(dp);
+    // S^T and dP^T are done; dV (and the previous dQ) run on under the dS^T math (its P^T
+    // fragments stay live until the last wait of the tile).
+    ptx::WgmmaWait<kPrevDq ? 2 : 1>(dp);
 
     // dS^T = G (dP^T - D): the A fragments of dK += dS^T Q, and the [key][query] tile of dQ.
     uint32_t ds[T::kGradSteps][4];
@@ -160,31 +225,25 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     }
     ptx::WgmmaFence();
     IssueGrad(dk_, ds, q_st);
-
-    // dQ = dS K once both warpgroups' dS^T rows are in shared memory (written by the generic
-    // proxy, read by the tensor cores: fence, then barrier).
-    ptx::FenceProxyAsyncShared();
-    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
-    float dq[T::kDqTiles][4];
-    const int dq_col0 = warpgroup * T::kDqCols;
-    // K's columns dq_col0.. : head-dim block dq_col0 / 64, byte (dq_col0 % 64) * 2 of its rows
-    // (N = 32 starts mid-row at 64 bytes; the swizzle comes from the address bits, as for the
-    // 32-byte k steps of the K-major operands).
-    const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
-    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds_st, T::kBlockN * 128, 1024);
-    const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
-    ptx::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < T::kDqSteps; ++kk) {
-      // 16 keys per step: 16 rows of 128 bytes in both MN-major tiles.
-      MmaDq::SSTrans(dq, ptx::DescriptorPlus(ds_desc, kk * 16 * 128),
-                     ptx::DescriptorPlus(k_desc, kk * 16 * 128), kk > 0);
+    const int piece = warpgroup * 4 + warp;
+    if constexpr (T::kDeferredDq) {
+      if constexpr (kPrevDq) {
+        // In flight, in issue order: the previous dQ, dV, dK.
+        ptx::WgmmaWait<2>(dq);
+        AddDqPiece(dq, prev, piece, tid % 32);
+      }
+      ptx::WgmmaWait<0>(dk_);
+      PinRegisters(dv_);
+    } else {
+      // dQ = dS K once both warpgroups' dS^T rows are in shared memory.
+      PublishDs();
+      ptx::WgmmaFence();
+      IssueDq(dq, ds_st, warpgroup);
+      ptx::WgmmaWait<0>(dq);
+      PinRegisters(dk_);
+      PinRegisters(dv_);
+      AddDqPiece(dq, tile, piece, tid % 32);
     }
-    ptx::WgmmaCommit();
-    ptx::WgmmaWait<0>(dq);
-    PinRegisters(dk_);
-    PinRegisters(dv_);
-    AddDqPiece(dq, tile, warpgroup * 4 + warp, tid % 32);
   }
 
   // This warp's piece of the tile's dQ (bwd_sm90_dq_tiles.h) goes to its staging in shared

@@ -42,6 +42,10 @@ struct BwdSm90Traits {
   // Each consumer warp's 16 dQ rows, staged for its bulk reduction (bwd_sm90_dq_tiles.h).
   static constexpr int kDqPieceBytes = 16 * kDqCols * 4;
   static constexpr int kDqStageBytes = Sm90BackwardDqStageBytes(kHeadDim);
+  // Head dim 64: tile it's dQ = dS K is issued in tile it+1 behind its S^T / dP^T, so the
+  // tensor cores run it under the P^T math and its reduction runs under dV / dK. At 128 its 32
+  // floats per thread beside S^T, dP^T, dK and dV would not fit the consumers' 240 registers.
+  static constexpr bool kDeferredDq = kHeadDim == 64;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
