@@ -17,10 +17,11 @@
 //                                        to the float32 dQ workspace by tile (one bulk
 //                                        reduction per warp, bwd_sm90_dq_tiles.h); at head
 //                                        dim 64 issued in the next tile (kDeferredDq)
-// so only the atomic-dQ mode exists here (the deterministic one stays on the sm80 path); the
-// preprocess (D) is the sm80 path's kernel. dK is scaled by softmax_scale at the end. One
-// barrier per tile among the consumers, before dQ (both warpgroups' dS^T rows); it keeps them
-// within a tile of each other, so two dS^T buffers (by tile parity) suffice.
+// (at 128 issued before dK, so that its reduction runs under dK). Only the
+// atomic-dQ mode exists here (the deterministic one stays on the sm80 path); the preprocess (D)
+// is the sm80 path's kernel. dK is scaled by softmax_scale at the end. One barrier per tile
+// among the consumers, before dQ (both warpgroups' dS^T rows); it keeps them within a tile of
+// each other, so two dS^T buffers (by tile parity) suffice.
 #pragma once
 
 #include <cmath>
@@ -223,10 +224,10 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
             ds_st + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
       }
     }
-    ptx::WgmmaFence();
-    IssueGrad(dk_, ds, q_st);
     const int piece = warpgroup * 4 + warp;
     if constexpr (T::kDeferredDq) {
+      ptx::WgmmaFence();
+      IssueGrad(dk_, ds, q_st);
       if constexpr (kPrevDq) {
         // In flight, in issue order: the previous dQ, dV, dK.
         ptx::WgmmaWait<2>(dq);
@@ -235,14 +236,16 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
       ptx::WgmmaWait<0>(dk_);
       PinRegisters(dv_);
     } else {
-      // dQ = dS K once both warpgroups' dS^T rows are in shared memory.
+      // dQ = dS K once both warpgroups' dS^T rows are in shared memory, issued before dK so
+      // that its staging and reduction run under dK.
       PublishDs();
       ptx::WgmmaFence();
       IssueDq(dq, ds_st, warpgroup);
-      ptx::WgmmaWait<0>(dq);
-      PinRegisters(dk_);
-      PinRegisters(dv_);
+      IssueGrad(dk_, ds, q_st);
+      ptx::WgmmaWait<1>(dq);
       AddDqPiece(dq, tile, piece, tid % 32);
+      ptx::WgmmaWait<0>(dk_);
+      PinRegisters(dv_);
     }
   }
 
