@@ -1,14 +1,17 @@
 // Host-side pieces every GPU family needs when it turns ForwardParams / BackwardParams into
 // kernel arguments: the checks of the shape every grid relies on, the backward seen as its
-// forward, the softmax scales folded for exp2, and workspace alignment. One copy, so the
+// forward, the softmax scales folded for exp2, the forward's kernel arguments
+// (gpu_attention_args.h), and workspace alignment. One copy, so the
 // families agree on them.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "kernels/attention_params.h"
+#include "kernels/gpu_attention_args.h"
 
 namespace attnserve::kernels {
 
@@ -66,6 +69,42 @@ inline FoldedScales FoldScales(const AttentionOptions& o) {
   f.lse_scale = f.softcap ? o.softcap : o.softmax_scale;
   f.exp2_scale = f.lse_scale * kLog2e;
   return f;
+}
+
+// A window as an offset from the diagonal: negative (none) or past every key is unbounded.
+inline int WindowBound(int window) {
+  return window < 0 ? kUnboundedWindow : std::min(window, kUnboundedWindow);
+}
+
+// The forward's kernel arguments: pointers, strides, normalized windows (causal is a right
+// window of 0) and folded scales; the backward recomputes the forward's scores with exactly
+// these.
+inline GpuAttentionArgs MakeGpuAttentionArgs(const ForwardParams& p) {
+  const AttentionShape& s = p.shape;
+  const AttentionOptions& o = p.options;
+  const FoldedScales scales = FoldScales(o);
+  GpuAttentionArgs args{};
+  args.q = p.q;
+  args.k = p.k;
+  args.v = p.v;
+  args.out = p.out;
+  args.lse = p.lse;
+  args.cu_seqlens_q = s.cu_seqlens_q_device;
+  args.cu_seqlens_k = s.cu_seqlens_k_device;
+  args.total_q = s.total_q;
+  args.num_heads = s.num_heads;
+  args.head_group = s.num_heads / s.num_heads_k;
+  args.head_dim = s.head_dim;
+  args.q_row_stride = int64_t{s.num_heads} * s.head_dim;
+  args.kv_row_stride = int64_t{s.num_heads_k} * s.head_dim;
+  args.window_left = WindowBound(o.window_left);
+  args.window_right = WindowBound(o.window_right);
+  if (o.causal && args.window_right > 0) args.window_right = 0;
+  args.softcap = scales.softcap;
+  args.softcap_input_scale = scales.softcap_input_scale;
+  args.lse_scale = scales.lse_scale;
+  args.exp2_scale = scales.exp2_scale;
+  return args;
 }
 
 // The backward as the forward that produced out and lse (shared checks and arguments); lse is

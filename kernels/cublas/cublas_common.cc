@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "kernels/cublas/cublas_attention.h"
+#include "kernels/gpu_device.h"
 
 namespace attnserve::kernels::cublas {
 namespace {
@@ -121,22 +122,15 @@ KernelStatus CheckDevice(const ExecutionContext& ctx) {
     return Error("compute_capability " + std::to_string(ctx.compute_capability) +
                  " requested; this family runs on 7.0 and newer");
   }
-  int device = 0;
-  int major = 0;
-  int minor = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  }
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  }
-  if (err != cudaSuccess) {
+  GpuDevice gpu;
+  const char* failed_call = nullptr;
+  if (const cudaError_t err = QueryCurrentGpu(&gpu, &failed_call); err != cudaSuccess) {
     return Error(std::string("querying the device failed: ") + cudaGetErrorString(err));
   }
-  if (major * 10 + minor < kMinComputeCapability) {
-    return Error("needs compute capability >= 7.0, device " + std::to_string(device) + " has " +
-                 std::to_string(major) + "." + std::to_string(minor));
+  if (gpu.compute_capability < kMinComputeCapability) {
+    return Error("needs compute capability >= 7.0, device " + std::to_string(gpu.device) +
+                 " has " + std::to_string(gpu.compute_capability / 10) + "." +
+                 std::to_string(gpu.compute_capability % 10));
   }
   return KernelStatus::Ok();
 }

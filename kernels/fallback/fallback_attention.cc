@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/fallback/kernel_args.h"
+#include "kernels/gpu_device.h"
 #include "kernels/gpu_extras.h"
 #include "kernels/gpu_launch_common.h"
 
@@ -146,27 +147,19 @@ struct DeviceInfo {
 // The code path: ctx.compute_capability (0 = the device's own), which may not be newer than
 // the device.
 KernelStatus SelectPath(DType dtype, const ExecutionContext& ctx, DeviceInfo* info) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return CudaError("cudaGetDevice", err);
-  int major = 0;
-  int minor = 0;
-  int smem_optin = 0;
-  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
-          cudaSuccess ||
-      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
-          cudaSuccess ||
-      (err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                    device)) != cudaSuccess) {
-    return CudaError("cudaDeviceGetAttribute", err);
+  GpuDevice gpu;
+  const char* failed_call = nullptr;
+  if (const cudaError_t err = QueryCurrentGpu(&gpu, &failed_call); err != cudaSuccess) {
+    return CudaError(failed_call, err);
   }
-  const int device_cc = major * 10 + minor;
+  const int device = gpu.device;
+  const int device_cc = gpu.compute_capability;
   const int cc = ctx.compute_capability == 0 ? device_cc : ctx.compute_capability;
   if (cc < kMinComputeCapability) {
     return Error("needs compute capability >= 7.0, " +
                  (ctx.compute_capability == 0
-                      ? "device " + std::to_string(device) + " has " + std::to_string(major) +
-                            "." + std::to_string(minor)
+                      ? "device " + std::to_string(device) + " has " +
+                            std::to_string(device_cc / 10) + "." + std::to_string(device_cc % 10)
                       : "requested " + std::to_string(cc)));
   }
   if (cc > device_cc) {
@@ -180,43 +173,17 @@ KernelStatus SelectPath(DType dtype, const ExecutionContext& ctx, DeviceInfo* in
   } else if (dtype == DType::kBFloat16) {
     path = cc >= 80 ? Path::kMma16816 : Path::kSimt;
   }
-  *info = {cc, path, smem_optin};
+  *info = {cc, path, gpu.smem_optin};
   return KernelStatus::Ok();
-}
-
-// Windows as offsets from the diagonal; causal is a right window of 0.
-int WindowBound(int window) {
-  return window < 0 ? kUnboundedWindow : std::min(window, kUnboundedWindow);
 }
 
 FwdArgs MakeForwardArgs(const ForwardParams& p) {
   const AttentionShape& s = p.shape;
-  const AttentionOptions& o = p.options;
-  const FoldedScales scales = FoldScales(o);
   FwdArgs args{};
-  args.q = p.q;
-  args.k = p.k;
-  args.v = p.v;
-  args.out = p.out;
-  args.lse = p.lse;
-  args.cu_seqlens_q = s.cu_seqlens_q_device;
-  args.cu_seqlens_k = s.cu_seqlens_k_device;
-  args.total_q = s.total_q;
+  static_cast<GpuAttentionArgs&>(args) = MakeGpuAttentionArgs(p);
   args.total_k = s.total_k;
-  args.num_heads = s.num_heads;
-  args.head_group = s.num_heads / s.num_heads_k;
-  args.head_dim = s.head_dim;
-  args.q_row_stride = int64_t{s.num_heads} * s.head_dim;
-  args.kv_row_stride = int64_t{s.num_heads_k} * s.head_dim;
   args.vector_io = (s.head_dim * DTypeSize(s.dtype)) % 16 == 0 && AlignedTo(p.q, 16) &&
                    AlignedTo(p.k, 16) && AlignedTo(p.v, 16) && AlignedTo(p.out, 16);
-  args.window_left = WindowBound(o.window_left);
-  args.window_right = WindowBound(o.window_right);
-  if (o.causal && args.window_right > 0) args.window_right = 0;
-  args.softcap = scales.softcap;
-  args.softcap_input_scale = scales.softcap_input_scale;
-  args.lse_scale = scales.lse_scale;
-  args.exp2_scale = scales.exp2_scale;
   return args;
 }
 

@@ -5,14 +5,10 @@
 #include <cstdint>
 
 #include "kernels/attention_params.h"
+#include "kernels/gpu_attention_args.h"
 #include "kernels/gpu_extras.h"
 
 namespace attnserve::kernels::fallback {
-
-// Sequences are at most kMaxSeqLen long, so int32 row/key arithmetic with windows up to
-// kUnboundedWindow never overflows, and kUnboundedWindow reaches past every key.
-inline constexpr int kMaxSeqLen = 1 << 28;
-inline constexpr int kUnboundedWindow = 1 << 29;
 
 // How a kernel multiplies tiles. Every path keeps a warp's 16 x 8 fp32 result tiles in the same
 // registers (mma.sync's accumulator layout), so masking, softmax and epilogues are shared.
@@ -25,32 +21,11 @@ enum class Path : int {
 
 const char* PathName(Path path);
 
-struct FwdArgs {
-  const void* q;    // [total_q, num_heads, head_dim]
-  const void* k;    // [total_k, num_heads_k, head_dim]
-  const void* v;    // [total_k, num_heads_k, head_dim]
-  void* out;        // [total_q, num_heads, head_dim]
-  float* lse;       // [num_heads, total_q]
-  const int32_t* cu_seqlens_q;  // device, batch + 1
-  const int32_t* cu_seqlens_k;  // device, batch + 1
-  int64_t total_q;
+// The arguments every GPU family's forward gets (kernels/gpu_attention_args.h: kMaxSeqLen,
+// kUnboundedWindow, the mask and scale rules), plus what only these kernels read.
+struct FwdArgs : GpuAttentionArgs {
   int64_t total_k;
-  int num_heads;
-  int head_group;   // num_heads / num_heads_k
-  int head_dim;     // real head dim (<= the kernel's bucket)
-  int64_t q_row_stride;   // num_heads * head_dim
-  int64_t kv_row_stride;  // num_heads_k * head_dim
   bool vector_io;   // every row start is 16-byte aligned: 16-byte loads, paired stores
-  // Query row i sees key j iff i + (len_k - len_q) - window_left <= j <=
-  // i + (len_k - len_q) + window_right (causal: window_right = 0).
-  int window_left;
-  int window_right;
-  // pre = q.k (or tanh(q.k * softcap_input_scale) with softcap); p = exp2(pre * exp2_scale -
-  // max * exp2_scale); lse = max * lse_scale + log(sum).
-  float exp2_scale;
-  float lse_scale;
-  float softcap_input_scale;
-  bool softcap;
 };
 
 struct BwdArgs {

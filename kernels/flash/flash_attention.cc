@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,6 +14,7 @@
 #include "kernels/flash/bwd_sm90_dq_tiles.h"
 #include "kernels/flash/fwd_args.h"
 #include "kernels/architecture_limits.h"
+#include "kernels/gpu_device.h"
 #include "kernels/gpu_extras.h"
 #include "kernels/gpu_launch_common.h"
 #include "kernels/flash/fwd_launch.h"
@@ -82,48 +82,11 @@ KernelStatus Validate(const ForwardParams& p) {
   return KernelStatus::Ok();
 }
 
-// The current device, its compute capability and opt-in shared memory per block. The attributes
-// are read once per device (cudaDeviceGetAttribute is not free at thousands of calls a second)
-// and kept packed as (cc << 32 | smem) + 1, 0 meaning not read yet.
-struct DeviceInfo {
-  int device;
-  int compute_capability;  // major * 10 + minor
-  int smem_optin;
-};
-
-constexpr int kMaxCachedDevices = 64;
-
-KernelStatus CurrentDevice(DeviceInfo* info) {
-  static std::atomic<uint64_t> cache[kMaxCachedDevices] = {};
-  cudaError_t err = cudaGetDevice(&info->device);
-  if (err != cudaSuccess) return CudaError("cudaGetDevice", err);
-  const bool cacheable = info->device >= 0 && info->device < kMaxCachedDevices;
-  const uint64_t cached = cacheable ? cache[info->device].load(std::memory_order_relaxed) : 0;
-  if (cached != 0) {
-    info->compute_capability = static_cast<int>((cached - 1) >> 32);
-    info->smem_optin = static_cast<int>((cached - 1) & 0xffffffffu);
-    return KernelStatus::Ok();
-  }
-  int major = 0;
-  int minor = 0;
-  int smem_optin = 0;
-  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, info->device)) !=
-          cudaSuccess ||
-      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, info->device)) !=
-          cudaSuccess ||
-      (err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                    info->device)) != cudaSuccess) {
-    return CudaError("cudaDeviceGetAttribute", err);
-  }
-  info->compute_capability = major * 10 + minor;
-  info->smem_optin = smem_optin;
-  if (cacheable) {
-    cache[info->device].store(
-        ((uint64_t{static_cast<uint32_t>(info->compute_capability)} << 32) |
-         static_cast<uint32_t>(smem_optin)) + 1,
-        std::memory_order_relaxed);
-  }
-  return KernelStatus::Ok();
+// The current device (kernels/gpu_device.h).
+KernelStatus CurrentDevice(GpuDevice* device) {
+  const char* failed_call = nullptr;
+  const cudaError_t err = QueryCurrentGpu(device, &failed_call);
+  return err == cudaSuccess ? KernelStatus::Ok() : CudaError(failed_call, err);
 }
 
 std::string CcName(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
@@ -135,7 +98,7 @@ std::string CcName(int cc) { return std::to_string(cc / 10) + "." + std::to_stri
 struct Target {
   int compute_capability;  // effective: the path's, not necessarily the device's
   bool turing;
-  DeviceInfo device;
+  GpuDevice device;
   // Shared memory a block may use: the device's opt-in limit, or less when an older
   // architecture's path runs (that GPU's own limit), so the kernels choose as they would there.
   int smem_limit;
@@ -193,40 +156,6 @@ KernelStatus CheckSmem(const Target& target, int smem, const std::string& what) 
 KernelStatus NotBuilt(const Target& target, const char* what, int head_dim) {
   return Error(std::string(target.turing ? "sm75 " : "") + what + "head_dim " +
                std::to_string(head_dim) + " is not built into this binary (see ATTN_HEAD_DIMS)");
-}
-
-
-// Windows as offsets from the diagonal; causal is a right window of 0.
-int WindowBound(int window) { return window < 0 ? kUnboundedWindow : std::min(window, kUnboundedWindow); }
-
-// The forward's kernel arguments: pointers, strides, normalized windows and folded scales (the
-// backward recomputes the forward's scores with exactly these).
-FwdKernelArgs MakeForwardArgs(const ForwardParams& params) {
-  const AttentionShape& s = params.shape;
-  const AttentionOptions& o = params.options;
-  const FoldedScales scales = FoldScales(o);
-  FwdKernelArgs args{};
-  args.q = params.q;
-  args.k = params.k;
-  args.v = params.v;
-  args.out = params.out;
-  args.lse = params.lse;
-  args.cu_seqlens_q = s.cu_seqlens_q_device;
-  args.cu_seqlens_k = s.cu_seqlens_k_device;
-  args.total_q = s.total_q;
-  args.num_heads = s.num_heads;
-  args.head_group = s.num_heads / s.num_heads_k;
-  args.head_dim = s.head_dim;
-  args.q_row_stride = int64_t{s.num_heads} * s.head_dim;
-  args.kv_row_stride = int64_t{s.num_heads_k} * s.head_dim;
-  args.window_left = WindowBound(o.window_left);
-  args.window_right = WindowBound(o.window_right);
-  if (o.causal && args.window_right > 0) args.window_right = 0;
-  args.softcap = scales.softcap;
-  args.softcap_input_scale = scales.softcap_input_scale;
-  args.lse_scale = scales.lse_scale;
-  args.exp2_scale = scales.exp2_scale;
-  return args;
 }
 
 // Workspace parts: D = rowsum(dO * O) (float32 [num_heads, total_q]), then in non-deterministic
@@ -294,7 +223,7 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
   status = CheckSmem(target, smem, "head_dim " + std::to_string(kernel_head_dim));
   if (!status.ok) return status;
 
-  const FwdKernelArgs args = MakeForwardArgs(params);
+  const FwdKernelArgs args = MakeGpuAttentionArgs(params);
   const FwdGrid grid{s.batch, s.max_seqlen_q};
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   if (!extras) return launch(args, grid, stream);
@@ -383,7 +312,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
 
   constexpr float kLog2e = 1.4426950408889634f;
   BwdKernelArgs args{};
-  args.fwd = MakeForwardArgs(forward);
+  args.fwd = MakeGpuAttentionArgs(forward);
   args.dout = params.dout;
   args.dq = params.dq;
   args.dk = params.dk;
