@@ -6,12 +6,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "kernels/attention_params.h"
 #include "kernels/gpu_attention_args.h"
+#include "kernels/gpu_extras.h"
 
 namespace attnserve::kernels {
 
@@ -50,6 +52,46 @@ inline std::string HostOffsetsProblem(const int32_t* cu, int batch, int64_t tota
   }
   if (cu[batch] != total) return std::string(name) + "[batch] does not match the total";
   return "";
+}
+
+// The sequences and tensors every GPU grid relies on: the grid's shape, max_seqlen in range,
+// the device offsets present and the host ones (when given) consistent, and the tensors of a
+// non-empty side set.
+inline std::string SequencesProblem(const ForwardParams& p) {
+  const AttentionShape& s = p.shape;
+  if (std::string problem = GridShapeProblem(s); !problem.empty()) return problem;
+  if (s.max_seqlen_q < 0 || s.max_seqlen_k < 0 || s.max_seqlen_q > kMaxSeqLen ||
+      s.max_seqlen_k > kMaxSeqLen) {
+    return "max_seqlen_q/_k must be in [0, " + std::to_string(kMaxSeqLen) + "]";
+  }
+  if (s.batch > 0 && (s.cu_seqlens_q_device == nullptr || s.cu_seqlens_k_device == nullptr)) {
+    return "cu_seqlens_q_device and cu_seqlens_k_device are required";
+  }
+  if (std::string problem =
+          HostOffsetsProblem(s.cu_seqlens_q, s.batch, s.total_q, s.max_seqlen_q, "cu_seqlens_q");
+      !problem.empty()) {
+    return problem;
+  }
+  if (std::string problem =
+          HostOffsetsProblem(s.cu_seqlens_k, s.batch, s.total_k, s.max_seqlen_k, "cu_seqlens_k");
+      !problem.empty()) {
+    return problem;
+  }
+  if (s.total_q > 0 && (p.q == nullptr || p.out == nullptr || p.lse == nullptr)) {
+    return "q, out and lse must be set";
+  }
+  if (s.total_k > 0 && (p.k == nullptr || p.v == nullptr)) return "k and v must be set";
+  return "";
+}
+
+// The options every GPU family's kernels take: a resolved softmax_scale, a finite softcap, and
+// dropout / ALiBi in range (gpu_extras.h).
+inline std::string OptionsProblem(const AttentionOptions& o) {
+  if (!(std::isfinite(o.softmax_scale) && o.softmax_scale > 0.0f)) {
+    return "softmax_scale must be resolved: finite and > 0";
+  }
+  if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) return "softcap must be finite and >= 0";
+  return ExtrasProblem(o);
 }
 
 // softcap: score = c * tanh(scale * qk / c). Kernels keep tanh(scale * qk / c) (or scale * qk

@@ -91,12 +91,6 @@ bool AlignedTo(const void* ptr, size_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
 
-KernelStatus CheckHostOffsets(const int32_t* cu, int batch, int64_t total, int max_seqlen,
-                              const char* name) {
-  const std::string problem = HostOffsetsProblem(cu, batch, total, max_seqlen, name);
-  return problem.empty() ? KernelStatus::Ok() : Error(problem);
-}
-
 KernelStatus Validate(const ForwardParams& p) {
   const AttentionShape& s = p.shape;
   if (DTypeIndex(s.dtype) < 0) return Error("unknown dtype");
@@ -105,36 +99,13 @@ KernelStatus Validate(const ForwardParams& p) {
     return Error("head_dim " + std::to_string(s.head_dim) + " is not supported (1 to " +
                  std::to_string(max_head_dim) + " in this build, see ATTN_FALLBACK_HEAD_DIMS)");
   }
-  if (std::string problem = GridShapeProblem(s); !problem.empty()) return Error(problem);
-  if (s.max_seqlen_q < 0 || s.max_seqlen_k < 0 || s.max_seqlen_q > kMaxSeqLen ||
-      s.max_seqlen_k > kMaxSeqLen) {
-    return Error("max_seqlen_q/_k must be in [0, " + std::to_string(kMaxSeqLen) + "]");
-  }
-  if (s.batch > 0 && (s.cu_seqlens_q_device == nullptr || s.cu_seqlens_k_device == nullptr)) {
-    return Error("cu_seqlens_q_device and cu_seqlens_k_device are required");
-  }
-  KernelStatus status =
-      CheckHostOffsets(s.cu_seqlens_q, s.batch, s.total_q, s.max_seqlen_q, "cu_seqlens_q");
-  if (!status.ok) return status;
-  status = CheckHostOffsets(s.cu_seqlens_k, s.batch, s.total_k, s.max_seqlen_k, "cu_seqlens_k");
-  if (!status.ok) return status;
-  if (s.total_q > 0 && (p.q == nullptr || p.out == nullptr || p.lse == nullptr)) {
-    return Error("q, out and lse must be set");
-  }
-  if (s.total_k > 0 && (p.k == nullptr || p.v == nullptr)) return Error("k and v must be set");
+  if (std::string problem = SequencesProblem(p); !problem.empty()) return Error(problem);
   const size_t elem = static_cast<size_t>(DTypeSize(s.dtype));
   if (!AlignedTo(p.q, elem) || !AlignedTo(p.k, elem) || !AlignedTo(p.v, elem) ||
       !AlignedTo(p.out, elem) || !AlignedTo(p.lse, 4)) {
     return Error("q, k, v, out and lse must be aligned to their element size");
   }
-  const AttentionOptions& o = p.options;
-  if (!(std::isfinite(o.softmax_scale) && o.softmax_scale > 0.0f)) {
-    return Error("softmax_scale must be resolved: finite and > 0");
-  }
-  if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) {
-    return Error("softcap must be finite and >= 0");
-  }
-  if (std::string problem = ExtrasProblem(o); !problem.empty()) return Error(problem);
+  if (std::string problem = OptionsProblem(p.options); !problem.empty()) return Error(problem);
   return KernelStatus::Ok();
 }
 

@@ -32,12 +32,6 @@ KernelStatus CudaError(const char* what, cudaError_t err) {
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-KernelStatus CheckHostOffsets(const int32_t* cu, int batch, int64_t total, int max_seqlen,
-                              const char* name) {
-  const std::string problem = HostOffsetsProblem(cu, batch, total, max_seqlen, name);
-  return problem.empty() ? KernelStatus::Ok() : Error(problem);
-}
-
 KernelStatus Validate(const ForwardParams& p) {
   const AttentionShape& s = p.shape;
   if (s.dtype == DType::kFloat32) return Error("fp32 is not supported");
@@ -46,39 +40,16 @@ KernelStatus Validate(const ForwardParams& p) {
     return Error("head_dim " + std::to_string(s.head_dim) + " is not supported (multiples of " +
                  std::to_string(kHeadDimGranule) + " up to " + std::to_string(kMaxHeadDim) + ")");
   }
-  if (std::string problem = GridShapeProblem(s); !problem.empty()) return Error(problem);
-  if (s.max_seqlen_q < 0 || s.max_seqlen_k < 0 || s.max_seqlen_q > kMaxSeqLen ||
-      s.max_seqlen_k > kMaxSeqLen) {
-    return Error("max_seqlen_q/_k must be in [0, " + std::to_string(kMaxSeqLen) + "]");
-  }
+  if (std::string problem = SequencesProblem(p); !problem.empty()) return Error(problem);
   // A K/V tile spans up to 128 rows of q/k row strides in 32-bit element offsets.
   const int64_t max_row_stride = int64_t{std::numeric_limits<int32_t>::max()} / 256;
   if (int64_t{s.num_heads} * s.head_dim > max_row_stride) {
     return Error("num_heads * head_dim is too large");
   }
-  if (s.batch > 0 && (s.cu_seqlens_q_device == nullptr || s.cu_seqlens_k_device == nullptr)) {
-    return Error("cu_seqlens_q_device and cu_seqlens_k_device are required");
-  }
-  KernelStatus status =
-      CheckHostOffsets(s.cu_seqlens_q, s.batch, s.total_q, s.max_seqlen_q, "cu_seqlens_q");
-  if (!status.ok) return status;
-  status = CheckHostOffsets(s.cu_seqlens_k, s.batch, s.total_k, s.max_seqlen_k, "cu_seqlens_k");
-  if (!status.ok) return status;
-  if (s.total_q > 0 && (p.q == nullptr || p.out == nullptr || p.lse == nullptr)) {
-    return Error("q, out and lse must be set");
-  }
-  if (s.total_k > 0 && (p.k == nullptr || p.v == nullptr)) return Error("k and v must be set");
   if (!Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.v) || !Aligned16(p.out)) {
     return Error("q, k, v and out must be 16-byte aligned");
   }
-  const AttentionOptions& o = p.options;
-  if (!(std::isfinite(o.softmax_scale) && o.softmax_scale > 0.0f)) {
-    return Error("softmax_scale must be resolved: finite and > 0");
-  }
-  if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) {
-    return Error("softcap must be finite and >= 0");
-  }
-  if (std::string problem = ExtrasProblem(o); !problem.empty()) return Error(problem);
+  if (std::string problem = OptionsProblem(p.options); !problem.empty()) return Error(problem);
   return KernelStatus::Ok();
 }
 
