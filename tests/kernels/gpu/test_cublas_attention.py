@@ -144,8 +144,12 @@ def check_forward(request, q, k, v, cu_q, cu_k, opts, workspace=None):
     assert ours <= bound, f"out: rel error {ours:.3g} > {bound:.3g} (PyTorch's: {budget})"
     if seen.any():
         lse_err = (lse[:, seen].double() - ref_lse[:, seen]).abs().max().item()
-        _log(request, "lse", lse_err, LSE_TOL[q.dtype])
-        assert lse_err <= LSE_TOL[q.dtype], f"lse: max abs error {lse_err:.3g}"
+        # The float32 error is a few ulps of lse itself, so it grows with |lse|: 1e-5 up to
+        # |lse| = 8, more where softcap 30 lets scores (and lse) reach 30 and beyond (measured
+        # 1.06e-05 there on an H100 with some seeds).
+        bound = LSE_TOL[q.dtype] * max(1.0, ref_lse[:, seen].abs().max().item() / 8)
+        _log(request, "lse", lse_err, bound)
+        assert lse_err <= bound, f"lse: max abs error {lse_err:.3g} > {bound:.3g}"
     return out, lse
 
 
