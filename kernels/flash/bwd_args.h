@@ -19,7 +19,7 @@ struct BwdKernelArgs {
   float* dsum;       // [num_heads, total_q]: D = rowsum(dO * O), written by the preprocess kernel
   // Non-deterministic mode: float32 dQ (unscaled), zeroed, summed with atomics by the dK/dV
   // kernel and converted into dq: [total_q, num_heads, head_dim] on the sm80 path and the Hopper
-  // one at 192 / 256, by tile at 64 / 128 (bwd_sm90_dq_tiles.h); nullptr in deterministic mode
+  // one at 256, by tile at 64 / 128 / 192 (bwd_sm90_dq_tiles.h); nullptr in deterministic mode
   // (the dQ kernel writes dq).
   float* dq_accum;
   float lse_log2_scale;  // log2(e): lse is natural log, the kernels work in base 2

@@ -14,6 +14,7 @@
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_cta_order.cuh"
 #include "kernels/flash/bwd_mask_geometry.cuh"
+#include "kernels/flash/bwd_sm90_dq_tiles.h"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
@@ -272,6 +273,54 @@ class BwdSm90Block {
       ptx::AtomicAddPairIf(valid && col_valid, dst + t * 8, dq[t][0], dq[t][1]);
       ptx::AtomicAddPairIf(valid8 && col_valid, dst8 + t * 8, dq[t][2], dq[t][3]);
     }
+  }
+
+  // dQ by tile (bwd_sm90_dq_tiles.h, where T::kDqStageBytes > 0): consumer warp `piece` stages
+  // its share of a tile's dQ in accumulator order (StageDqTiles, per product) and lane 0 adds it
+  // to the workspace with one bulk reduction (ReduceDqPiece): 8 per tile, where a
+  // red.global.add.v2.f32 per element pair from the accumulators made 4096 and ran 1-24% slower
+  // at 64 / 128 (bench/RESULTS.md, "Hopper backward at 64/128: dQ by tile").
+  // Warp `piece`'s staging: after the dS^T tiles and the exchange tile (T::kDqStageBytes).
+  __device__ __forceinline__ uint32_t DqPieceSmem(int piece) const {
+    return ds_smem_ + T::kDsBuffers * T::kDsBytes + T::kExchangeBytes + piece * T::kDqPieceBytes;
+  }
+  // Before staging: the piece's previous reduction, which reads the staging asynchronously, has
+  // read it (issued a whole tile ago, so this rarely waits).
+  __device__ __forceinline__ void AwaitDqStaging(int lane) const {
+    if (lane == 0) ptx::BulkWaitGroupRead<0>();
+    __syncwarp();
+  }
+  // The 8-column tiles of one dQ product (conflict-free 16-byte stores), from tile first_tile
+  // of the piece.
+  template <int kTiles>
+  __device__ __forceinline__ void StageDqTiles(const float (&dq)[kTiles][4], int first_tile,
+                                               int piece, int lane) const {
+    const uint32_t stage = DqPieceSmem(piece);
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      ptx::StoreSharedFloat4(stage + ((first_tile + t) * 32 + lane) * 16, dq[t][0], dq[t][1],
+                             dq[t][2], dq[t][3]);
+    }
+  }
+  // The staged piece of query tile `tile` into the workspace. A piece wholly past the sequence
+  // adds nothing (its rows are zero) and is skipped.
+  __device__ __forceinline__ void ReduceDqPiece(QueryTile tile, int piece, int lane) const {
+    // st.shared is the generic proxy; the bulk reduction reads through the async proxy.
+    ptx::FenceProxyAsyncShared();
+    __syncwarp();
+    if (lane == 0 && tile.row0 + (piece % 4) * 16 < len_q_) {
+      float* dst = args_.dq_accum +
+                   TileDqChunkOffset(q_begin_, batch_, tile.row0, tile.head, f_.num_heads,
+                                     T::kHeadDim) +
+                   piece * (T::kDqPieceBytes / 4);
+      ptx::BulkReduceAddF32(dst, DqPieceSmem(piece), T::kDqPieceBytes);
+      ptx::BulkCommitGroup();
+    }
+  }
+  // The CTA's shared memory must outlive the last reduction's reads (its additions complete on
+  // their own; the conversion kernel runs after this grid).
+  __device__ __forceinline__ void FinishDqPieces() const {
+    if (Sm90ConsumerThread<T>() % 32 == 0) ptx::BulkWaitGroupRead<0>();
   }
 
   // Rounds the 16 key rows of warp `warp` (rows 16 warp + lane / 4 (+ 8), the accumulator

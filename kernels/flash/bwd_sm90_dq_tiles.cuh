@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kTileDqConvertThreads)
       piece * 16 * kCols);
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
-    const int col = (piece / 4) * kCols + t * 8 + 2 * (lane % 4);
+    const int col = TileDqColumn(kHeadDim, piece / 4, t) + 2 * (lane % 4);
     const float4 v = src[t * 32 + lane];
     *reinterpret_cast<float2*>(&rows[row * kRowFloats + col]) = make_float2(v.x, v.y);
     *reinterpret_cast<float2*>(&rows[(row + 8) * kRowFloats + col]) = make_float2(v.z, v.w);

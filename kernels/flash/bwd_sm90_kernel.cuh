@@ -85,7 +85,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   // dK (times softmax_scale) and dV through the K and V buffers (each warp its own 16 rows),
   // then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
-    FinishDqPieces();
+    this->FinishDqPieces();
     // No wgmma reads K or V any more (dQ of both warpgroups reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     const int tid = Sm90ConsumerThread<T>();
@@ -249,41 +249,12 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     }
   }
 
-  // This warp's piece of the tile's dQ (bwd_sm90_dq_tiles.h) goes to its staging in shared
-  // memory, and lane 0 adds it to the workspace with one bulk reduction: 8 per tile, where a
-  // red.global.add.v2.f32 per element pair from the accumulators made 4096 and ran 1-24% slower
-  // (bench/RESULTS.md, "Hopper backward at 64/128: dQ by tile"). A piece wholly past the
-  // sequence adds nothing (its rows are zero) and is skipped.
+  // This warp's piece of the tile's dQ, one product (BwdSm90Block's dQ by tile).
   __device__ __forceinline__ void AddDqPiece(const float (&dq)[T::kDqTiles][4], QueryTile tile,
                                              int piece, int lane) {
-    const uint32_t stage =
-        ds_smem_ + T::kDsBuffers * T::kDsBytes + piece * T::kDqPieceBytes;
-    // The previous tile's reduction reads the staging asynchronously: done before it is
-    // overwritten (issued a whole tile ago, so this rarely waits).
-    if (lane == 0) ptx::BulkWaitGroupRead<0>();
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < T::kDqTiles; ++t) {
-      ptx::StoreSharedFloat4(stage + (t * 32 + lane) * 16, dq[t][0], dq[t][1], dq[t][2],
-                             dq[t][3]);
-    }
-    // st.shared is the generic proxy; the bulk reduction reads through the async proxy.
-    ptx::FenceProxyAsyncShared();
-    __syncwarp();
-    if (lane == 0 && tile.row0 + (piece % 4) * 16 < len_q_) {
-      float* dst = args_.dq_accum +
-                   TileDqChunkOffset(q_begin_, batch_, tile.row0, tile.head, f_.num_heads,
-                                     T::kHeadDim) +
-                   piece * (T::kDqPieceBytes / 4);
-      ptx::BulkReduceAddF32(dst, stage, T::kDqPieceBytes);
-      ptx::BulkCommitGroup();
-    }
-  }
-
-  // The CTA's shared memory must outlive the last reduction's reads (its additions complete on
-  // their own; the conversion kernel runs after this grid).
-  __device__ __forceinline__ void FinishDqPieces() {
-    if (Sm90ConsumerThread<T>() % 32 == 0) ptx::BulkWaitGroupRead<0>();
+    this->AwaitDqStaging(lane);
+    this->StageDqTiles(dq, 0, piece, lane);
+    this->ReduceDqPiece(tile, piece, lane);
   }
 
   float dk_[T::kDTiles][4];

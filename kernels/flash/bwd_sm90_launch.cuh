@@ -1,8 +1,8 @@
 // Definition of LaunchBackwardSm90, included by the generated sm90 backward instantiation files
 // only: zero the float32 dQ workspace, the preprocess (D), the Hopper dK/dV kernel with atomic
 // dQ (bwd_sm90_kernel.cuh at head dims 64 / 128, bwd_sm90_wide_kernel.cuh at 192 / 256), the dQ
-// conversion (the sm80 path's preprocess, and its conversion kernel at 192 / 256 or the tile
-// layout's at 64 / 128, bwd_sm90_dq_tiles.cuh).
+// conversion (the sm80 path's preprocess, and its conversion kernel at 256 or the tile layout's
+// at 64 / 128 / 192, bwd_sm90_dq_tiles.cuh).
 #pragma once
 
 #include <string>
@@ -34,7 +34,7 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
   const int64_t pairs = args.fwd.total_q * args.fwd.num_heads;
   const int64_t dq_elems = pairs * args.fwd.head_dim;
   // The dQ workspace: laid out like dq, or by tile (bwd_sm90_dq_tiles.h).
-  constexpr bool kTileDq = T::kHeadDim <= 128;
+  constexpr bool kTileDq = T::kDqStageBytes > 0;
   const int64_t workspace_floats =
       kTileDq ? TileDqWorkspaceFloats(args.fwd.total_q, grid.batch, args.fwd.num_heads,
                                       T::kHeadDim)

@@ -58,6 +58,7 @@ struct BwdSm90Traits {
   static constexpr bool kFlatLoads = false;  // whole rows per thread pass (LoadSwizzledAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDsBuffers = kSm90BackwardDsBuffers;
+  static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);  // none here
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
@@ -75,6 +76,7 @@ struct BwdSm90Traits {
   static_assert(kSmemBytes ==
                     2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + kDqStageBytes + 1024,
                 "host and device agree");
+  static_assert(kExchangeBytes == 0, "no exchange tile at 64 / 128");
   static_assert(kDqStageBytes == (kConsumerThreads / 32) * kDqPieceBytes,
                 "dQ staging: one piece per consumer warp");
 };

@@ -107,6 +107,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // dV (consumer 0) or dK times softmax_scale (consumer 1) through the V or K buffer (each warp
   // its own 16 rows), then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
+    if constexpr (T::kTileDq) this->FinishDqPieces();
     // No wgmma reads K or V any more (dQ of both consumers reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     const int tid = Sm90ConsumerThread<T>();
@@ -131,8 +132,6 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     // Warp-uniform as far as the compiler can see (broadcast from lane 0).
     const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int warp = tid % 128 / 32;
-    const int group = tid % 32 / 4;
-    const int quad_lane = tid % 4;
     const uint32_t q_st = StageSmem(it);
     const uint32_t do_st = q_st + T::kTileBytes;
 
@@ -157,15 +156,14 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
       // behind the gradient product (head dim 256), dQ A, the gradient product, dQ B. Either
       // way the second-last wait completes dQ A.
       if constexpr (!kDqBEarly) IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
-      const int dq_row = warp * 16 + group;
       ptx::WgmmaWait<2>(dq_a);
-      AddDqPairs(dq_a, prev, dq_row, T::DqColA(warpgroup) + 2 * quad_lane);
+      AddDqA(dq_a, prev, warpgroup, warp, tid % 32);
       if constexpr (kDqBEarly) {
         ptx::WgmmaWait<1>(dq_b);
       } else {
         ptx::WgmmaWait<0>(dq_b);
       }
-      AddDqPairs(dq_b, prev, dq_row, T::DqColB(warpgroup) + 2 * quad_lane);
+      AddDqB(dq_b, prev, warpgroup, warp, tid % 32);
     }
     // The gradient product: the stage is released after this wait, and dK / dV are read after
     // it (next tile's product, the epilogue).
@@ -221,9 +219,31 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     IssueDq<MmaDqA>(dq_a, it, T::DqColA(warpgroup));
     IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
     ptx::WgmmaWait<1>(dq_a);
-    AddDqPairs(dq_a, tile, warp * 16 + group, T::DqColA(warpgroup) + 2 * quad_lane);
+    AddDqA(dq_a, tile, warpgroup, warp, group * 4 + quad_lane);
     ptx::WgmmaWait<0>(dq_b);
-    AddDqPairs(dq_b, tile, warp * 16 + group, T::DqColB(warpgroup) + 2 * quad_lane);
+    AddDqB(dq_b, tile, warpgroup, warp, group * 4 + quad_lane);
+  }
+
+  // The two dQ products of query tile `tile` into the workspace: at 192 staged into the warp's
+  // piece (A's tiles first, then B's) and added with one bulk reduction once B is staged
+  // (BwdSm90Block's dQ by tile); at 256 one red.global.add.v2.f32 per element pair.
+  __device__ __forceinline__ void AddDqA(const float (&dq)[T::kDqColsA / 8][4], QueryTile tile,
+                                         int warpgroup, int warp, int lane) {
+    if constexpr (T::kTileDq) {
+      this->AwaitDqStaging(lane);
+      this->StageDqTiles(dq, 0, warpgroup * 4 + warp, lane);
+    } else {
+      AddDqPairs(dq, tile, warp * 16 + lane / 4, T::DqColA(warpgroup) + 2 * (lane % 4));
+    }
+  }
+  __device__ __forceinline__ void AddDqB(const float (&dq)[T::kDqColsB / 8][4], QueryTile tile,
+                                         int warpgroup, int warp, int lane) {
+    if constexpr (T::kTileDq) {
+      this->StageDqTiles(dq, T::kDqColsA / 8, warpgroup * 4 + warp, lane);
+      this->ReduceDqPiece(tile, warpgroup * 4 + warp, lane);
+    } else {
+      AddDqPairs(dq, tile, warp * 16 + lane / 4, T::DqColB(warpgroup) + 2 * (lane % 4));
+    }
   }
 
   // Warpgroup 1: dS^T = G (dP^T - D) with G from the exchange tile: the A fragments of

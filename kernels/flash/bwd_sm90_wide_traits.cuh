@@ -4,10 +4,11 @@
 // keeps, and the shared-memory layout (every bf16/fp16 tile 128-byte swizzled for wgmma, 1 KB
 // aligned):
 //   K, V (64 rows each) | stage 0, stage 1: Q, dO (64 rows each), lse, D (stage 0 then the
-//   mbarriers) | dS^T of the even tiles, of the odd tiles | exchange (G).
+//   mbarriers) | dS^T of the even tiles, of the odd tiles | exchange (G) | dQ staging (192).
 #pragma once
 
 #include "kernels/attention_params.h"
+#include "kernels/flash/bwd_sm90_dq_tiles.h"
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/tile_config.h"
@@ -74,6 +75,12 @@ struct BwdSm90WideTraits {
   static constexpr bool kFlatLoads = kLoaderThreads % kRowVecs != 0;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
+  // dQ by tile at 192 (bwd_sm90_dq_tiles.h): each consumer warp stages its 16 rows of both dQ
+  // products (64 + 32 columns) for one bulk reduction; at 256 no room is left, and the kernel
+  // adds each element pair (red.global.add.v2.f32).
+  static constexpr bool kTileDq = kHeadDim == 192;
+  static constexpr int kDqPieceBytes = 16 * (kHeadDim / 2) * 4;
+  static constexpr int kDqStageBytes = Sm90BackwardDqStageBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
@@ -90,8 +97,14 @@ struct BwdSm90WideTraits {
   static_assert(kConsumerRegisters <= 256, "register split");
   static_assert(kDsBuffers == 2, "one dS^T tile per tile parity");
   static_assert(kSmemBytes == 2 * kKvBytes + kStages * kStageBytes + kDsBuffers * kDsBytes +
-                                   kExchangeBytes + 1024,
+                                   kExchangeBytes + kDqStageBytes + 1024,
                 "host and device agree");
+  static_assert(kDqStageBytes == (kTileDq ? (kConsumerThreads / 32) * kDqPieceBytes : 0),
+                "dQ staging: one piece per consumer warp, at 192 only");
+  static_assert(!kTileDq || (TileDqColumn(kHeadDim, 1, 0) == DqColA(1) &&
+                             TileDqColumn(kHeadDim, 1, kDqColsA / 8) == DqColB(1) &&
+                             TileDqColumn(kHeadDim, 0, kDqColsA / 8) == DqColB(0)),
+                "the conversion kernel reads the pieces as the products stage them");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB, all of it at head dim 256)");
 };
 

@@ -140,10 +140,10 @@ size_t BackwardDqAccumBytes(const AttentionShape& s) {
   if (s.total_q <= 0 || s.num_heads <= 0 || s.head_dim <= 0) return 0;
   size_t floats = static_cast<size_t>(s.total_q) * static_cast<size_t>(s.num_heads) *
                   static_cast<size_t>(s.head_dim);
-  // The Hopper kernels at 64 / 128 lay it out by tile (bwd_sm90_dq_tiles.h): room for 64 rows
-  // more per sequence, at the instantiated head dim (whichever path then runs).
-  if (s.batch > 0 && s.head_dim <= 128) {
-    const int padded_head_dim = s.head_dim <= 64 ? 64 : 128;
+  // The Hopper kernels at 64 / 128 / 192 lay it out by tile (bwd_sm90_dq_tiles.h): room for 64
+  // rows more per sequence, at the instantiated head dim (whichever path then runs).
+  if (s.batch > 0 && s.head_dim <= 192) {
+    const int padded_head_dim = s.head_dim <= 64 ? 64 : s.head_dim <= 128 ? 128 : 192;
     floats = std::max(floats, static_cast<size_t>(TileDqWorkspaceFloats(
                                   s.total_q, s.batch, s.num_heads, padded_head_dim)));
   }

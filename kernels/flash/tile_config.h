@@ -140,14 +140,15 @@ constexpr int Sm90BackwardExchangeBytes(int head_dim) {
 // next tile under its S^T / dP^T and element-wise phase (measured faster, NOTES.md "Hopper
 // backward at head dims 192 and 256", "Deferred dQ").
 inline constexpr int kSm90BackwardDsBuffers = 2;
-// Head dims 64 / 128: each consumer warp's staging of its 16 dQ rows of half the head dim,
-// float32, for its bulk reduction (bwd_sm90_dq_tiles.h); 16 / 32 KB.
+// Head dims 64 / 128 / 192 (dQ by tile): each consumer warp's staging of its 16 dQ rows of half
+// the head dim, float32, for its bulk reduction (bwd_sm90_dq_tiles.h); 16 / 32 / 48 KB. At 256
+// no room is left (the wide kernel adds its dQ per element pair there).
 constexpr int Sm90BackwardDqStageBytes(int head_dim) {
-  return head_dim <= 128 ? Sm90BackwardBlockM(head_dim) * head_dim * 4 : 0;
+  return head_dim <= 192 ? Sm90BackwardBlockM(head_dim) * head_dim * 4 : 0;
 }
-// K and V (resident), two stages, the dS^T tiles, the dQ staging (64 / 128) or the exchange tile
-// (192 / 256), 1 KB for alignment: 115 / 195 / 179 / 227 KB at head dim 64 / 128 / 192 / 256 (a
-// third stage would fit neither at 192 nor at 256).
+// K and V (resident), two stages, the dS^T tiles, the exchange tile (192 / 256), the dQ staging
+// (64 / 128 / 192), 1 KB for alignment: 115 / 195 / 227 / 227 KB at head dim 64 / 128 / 192 /
+// 256 (a third stage would fit neither at 192 nor at 256).
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
   return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          2 * Sm90BackwardStageBytes(head_dim) +
