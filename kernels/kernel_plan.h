@@ -41,7 +41,8 @@ struct PlanQuery {
 
 struct KernelPlan {
   bool ok = false;
-  std::string code_path;        // within the family: "sm90", "sm80", "sm75", "sm70-wmma", "gemm", "cpu"
+  // The path within the family: "sm90", "sm80", "sm75", "sm70-wmma", "simt", "gemm", "cpu".
+  std::string code_path;
   int shared_memory_bytes = 0;  // per block on that path; 0: sized to the device, or none
   // ok: what the family serves there (ServerInfo's reason). Not ok: why not. When not ok with
   // shared_memory_bytes > 0, the device's shared memory per block is the only obstacle.

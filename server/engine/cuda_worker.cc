@@ -244,7 +244,7 @@ DeviceContextFn CudaWorker::DeviceContextMaker(const Route& route) const {
 std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
     const std::vector<const ForwardInputs*>& parts, int lane) {
   if (parts.size() == 1 && IsResident(*parts[0])) return {Execute(*parts[0], lane)};
-  // Parts of a batch share dtype and head_dim, so they share a route.
+  // Parts of a batch share their route (batching.cc Compatible).
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
       FamilyEntry(parts[0]->route);
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0) {
@@ -594,12 +594,14 @@ absl::StatusOr<ForwardResult> CudaWorker::ExecuteResident(const ForwardInputs& i
       0);
   if (!split.empty()) {
     RecordSplit(split.size());
-    return ForwardAnswer(**family, inputs,
-                         RunResidentForwardLaunches(**family, inputs, split, StopHooks(lane),
-                                                    *lanes_[lane], DeviceContextMaker(inputs.route)));
+    return ForwardAnswer(
+        **family, inputs,
+        RunResidentForwardLaunches(**family, inputs, split, StopHooks(lane), *lanes_[lane],
+                                   DeviceContextMaker(inputs.route)));
   }
   return ForwardAnswer(**family, inputs,
-                       RunResidentForward(**family, inputs, *lanes_[lane], DeviceContextMaker(inputs.route)));
+                       RunResidentForward(**family, inputs, *lanes_[lane],
+                                          DeviceContextMaker(inputs.route)));
 }
 
 absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs& inputs,
@@ -615,9 +617,10 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs&
                 inputs.cu_seqlens_k, inputs.options, RowBytes(inputs.q), 2.0 * RowBytes(inputs.k));
     if (!split.empty()) {
       RecordSplit(split.size());
-      return BackwardAnswer(**family, inputs,
-                            RunResidentBackwardLaunches(**family, inputs, split, StopHooks(lane),
-                                                        *lanes_[lane], DeviceContextMaker(inputs.route)));
+      return BackwardAnswer(
+          **family, inputs,
+          RunResidentBackwardLaunches(**family, inputs, split, StopHooks(lane), *lanes_[lane],
+                                      DeviceContextMaker(inputs.route)));
     }
     return BackwardAnswer(
         **family, inputs,

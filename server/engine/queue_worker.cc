@@ -22,7 +22,6 @@ std::string CodePathRun(const Route& route, const std::string& kernel) {
   return kernel;
 }
 
-
 // A lane waiting for memory also wakes this often to notice callers that left.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 // Resets of a faulted device are retried at most this far apart.
