@@ -39,6 +39,9 @@ struct PlanQuery {
   unsigned disabled_paths = 0;      // ExecutionContext::disabled_paths (kPath* bits)
 };
 
+// A family's answer for one query. Its workspace is not here: it depends on the request's sizes
+// (tokens, heads), which the launch knows and a plan query does not, so the entry's
+// *_workspace_bytes(params) give it (kernels/kernel_families.h).
 struct KernelPlan {
   bool ok = false;
   // The path within the family: "sm90", "sm80", "sm75", "sm70-wmma", "simt", "gemm", "cpu".
