@@ -1,5 +1,6 @@
 #include "kernels/kernel_families.h"
 
+#include "kernels/family_plans.h"
 #include "kernels/reference/reference_attention.h"
 #if ATTN_HAVE_FLASH
 #include "kernels/flash/flash_attention.h"
@@ -20,34 +21,71 @@ size_t NoBackwardWorkspace(const BackwardParams&) { return 0; }
 std::vector<KernelFamilyEntry> MakeTable() {
   std::vector<KernelFamilyEntry> table;
   table.push_back({"reference", false, reference::Forward, reference::Backward,
-                   NoForwardWorkspace, NoBackwardWorkspace});
+                   NoForwardWorkspace, NoBackwardWorkspace, reference::Plan,
+                   reference::Coverage, nullptr});
+  table.push_back({"flash", true, nullptr, nullptr, NoForwardWorkspace, NoBackwardWorkspace,
+                   flash::Plan, flash::Coverage, flash::Pin});
 #if ATTN_HAVE_FLASH
-  table.push_back({"flash", true, flash::Forward, flash::Backward, NoForwardWorkspace,
-                   flash::BackwardWorkspaceBytes});
+  table.back().forward = flash::Forward;
+  table.back().backward = flash::Backward;
+  table.back().backward_workspace_bytes = flash::BackwardWorkspaceBytes;
 #endif
+  table.push_back({"fallback", true, nullptr, nullptr, NoForwardWorkspace, NoBackwardWorkspace,
+                   fallback::Plan, fallback::Coverage, nullptr});
 #if ATTN_HAVE_FALLBACK
-  table.push_back({"fallback", true, fallback::Forward, fallback::Backward, NoForwardWorkspace,
-                   fallback::BackwardWorkspaceBytes});
+  table.back().forward = fallback::Forward;
+  table.back().backward = fallback::Backward;
+  table.back().backward_workspace_bytes = fallback::BackwardWorkspaceBytes;
 #endif
+  table.push_back({"cublas", true, nullptr, nullptr, NoForwardWorkspace, NoBackwardWorkspace,
+                   cublas::Plan, cublas::Coverage, nullptr});
 #if ATTN_HAVE_CUBLAS
-  table.push_back({"cublas", true, cublas::Forward, cublas::Backward,
-                   cublas::ForwardWorkspaceBytes, cublas::BackwardWorkspaceBytes});
+  table.back().forward = cublas::Forward;
+  table.back().backward = cublas::Backward;
+  table.back().forward_workspace_bytes = cublas::ForwardWorkspaceBytes;
+  table.back().backward_workspace_bytes = cublas::BackwardWorkspaceBytes;
 #endif
   return table;
+}
+
+std::vector<KernelFamilyEntry> BuiltOnly() {
+  std::vector<KernelFamilyEntry> built;
+  for (const KernelFamilyEntry& entry : KnownKernelFamilies()) {
+    if (entry.built()) built.push_back(entry);
+  }
+  return built;
+}
+
+const KernelFamilyEntry* FindIn(const std::vector<KernelFamilyEntry>& table,
+                                std::string_view name) {
+  for (const KernelFamilyEntry& entry : table) {
+    if (name == entry.name) return &entry;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
-const std::vector<KernelFamilyEntry>& BuiltKernelFamilies() {
+const std::vector<KernelFamilyEntry>& KnownKernelFamilies() {
   static const std::vector<KernelFamilyEntry> table = MakeTable();
   return table;
 }
 
+const std::vector<KernelFamilyEntry>& BuiltKernelFamilies() {
+  static const std::vector<KernelFamilyEntry> table = BuiltOnly();
+  return table;
+}
+
 const KernelFamilyEntry* FindKernelFamily(std::string_view name) {
-  for (const KernelFamilyEntry& entry : BuiltKernelFamilies()) {
-    if (name == entry.name) return &entry;
-  }
-  return nullptr;
+  return FindIn(BuiltKernelFamilies(), name);
+}
+
+const KernelFamilyEntry* FindKnownKernelFamily(std::string_view name) {
+  return FindIn(KnownKernelFamilies(), name);
+}
+
+void PinPlan(const KernelFamilyEntry& family, const KernelPlan& plan, ExecutionContext* ctx) {
+  if (family.pin != nullptr) family.pin(plan, ctx);
 }
 
 }  // namespace attnserve::kernels

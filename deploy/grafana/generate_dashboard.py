@@ -183,6 +183,14 @@ PANELS = [
                "Time executing on the device, from attnserve_compute_duration_seconds.",
                quantiles("attnserve_compute_duration_seconds", ["kernel", "device"],
                          "{{kernel}} {{device}}", (0.5, 0.99)), "s"),
+    timeseries("Requests by code path",
+               "Requests per second by the kernel family and code path that ran them "
+               "(Execution.code_path: flash/sm90, flash/sm80, fallback/sm80, reference/cpu, ...), "
+               "from attnserve_code_path_compute_duration_seconds. Hopper traffic off sm90 "
+               "means requests only the sm80 kernels serve (dropout, ALiBi, deterministic).",
+               [target(f"sum by (code_path) (rate("
+                       f"attnserve_code_path_compute_duration_seconds_count{{{SEL}}}[{RATE}]))",
+                       "{{code_path}}")], "reqps"),
     timeseries("Launch phases by device (mean per launch)",
                "Where a launch's time goes: stage_in (request tensors into pinned memory), "
                "device (copies and kernels), stage_out (answers out of pinned memory), on the "

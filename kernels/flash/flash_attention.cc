@@ -20,6 +20,7 @@
 #include "kernels/flash/fwd_launch.h"
 #include "kernels/flash/kernel_tables.h"
 #include "kernels/flash/tile_config.h"
+#include "kernels/flash_sm90_rule.h"
 
 namespace attnserve::kernels::flash {
 namespace {
@@ -114,6 +115,22 @@ KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim
   return KernelStatus::Ok();
 }
 
+// The Hopper rule's inputs as the dispatcher sees them: the target's capabilities and limit.
+Sm90Candidate Sm90CandidateOf(const Target& target, const ExecutionContext& ctx, bool backward,
+                              bool built, int smem, bool extras, bool deterministic) {
+  Sm90Candidate c;
+  c.backward = backward;
+  c.compute_capability = target.compute_capability;
+  c.device_compute_capability = target.device.compute_capability;
+  c.kernel_built = built;
+  c.kernel_shared_memory = smem;
+  c.shared_memory_limit = target.smem_limit;
+  c.extras = extras;
+  c.deterministic = deterministic;
+  c.disabled_paths = ctx.disabled_paths;
+  return c;
+}
+
 KernelStatus CheckSmem(const Target& target, int smem, const std::string& what) {
   if (smem > target.smem_limit) {
     return Error(what + " needs " + std::to_string(smem) +
@@ -175,15 +192,11 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = ForwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper: the wgmma kernel where one is built for this head dim and fits the block's shared
-    // memory (every feature but dropout and ALiBi is supported there), unless the context
-    // disables kPathSm90Forward; otherwise the sm80 kernel. Its sm_90a code runs on compute capability 9.x devices only
-    // (arch-specific features are not forward compatible), so newer GPUs keep the sm80 kernel.
+    // Hopper: the wgmma kernel where the rule the family's plan applies says so
+    // (kernels/flash_sm90_rule.h); otherwise the sm80 kernel.
     const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
-    if (target.compute_capability >= Sm90::kComputeCapability &&
-        target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 && sm90 != nullptr &&
-        Sm90ForwardSmemBytes(kernel_head_dim) <= target.smem_limit && !extras &&
-        (ctx.disabled_paths & kPathSm90Forward) == 0) {
+    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/false, sm90 != nullptr,
+                                 Sm90ForwardSmemBytes(kernel_head_dim), extras, false))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90ForwardSmemBytes(kernel_head_dim);
     }
@@ -243,16 +256,11 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper, unless the context disables kPathSm90Backward: the wgmma dK/dV kernel where one
-    // is built for this head dim and fits the block's shared memory, in the atomic-dQ mode only
-    // (the deterministic mode keeps the sm80 path) and without dropout or ALiBi; 9.x devices
-    // only, as for the sm90 forward.
+    // Hopper: the wgmma dK/dV kernel where the plan's rule says so (atomic-dQ mode only).
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
-    if (!params.deterministic && !extras && sm90 != nullptr &&
-        target.compute_capability >= Sm90::kComputeCapability &&
-        target.device.compute_capability / 10 == Sm90::kComputeCapability / 10 &&
-        Sm90BackwardSmemBytes(kernel_head_dim) <= target.smem_limit &&
-        (ctx.disabled_paths & kPathSm90Backward) == 0) {
+    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/true, sm90 != nullptr,
+                                 Sm90BackwardSmemBytes(kernel_head_dim), extras,
+                                 params.deterministic))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);
     }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/attention_params.h"
+#include "server/engine/kernel_routing.h"
 
 namespace attnserve::engine {
 
@@ -113,6 +114,9 @@ struct ForwardInputs {
   // Set when the inputs are still arriving, group by group: the worker waits for each group
   // before it reads its rows (sequence_groups.h). Such a job runs alone.
   std::shared_ptr<SequenceGroups> groups;
+  // The family and code path placement chose on the job's device (kernel_routing.h): the
+  // worker runs it and routes nothing again.
+  Route route;
 };
 
 struct BackwardInputs {
@@ -129,6 +133,7 @@ struct BackwardInputs {
   // As a forward's: the inputs (dout, and q, k, v, out by rows and lse whole with the first
   // group when they travel) still arrive group by group. Such a job runs alone.
   std::shared_ptr<SequenceGroups> groups;
+  Route route;  // as a forward's
 };
 
 // Where and how a request ran (the wire's Execution message).
@@ -138,6 +143,7 @@ struct ExecutionReport {
   int64_t queue_us = 0;
   int64_t compute_us = 0;
   int32_t batched_requests = 1;
+  std::string code_path;  // family and its code path, e.g. "flash/sm90", "reference/cpu"
 };
 
 struct ForwardResult {

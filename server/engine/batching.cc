@@ -62,13 +62,15 @@ OwnedTensor SliceLseColumns(const OwnedTensor& lse, int64_t first, int64_t count
 
 }  // namespace
 
+// One launch runs one route: parts planned for different code paths never share it.
 bool Compatible(const ForwardInputs& a, const ForwardInputs& b) {
-  return SameHeads(a.q, a.k, b.q, b.k) && SameOptions(a.options, b.options);
+  return SameHeads(a.q, a.k, b.q, b.k) && SameOptions(a.options, b.options) &&
+         a.route == b.route;
 }
 
 bool Compatible(const BackwardInputs& a, const BackwardInputs& b) {
   return SameHeads(a.q, a.k, b.q, b.k) && SameOptions(a.options, b.options) &&
-         a.deterministic == b.deterministic;
+         a.deterministic == b.deterministic && a.route == b.route;
 }
 
 int64_t QueryTokens(const ForwardInputs& in) { return in.q.shape[0]; }
@@ -152,6 +154,7 @@ MergedForward MergeForward(const std::vector<const ForwardInputs*>& parts) {
   in.cu_seqlens_q = merged.layout.cu_seqlens_q;
   in.cu_seqlens_k = merged.layout.cu_seqlens_k;
   in.options = parts[0]->options;
+  in.route = parts[0]->route;  // Compatible parts share it
   return merged;
 }
 
@@ -180,6 +183,7 @@ MergedBackward MergeBackward(const std::vector<const BackwardInputs*>& parts) {
   in.cu_seqlens_k = merged.layout.cu_seqlens_k;
   in.options = parts[0]->options;
   in.deterministic = parts[0]->deterministic;
+  in.route = parts[0]->route;
   return merged;
 }
 

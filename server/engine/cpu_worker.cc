@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/reference/reference_attention.h"
 #include "server/engine/split_backward.h"
 #include "server/engine/work_estimate.h"
@@ -29,18 +30,17 @@ CpuWorker::CpuWorker(devices::DeviceDescription device, const EngineOptions& opt
   StartLanes(std::max(1, options.cpu_lanes));
 }
 
-absl::Status CpuWorker::CheckRoute(Direction direction, const TensorView& q,
-                                   const RequestOptions& options) const {
-  const Route route =
-      ChooseRoute({/*compute_capability=*/0, direction, q.dtype, static_cast<int>(q.shape[2]),
-                   /*shared_memory_per_block=*/0, options.has_dropout(), options.has_alibi()},
-                  catalog_);
+absl::Status CpuWorker::CheckRoute(const Route& route) const {
   if (route.family.empty()) return absl::FailedPreconditionError(route.reason);
+  if (route.family != kReferenceFamily.name) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the request was routed to ", route.Name(), ", which ", device().name, " does not run"));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, int lane) {
-  if (absl::Status s = CheckRoute(Direction::kForward, inputs.q, inputs.options); !s.ok()) {
+  if (absl::Status s = CheckRoute(inputs.route); !s.ok()) {
     return s;
   }
   kernels::ExecutionContext context = context_;
@@ -51,7 +51,7 @@ absl::StatusOr<ForwardResult> CpuWorker::Execute(const ForwardInputs& inputs, in
 }
 
 absl::StatusOr<BackwardResult> CpuWorker::Execute(const BackwardInputs& inputs, int lane) {
-  if (absl::Status s = CheckRoute(Direction::kBackward, inputs.q, inputs.options); !s.ok()) {
+  if (absl::Status s = CheckRoute(inputs.route); !s.ok()) {
     return s;
   }
   kernels::ExecutionContext context = context_;

@@ -31,10 +31,9 @@ class CpuWorker : public QueueWorker {
  private:
   absl::StatusOr<ForwardResult> Execute(const ForwardInputs& inputs, int lane) override;
   absl::StatusOr<BackwardResult> Execute(const BackwardInputs& inputs, int lane) override;
-  // OK when the catalog's families run this request here; under --kernel=<a GPU family>,
-  // FAILED_PRECONDITION with the router's reason.
-  absl::Status CheckRoute(Direction direction, const TensorView& q,
-                          const RequestOptions& options) const;
+  // OK when the job's route (chosen once, by placement) is the reference family; under
+  // --kernel=<a GPU family>, FAILED_PRECONDITION with the router's reason.
+  absl::Status CheckRoute(const Route& route) const;
 
   // The launches a backward runs as (PlanLaunchSplit), empty when it runs as one.
   std::vector<LaunchRange> BackwardSplit(const BackwardInputs& inputs) const;

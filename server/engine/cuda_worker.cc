@@ -149,18 +149,10 @@ std::vector<CoverageRow> CudaWorker::coverage() const {
 
 void CudaWorker::OnLaneStart(int lane) { cudaSetDevice(lanes_[lane]->ordinal()); }
 
-Route CudaWorker::RouteFor(Direction direction, const TensorView& q,
-                          const RequestOptions& options) const {
-  return ChooseRoute({compute_capability_, direction, q.dtype, static_cast<int>(q.shape[2]),
-                      device().shared_memory_per_block, options.has_dropout(),
-                      options.has_alibi()},
-                     catalog_);
-}
-
 absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, int lane) {
   if (IsResident(inputs)) return ExecuteResident(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, inputs.q, inputs.options));
+      FamilyEntry(inputs.route);
   if (!family.ok()) return family.status();
   // Empty requests need no device: the reference answers them without copies.
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0) {
@@ -175,7 +167,7 @@ absl::StatusOr<ForwardResult> CudaWorker::Execute(const ForwardInputs& inputs, i
 absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs, int lane) {
   if (IsResident(inputs)) return ExecuteResident(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, inputs.q, inputs.options));
+      FamilyEntry(inputs.route);
   if (!family.ok()) return family.status();
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
     return std::move(RunOnDevice(**family, {&inputs}, lane)[0]);
@@ -188,7 +180,7 @@ absl::StatusOr<BackwardResult> CudaWorker::Execute(const BackwardInputs& inputs,
 absl::StatusOr<ForwardResult> CudaWorker::ExecuteKeeping(const ForwardInputs& inputs, int lane,
                                                          std::unique_ptr<ContextMemory>* kept) {
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, inputs.q, inputs.options));
+      FamilyEntry(inputs.route);
   if (!family.ok()) return family.status();
   if (!(*family)->runs_on_device || inputs.q.shape[0] == 0) {
     // Ran on the host: its context is kept there too.
@@ -207,7 +199,7 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteOnContext(const BackwardInputs
   // A host context fills the inputs with host views: the ordinary path reads them.
   if (context.memory->on_host()) return Execute(inputs, lane);
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, inputs.q, inputs.options));
+      FamilyEntry(inputs.route);
   if (!family.ok()) return family.status();
   if ((*family)->runs_on_device && inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
     return RunOnContext(**family, inputs, *context.memory, lane);
@@ -223,7 +215,8 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteOnContext(const BackwardInputs
   return Execute(filled, lane);
 }
 
-kernels::ExecutionContext CudaWorker::DeviceContext(cudaStream_t stream, void* workspace,
+kernels::ExecutionContext CudaWorker::DeviceContext(const Route& route, cudaStream_t stream,
+                                                    void* workspace,
                                                     size_t workspace_bytes) const {
   kernels::ExecutionContext ctx;
   ctx.stream = stream;
@@ -232,21 +225,28 @@ kernels::ExecutionContext CudaWorker::DeviceContext(cudaStream_t stream, void* w
   // The device's capability as the router saw it: under --emulate_compute_capability the
   // families run the emulated architecture's code path.
   ctx.compute_capability = compute_capability_;
+  // The family runs the code path placement planned, not one it would pick on its own.
+  if (const kernels::KernelFamilyEntry* family = kernels::FindKernelFamily(route.family)) {
+    kernels::KernelPlan plan;
+    plan.ok = true;
+    plan.code_path = route.code_path;
+    kernels::PinPlan(*family, plan, &ctx);
+  }
   return ctx;
 }
 
-DeviceContextFn CudaWorker::DeviceContextMaker() const {
-  return [this](cudaStream_t stream, void* workspace, size_t bytes) {
-    return DeviceContext(stream, workspace, bytes);
+DeviceContextFn CudaWorker::DeviceContextMaker(const Route& route) const {
+  return [this, route](cudaStream_t stream, void* workspace, size_t bytes) {
+    return DeviceContext(route, stream, workspace, bytes);
   };
 }
 
 std::vector<absl::StatusOr<ForwardResult>> CudaWorker::ExecuteBatch(
     const std::vector<const ForwardInputs*>& parts, int lane) {
   if (parts.size() == 1 && IsResident(*parts[0])) return {Execute(*parts[0], lane)};
-  // Parts of a batch share dtype and head_dim, so they share a route.
+  // Parts of a batch share their route (batching.cc Compatible).
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, parts[0]->q, parts[0]->options));
+      FamilyEntry(parts[0]->route);
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0) {
     // Nonzero rows in one part mean nonzero rows in the merge.
     return RunOnDevice(**family, parts, lane);
@@ -258,7 +258,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::ExecuteBatch(
     const std::vector<const BackwardInputs*>& parts, int lane) {
   if (parts.size() == 1 && IsResident(*parts[0])) return {Execute(*parts[0], lane)};
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, parts[0]->q, parts[0]->options));
+      FamilyEntry(parts[0]->route);
   if (family.ok() && (*family)->runs_on_device && QueryTokens(*parts[0]) > 0 &&
       KeyTokens(*parts[0]) > 0) {
     return RunOnDevice(**family, parts, lane);
@@ -301,7 +301,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
     size_t launches = 0;
     const GroupCut cut =
         ArrivalCut(family, Direction::kForward, first, query_row, key_row, lane_index, &launches);
-    run = RunForwardInGroups(family, first, lane, DeviceContextMaker(), keep, cut);
+    run = RunForwardInGroups(family, first, lane, DeviceContextMaker(first.route), keep, cut);
     if (cut.cut) RecordSplit(launches);
   } else if (!split.empty()) {
     ForwardLaunchSet set;
@@ -317,7 +317,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
     const GroupLaunches plan =
         PlanSplitLaunches(split, q, k, layout.cu_seqlens_q, layout.cu_seqlens_k);
     const LaunchHooks hooks = StopHooks(lane_index);
-    run = RunForwardLaunches(family, set, plan, hooks, lane, DeviceContextMaker(), keep);
+    run = RunForwardLaunches(family, set, plan, hooks, lane, DeviceContextMaker(first.route), keep);
     RecordSplit(split.size());
   } else {
     run = lane.Run(
@@ -335,7 +335,7 @@ std::vector<absl::StatusOr<ForwardResult>> CudaWorker::RunOnDevice(
           params.out = d.outputs[0];
           params.lse = reinterpret_cast<float*>(d.outputs[1]);
           return KernelLaunchStatus(family, "forward",
-                            family.forward(params, DeviceContext(stream, d.workspace,
+                            family.forward(params, DeviceContext(first.route, stream, d.workspace,
                                                                  workspace_bytes)));
         },
         keep, destinations);
@@ -388,7 +388,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
         ArrivalCut(family, Direction::kBackward, first, query_row, key_row, lane_index, &launches);
     std::vector<absl::StatusOr<BackwardResult>> answers = {BackwardAnswer(
         family, first,
-        RunBackwardInGroups(family, first, lane, DeviceContextMaker(), nullptr, cut))};
+        RunBackwardInGroups(family, first, lane, DeviceContextMaker(first.route), nullptr, cut))};
     if (cut.cut) RecordSplit(launches);
     return answers;
   }
@@ -404,7 +404,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
                    Gathered(RowPieces(parts, &BackwardInputs::k)),
                    Gathered(RowPieces(parts, &BackwardInputs::v)),
                    Gathered(RowPieces(parts, &BackwardInputs::out)), Gathered(LsePieces(parts))};
-    run = RunBackwardSplit(family, set, split, lane_index, nullptr);
+    run = RunBackwardSplit(family, first.route, set, split, lane_index, nullptr);
   } else {
     run = lane.Run(
         {Gathered(RowPieces(parts, &BackwardInputs::dout)),
@@ -429,7 +429,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
           params.dk = d.outputs[1];
           params.dv = d.outputs[2];
           return KernelLaunchStatus(family, "backward",
-                            family.backward(params, DeviceContext(stream, d.workspace,
+                            family.backward(params, DeviceContext(first.route, stream, d.workspace,
                                                                   workspace_bytes)));
         },
         /*keep=*/nullptr, destinations);
@@ -474,7 +474,7 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
                                     lane_index, &launches);
     absl::StatusOr<BackwardResult> answer = BackwardAnswer(
         family, inputs,
-        RunBackwardInGroups(family, inputs, lane, DeviceContextMaker(), &context, cut));
+        RunBackwardInGroups(family, inputs, lane, DeviceContextMaker(inputs.route), &context, cut));
     if (cut.cut) RecordSplit(launches);
     return answer;
   }
@@ -494,7 +494,7 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
                                           inputs.cu_seqlens_k, destinations);
     set.tensors = {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}};
     return BackwardAnswer(family, inputs,
-                          RunBackwardSplit(family, set, split, lane_index, &context));
+                          RunBackwardSplit(family, inputs.route, set, split, lane_index, &context));
   }
   absl::StatusOr<LaneRun> run = lane.Run(
       {{HostBytes{inputs.dout.data, inputs.dout.size_bytes}}}, {q_bytes, k_bytes, k_bytes},
@@ -513,7 +513,7 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
         params.dk = d.outputs[1];
         params.dv = d.outputs[2];
         return KernelLaunchStatus(family, "backward",
-                          family.backward(params, DeviceContext(stream, d.workspace,
+                          family.backward(params, DeviceContext(inputs.route, stream, d.workspace,
                                                                 workspace_bytes)));
       },
       /*keep=*/nullptr, destinations);
@@ -576,7 +576,7 @@ absl::Status HostFamilyRefused(const kernels::KernelFamilyEntry& family, const T
 
 absl::StatusOr<ForwardResult> CudaWorker::ExecuteResident(const ForwardInputs& inputs, int lane) {
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kForward, inputs.q, inputs.options));
+      FamilyEntry(inputs.route);
   if (!family.ok()) return family.status();
   if (!(*family)->runs_on_device) return HostFamilyRefused(**family, inputs.q);
   if (inputs.q.shape[0] == 0) {  // no query rows: out and lse have no bytes
@@ -594,18 +594,20 @@ absl::StatusOr<ForwardResult> CudaWorker::ExecuteResident(const ForwardInputs& i
       0);
   if (!split.empty()) {
     RecordSplit(split.size());
-    return ForwardAnswer(**family, inputs,
-                         RunResidentForwardLaunches(**family, inputs, split, StopHooks(lane),
-                                                    *lanes_[lane], DeviceContextMaker()));
+    return ForwardAnswer(
+        **family, inputs,
+        RunResidentForwardLaunches(**family, inputs, split, StopHooks(lane), *lanes_[lane],
+                                   DeviceContextMaker(inputs.route)));
   }
   return ForwardAnswer(**family, inputs,
-                       RunResidentForward(**family, inputs, *lanes_[lane], DeviceContextMaker()));
+                       RunResidentForward(**family, inputs, *lanes_[lane],
+                                          DeviceContextMaker(inputs.route)));
 }
 
 absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs& inputs,
                                                            int lane) {
   absl::StatusOr<const kernels::KernelFamilyEntry*> family =
-      FamilyEntry(RouteFor(Direction::kBackward, inputs.q, inputs.options));
+      FamilyEntry(inputs.route);
   if (!family.ok()) return family.status();
   if (!(*family)->runs_on_device) return HostFamilyRefused(**family, inputs.q);
   if (inputs.q.shape[0] > 0 && inputs.k.shape[0] > 0) {
@@ -615,13 +617,14 @@ absl::StatusOr<BackwardResult> CudaWorker::ExecuteResident(const BackwardInputs&
                 inputs.cu_seqlens_k, inputs.options, RowBytes(inputs.q), 2.0 * RowBytes(inputs.k));
     if (!split.empty()) {
       RecordSplit(split.size());
-      return BackwardAnswer(**family, inputs,
-                            RunResidentBackwardLaunches(**family, inputs, split, StopHooks(lane),
-                                                        *lanes_[lane], DeviceContextMaker()));
+      return BackwardAnswer(
+          **family, inputs,
+          RunResidentBackwardLaunches(**family, inputs, split, StopHooks(lane), *lanes_[lane],
+                                      DeviceContextMaker(inputs.route)));
     }
     return BackwardAnswer(
         **family, inputs,
-        RunResidentBackward(**family, inputs, *lanes_[lane], DeviceContextMaker()));
+        RunResidentBackward(**family, inputs, *lanes_[lane], DeviceContextMaker(inputs.route)));
   }
   // No query sees a key: every gradient is zero.
   BackwardResult zeros;
@@ -684,6 +687,7 @@ GroupCut CudaWorker::ArrivalCut(const kernels::KernelFamilyEntry& family, Direct
 }
 
 absl::StatusOr<LaneRun> CudaWorker::RunBackwardSplit(const kernels::KernelFamilyEntry& family,
+                                                     const Route& route,
                                                      const BackwardLaunchSet& set,
                                                      const std::vector<LaunchRange>& split,
                                                      int lane, const ContextMemory* context) {
@@ -691,7 +695,7 @@ absl::StatusOr<LaneRun> CudaWorker::RunBackwardSplit(const kernels::KernelFamily
       PlanSplitLaunches(split, set.q, set.k, *set.cu_seqlens_q, *set.cu_seqlens_k);
   RecordSplit(split.size());
   return RunBackwardLaunches(family, set, plan, StopHooks(lane), *lanes_[lane],
-                             DeviceContextMaker(), context);
+                             DeviceContextMaker(route), context);
 }
 
 LaunchHooks CudaWorker::StopHooks(int lane) const {

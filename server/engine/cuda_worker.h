@@ -95,6 +95,7 @@ class CudaWorker : public QueueWorker {
   // A backward cut into `split`'s launches on `lane`, stopping between them; `context`: the
   // device context it reads, or null.
   absl::StatusOr<LaneRun> RunBackwardSplit(const kernels::KernelFamilyEntry& family,
+                                           const Route& route,
                                            const BackwardLaunchSet& set,
                                            const std::vector<LaunchRange>& split, int lane,
                                            const ContextMemory* context);
@@ -113,11 +114,11 @@ class CudaWorker : public QueueWorker {
   absl::StatusOr<BackwardResult> ExecuteResident(const BackwardInputs& inputs, int lane);
   ExecutionReport Report(const kernels::KernelFamilyEntry& family, const LaneRun& run) const;
   void RecordPhases(const LaneRun& run, absl::Duration stage_out);
-  kernels::ExecutionContext DeviceContext(cudaStream_t stream, void* workspace,
-                                          size_t workspace_bytes) const;
-  DeviceContextFn DeviceContextMaker() const;
-  // The routing table's choice for a request of q's dtype and head_dim on this device.
-  Route RouteFor(Direction direction, const TensorView& q, const RequestOptions& options) const;
+  // The launch context of a job's route: the routed compute capability, and the planned code
+  // path pinned (kernels/kernel_families.h PinPlan) so the family runs that path.
+  kernels::ExecutionContext DeviceContext(const Route& route, cudaStream_t stream,
+                                          void* workspace, size_t workspace_bytes) const;
+  DeviceContextFn DeviceContextMaker(const Route& route) const;
   void PublishMemoryUse();
 
   std::vector<std::unique_ptr<CudaLane>> lanes_;

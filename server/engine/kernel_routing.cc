@@ -1,143 +1,35 @@
 #include "server/engine/kernel_routing.h"
 
 #include <algorithm>
-#include <climits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/flash/shared_memory.h"
 #include "kernels/kernel_families.h"
 
 namespace attnserve::engine {
 namespace {
 
 using kernels::DType;
+using kernels::KernelFamilyEntry;
+using kernels::KernelPlan;
 
-constexpr int kAnyCc = INT_MAX;       // no upper compute-capability bound
-constexpr int kNoHeadDimBound = INT_MAX;
-
-enum DTypeMask : unsigned { kF16 = 1, kBF16 = 2, kF32 = 4, kAllDTypes = 7 };
-
-unsigned MaskOf(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return kF16;
-    case DType::kBFloat16:
-      return kBF16;
-    case DType::kFloat32:
-      return kF32;
+// The largest head dim h of the rule such that its family plans every head dim of the rule up
+// to h on the device; below min_head_dim when it plans none. Only families whose plan depends on
+// the device's shared memory can cut a rule, so without a limit or a bound nothing is probed.
+int LargestPlannedHeadDim(const KernelFamilyEntry& family, const kernels::CoverageRule& rule,
+                          int compute_capability, int shared_memory_per_block) {
+  if (shared_memory_per_block <= 0 || rule.max_head_dim == kernels::kNoHeadDimBound ||
+      rule.dtypes.empty()) {
+    return rule.max_head_dim;
   }
-  return 0;
-}
-
-// Shared memory per block the family's kernel for a (direction, head_dim) needs on a device of
-// this compute capability; 0: no kernel. Families that size their tiles to the device's limit
-// (fallback, cublas, reference) have none.
-using SharedMemoryNeed = int (*)(bool backward, int head_dim, int compute_capability);
-
-// A family serves `direction` on compute capabilities [min_cc, max_cc) for the dtypes in the
-// mask and head dims min..max that are multiples of `multiple`, where its kernel fits the
-// device's shared memory. Each row mirrors what the family's header promises
-// (kernels/<family>/*_attention.h).
-struct Row {
-  const char* family;
-  int min_cc;
-  int max_cc;
-  Direction direction;
-  unsigned dtypes;
-  int min_head_dim;
-  int max_head_dim;
-  int multiple;
-  const char* reason;
-  SharedMemoryNeed shared_memory = nullptr;
-  unsigned features = 0;  // kDropout | kAlibi: the options beyond the base semantics it serves
-};
-
-// Row::features bits (the dropout mask's contract is kernels/dropout_mask.h). On a GPU flash
-// serves them where its sm80 kernels run (compute capability >= 8.0; Hopper runs those instead
-// of its sm90 kernels for such requests), the fallback and cublas families everywhere; flash on
-// Turing does not implement them, so routing passes over it for such requests.
-constexpr unsigned kDropout = 1u << 0;
-constexpr unsigned kAlibi = 1u << 1;
-
-constexpr Direction kFwd = Direction::kForward;
-constexpr Direction kBwd = Direction::kBackward;
-
-// Best first; the first row that covers a query runs it.
-constexpr Row kTable[] = {
-    {"flash", 80, kAnyCc, kFwd, kF16 | kBF16, 8, 256, 8,
-     "FlashAttention-2-class kernels (sm80+ mma.sync m16n8k16): fp16/bf16, head_dim a multiple "
-     "of 8 up to 256; dropout and ALiBi (sm80 kernels, on Hopper too)",
-     kernels::flash::SharedMemoryBytes, kDropout | kAlibi},
-    {"flash", 80, kAnyCc, kBwd, kF16 | kBF16, 8, 256, 8,
-     "FlashAttention-2-class backward (sm80+): fp16/bf16, head_dim a multiple of 8 up to 256; "
-     "dropout and ALiBi (sm80 kernels, on Hopper too)",
-     kernels::flash::SharedMemoryBytes, kDropout | kAlibi},
-    {"flash", 75, 80, kFwd, kF16, 8, 64, 8,
-     "flash on Turing (mma.sync m16n8k8, 64 KB shared memory): fp16, head_dim a multiple of 8 "
-     "up to 64; no dropout or ALiBi",
-     kernels::flash::SharedMemoryBytes},
-    {"flash", 75, 80, kBwd, kF16, 8, 64, 8,
-     "flash backward on Turing: fp16, head_dim a multiple of 8 up to 64; no dropout or ALiBi",
-     kernels::flash::SharedMemoryBytes},
-    {"fallback", 70, kAnyCc, kFwd, kAllDTypes, 1, 256, 1,
-     "memory-efficient tiled kernels for sm70+ (tensor cores for fp16, and bf16 on sm80+): "
-     "every dtype, head_dim 1..256; dropout and ALiBi",
-     nullptr, kDropout | kAlibi},
-    {"fallback", 70, kAnyCc, kBwd, kAllDTypes, 1, 256, 1,
-     "memory-efficient tiled backward for sm70+: every dtype, head_dim 1..256; dropout and ALiBi",
-     nullptr, kDropout | kAlibi},
-    {"cublas", 70, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "cuBLAS GEMMs with softmax in query chunks (bounded workspace): any dtype and head_dim; "
-     "dropout and ALiBi",
-     nullptr, kDropout | kAlibi},
-    {"cublas", 70, kAnyCc, kBwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "cuBLAS backward in query chunks: any dtype and head_dim; dropout and ALiBi", nullptr,
-     kDropout | kAlibi},
-    {"reference", 0, kAnyCc, kFwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "exact CPU kernels: every dtype, head_dim and device; dropout and ALiBi", nullptr,
-     kDropout | kAlibi},
-    {"reference", 0, kAnyCc, kBwd, kAllDTypes, 1, kNoHeadDimBound, 1,
-     "exact CPU kernels: every dtype, head_dim and device; dropout and ALiBi", nullptr,
-     kDropout | kAlibi},
-};
-
-bool AppliesTo(const Row& row, int compute_capability, const KernelCatalog& catalog) {
-  return catalog.Has(row.family) && compute_capability >= row.min_cc &&
-         compute_capability < row.max_cc;
-}
-
-// Whether the row's kernel for head_dim fits a device with this much shared memory per block
-// (0: unknown, assumed to fit).
-bool FitsSharedMemory(const Row& row, Direction direction, int head_dim, int compute_capability,
-                      int shared_memory_per_block) {
-  if (row.shared_memory == nullptr || shared_memory_per_block <= 0) return true;
-  const int need = row.shared_memory(direction == Direction::kBackward, head_dim,
-                                     compute_capability);
-  return need > 0 && need <= shared_memory_per_block;
-}
-
-unsigned FeaturesOf(const RouteQuery& q) {
-  return (q.dropout ? kDropout : 0u) | (q.alibi ? kAlibi : 0u);
-}
-
-bool RowCovers(const Row& row, const RouteQuery& q, const KernelCatalog& catalog) {
-  return AppliesTo(row, q.compute_capability, catalog) && row.direction == q.direction &&
-         (row.features & FeaturesOf(q)) == FeaturesOf(q) &&
-         (row.dtypes & MaskOf(q.dtype)) != 0 && q.head_dim >= row.min_head_dim &&
-         q.head_dim <= row.max_head_dim && q.head_dim % row.multiple == 0 &&
-         FitsSharedMemory(row, q.direction, q.head_dim, q.compute_capability,
-                          q.shared_memory_per_block);
-}
-
-// The largest head dim h of the row such that every head dim of the row up to h fits the
-// device; below min_head_dim when none does.
-int LargestFittingHeadDim(const Row& row, int compute_capability, int shared_memory_per_block) {
-  if (row.shared_memory == nullptr || shared_memory_per_block <= 0) return row.max_head_dim;
-  int largest = row.min_head_dim - 1;
-  for (int d = row.min_head_dim; d <= row.max_head_dim; d += row.multiple) {
-    if (!FitsSharedMemory(row, row.direction, d, compute_capability, shared_memory_per_block)) {
-      break;
-    }
+  kernels::PlanQuery query;
+  query.direction = rule.direction;
+  query.dtype = rule.dtypes.front();
+  query.compute_capability = compute_capability;
+  query.shared_memory_per_block = shared_memory_per_block;
+  int largest = rule.min_head_dim - 1;
+  for (int d = rule.min_head_dim; d <= rule.max_head_dim; d += rule.head_dim_multiple) {
+    query.head_dim = d;
+    if (!family.plan(query).ok) break;
     largest = d;
   }
   return largest;
@@ -145,17 +37,13 @@ int LargestFittingHeadDim(const Row& row, int compute_capability, int shared_mem
 
 }  // namespace
 
-const char* DirectionName(Direction direction) {
-  return direction == Direction::kForward ? "forward" : "backward";
-}
-
 bool KernelCatalog::Has(std::string_view family) const {
   return std::find(families.begin(), families.end(), family) != families.end();
 }
 
 KernelCatalog KernelCatalog::Built() {
   KernelCatalog catalog;
-  for (const kernels::KernelFamilyEntry& entry : kernels::BuiltKernelFamilies()) {
+  for (const KernelFamilyEntry& entry : kernels::BuiltKernelFamilies()) {
     catalog.families.push_back(entry.name);
   }
   return catalog;
@@ -165,19 +53,39 @@ KernelCatalog KernelCatalog::Only(std::string family) {
   return KernelCatalog{{std::move(family)}};
 }
 
+// Our own kernels first (flash, then the fallback that runs what flash cannot), cuBLAS for what
+// neither has a kernel for, the exact CPU reference last.
+const std::vector<std::string>& RoutingPreference() {
+  static const std::vector<std::string> order = {"flash", "fallback", "cublas", "reference"};
+  return order;
+}
+
+kernels::PlanQuery PlanQueryOf(const RouteQuery& query) {
+  kernels::PlanQuery plan;
+  plan.direction = query.direction;
+  plan.dtype = query.dtype;
+  plan.head_dim = query.head_dim;
+  plan.compute_capability = query.compute_capability;
+  plan.device_compute_capability = query.device_compute_capability;
+  plan.shared_memory_per_block = query.shared_memory_per_block;
+  plan.dropout = query.dropout;
+  plan.alibi = query.alibi;
+  plan.deterministic = query.deterministic;
+  return plan;
+}
+
 Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog) {
+  const kernels::PlanQuery plan_query = PlanQueryOf(query);
   std::string too_big;  // why a family that would cover the query does not fit the device
-  for (const Row& row : kTable) {
-    if (RowCovers(row, query, catalog)) return {row.family, row.reason};
-    RouteQuery unlimited = query;
-    unlimited.shared_memory_per_block = 0;
-    if (too_big.empty() && RowCovers(row, unlimited, catalog)) {
-      too_big = absl::StrCat(
-          " (", row.family, "'s kernel for it needs ",
-          row.shared_memory(query.direction == Direction::kBackward, query.head_dim,
-                            query.compute_capability),
-          " bytes of shared memory per block; the device allows ", query.shared_memory_per_block,
-          ")");
+  for (const std::string& name : RoutingPreference()) {
+    const KernelFamilyEntry* family = kernels::FindKnownKernelFamily(name);
+    if (family == nullptr || !catalog.Has(name)) continue;
+    const KernelPlan plan = family->plan(plan_query);
+    if (plan.ok) return {name, plan.code_path, plan.reason, plan.shared_memory_bytes};
+    if (too_big.empty() && plan.shared_memory_bytes > 0) {
+      too_big = absl::StrCat(" (", name, "'s kernel for it needs ", plan.shared_memory_bytes,
+                             " bytes of shared memory per block; the device allows ",
+                             query.shared_memory_per_block, ")");
     }
   }
   std::string families;
@@ -191,39 +99,41 @@ Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog) {
     with += query.dropout ? " and options.alibi_slopes" : " with options.alibi_slopes";
   }
   if (!with.empty()) with += " (served by: reference, the CPU device)";
-  return {"", absl::StrCat("no kernel family of [", families, "] runs a ",
-                           DirectionName(query.direction), " of ", kernels::DTypeName(query.dtype),
-                           with, " with head_dim ", query.head_dim, " on compute capability ",
-                           query.compute_capability / 10, ".", query.compute_capability % 10,
-                           too_big)};
+  return {"", "",
+          absl::StrCat("no kernel family of [", families, "] runs a ",
+                       DirectionName(query.direction), " of ", kernels::DTypeName(query.dtype),
+                       with, " with head_dim ", query.head_dim, " on compute capability ",
+                       query.compute_capability / 10, ".", query.compute_capability % 10,
+                       too_big)};
 }
 
 std::vector<CoverageRow> CoverageFor(int compute_capability, int shared_memory_per_block,
                                      const KernelCatalog& catalog) {
   std::vector<CoverageRow> rows;
-  for (const Row& row : kTable) {
-    if (!AppliesTo(row, compute_capability, catalog)) continue;
-    const int max_head_dim =
-        LargestFittingHeadDim(row, compute_capability, shared_memory_per_block);
-    if (max_head_dim < row.min_head_dim) continue;
-    CoverageRow out;
-    out.family = row.family;
-    out.direction = row.direction;
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
-      if ((row.dtypes & MaskOf(dtype)) != 0) out.dtypes.push_back(dtype);
+  for (const std::string& name : RoutingPreference()) {
+    const KernelFamilyEntry* family = kernels::FindKnownKernelFamily(name);
+    if (family == nullptr || !catalog.Has(name)) continue;
+    for (const kernels::CoverageRule& rule : family->coverage(compute_capability)) {
+      const int max_head_dim =
+          LargestPlannedHeadDim(*family, rule, compute_capability, shared_memory_per_block);
+      if (max_head_dim < rule.min_head_dim) continue;
+      CoverageRow out;
+      out.family = name;
+      out.direction = rule.direction;
+      out.dtypes = rule.dtypes;
+      out.min_head_dim = rule.min_head_dim;
+      out.max_head_dim = max_head_dim;
+      out.head_dim_multiple = rule.head_dim_multiple;
+      out.dropout = rule.dropout;
+      out.alibi = rule.alibi;
+      out.reason = rule.reason;
+      if (max_head_dim < rule.max_head_dim) {
+        absl::StrAppend(&out.reason, "; on this device up to head_dim ", max_head_dim,
+                        " (larger kernels need more than its ", shared_memory_per_block / 1024,
+                        " KB of shared memory per block)");
+      }
+      rows.push_back(std::move(out));
     }
-    out.min_head_dim = row.min_head_dim;
-    out.max_head_dim = max_head_dim;
-    out.head_dim_multiple = row.multiple;
-    out.dropout = (row.features & kDropout) != 0;
-    out.alibi = (row.features & kAlibi) != 0;
-    out.reason = row.reason;
-    if (max_head_dim < row.max_head_dim) {
-      absl::StrAppend(&out.reason, "; on this device up to head_dim ", max_head_dim,
-                      " (larger kernels need more than its ", shared_memory_per_block / 1024,
-                      " KB of shared memory per block)");
-    }
-    rows.push_back(std::move(out));
   }
   return rows;
 }

@@ -1,7 +1,8 @@
-// The one routing table: which kernel family runs a request of a given direction, dtype and
-// head_dim on a device of a given compute capability, and why. Workers, placement and
-// ServerInfo ask it instead of hard-coding what each family covers, so adding a family is one
-// row.
+// Routing policy: which kernel family runs a request of a given direction, dtype and head_dim on
+// a device of a given compute capability, and why. It holds only the order of preference
+// among families; what each family serves, on which code path, comes from the family's own plan
+// (kernels/kernel_plan.h), so adding a family is one entry there and one name here. Placement
+// routes a request once; the route travels with the job and the worker runs it.
 #pragma once
 
 #include <string>
@@ -9,15 +10,15 @@
 #include <vector>
 
 #include "kernels/attention_params.h"
+#include "kernels/kernel_plan.h"
 
 namespace attnserve::engine {
 
-enum class Direction { kForward, kBackward };
-
-const char* DirectionName(Direction direction);  // "forward" / "backward"
+using kernels::Direction;
+using kernels::DirectionName;  // "forward" / "backward"
 
 struct RouteQuery {
-  int compute_capability = 0;  // major * 10 + minor; 0 for the CPU
+  int compute_capability = 0;  // major * 10 + minor, as routed (possibly emulated); 0: the CPU
   Direction direction = Direction::kForward;
   kernels::DType dtype = kernels::DType::kFloat32;
   int head_dim = 0;
@@ -28,11 +29,23 @@ struct RouteQuery {
   // Options only some families implement: options.dropout_p > 0, options.alibi_slopes.
   bool dropout = false;
   bool alibi = false;
+  bool deterministic = false;         // a backward's: some code paths are atomic-only
+  int device_compute_capability = 0;  // the GPU's own when emulating; 0: compute_capability
 };
 
 struct Route {
-  std::string family;  // empty when no family in the catalog covers the query
-  std::string reason;  // why, for logs, errors and ServerInfo
+  std::string family;     // empty when no family in the catalog covers the query
+  std::string code_path;  // the family's path: "sm90", "sm80", "cpu", ... (kernels/kernel_plan.h)
+  std::string reason;     // why, for logs, errors and ServerInfo
+  int shared_memory_bytes = 0;  // per block on that path (0: sized to the device, or none)
+
+  // Whether a router has decided it (a job submitted straight to a worker, in tests, has not).
+  bool decided() const { return !family.empty() || !reason.empty(); }
+  // "flash/sm90": what Execution.code_path and the metrics report.
+  std::string Name() const { return code_path.empty() ? family : family + "/" + code_path; }
+  bool operator==(const Route& other) const {
+    return family == other.family && code_path == other.code_path;
+  }
 };
 
 // The families the router may pick: those built into this binary, or only the one a
@@ -45,7 +58,7 @@ struct KernelCatalog {
   static KernelCatalog Only(std::string family);
 };
 
-// One row of the table as it applies to a device: `family` serves `direction` for `dtypes` and
+// One family's rule as it applies to a device: `family` serves `direction` for `dtypes` and
 // head dims min..max that are multiples of head_dim_multiple.
 struct CoverageRow {
   std::string family;
@@ -59,12 +72,18 @@ struct CoverageRow {
   std::string reason;
 };
 
-// The first row of the table that covers the query and whose family is in the catalog.
+// The families in order of preference; the first in the catalog whose plan runs the query wins.
+const std::vector<std::string>& RoutingPreference();
+
+// The query as the family plans see it.
+kernels::PlanQuery PlanQueryOf(const RouteQuery& query);
+
+// The first family of the preference order that is in the catalog and plans the query.
 Route ChooseRoute(const RouteQuery& query, const KernelCatalog& catalog);
 
-// The rows that apply on a device of this compute capability and shared memory per block
-// (0: unknown), best first, each row's head-dim range cut to what fits (ServerInfo lists them
-// per device).
+// The families' rules that apply on a device of this compute capability and shared memory per
+// block (0: unknown), best first, each rule's head-dim range cut to what its family's plan fits
+// on the device (ServerInfo lists them per device).
 std::vector<CoverageRow> CoverageFor(int compute_capability, int shared_memory_per_block,
                                      const KernelCatalog& catalog);
 

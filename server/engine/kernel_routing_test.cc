@@ -1,6 +1,7 @@
 #include "server/engine/kernel_routing.h"
 
 #include "gtest/gtest.h"
+#include "kernels/kernel_families.h"
 
 namespace attnserve::engine {
 namespace {
@@ -220,6 +221,55 @@ TEST(KernelRouting, CoverageSaysWhichFamiliesServeDropoutAndAlibi) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace attnserve::engine
+
+namespace attnserve::engine {
+namespace {
+
+// Routes name the code path their family plans (kernels/family_plans.h), so placement decides
+// the path once and Execution reports it.
+TEST(KernelRouting, RoutesCarryTheFamilysCodePath) {
+  auto route = [](int cc, Direction dir, DType dtype, int head_dim,
+                  const KernelCatalog& catalog = kAllFamilies) {
+    return ChooseRoute({cc, dir, dtype, head_dim, SharedMemoryOf(cc)}, catalog);
+  };
+  EXPECT_EQ(route(0, Direction::kForward, DType::kFloat16, 64).Name(), "reference/cpu");
+  EXPECT_EQ(route(75, Direction::kForward, DType::kFloat16, 64).Name(), "flash/sm75");
+  EXPECT_EQ(route(86, Direction::kBackward, DType::kBFloat16, 96).Name(), "flash/sm80");
+  EXPECT_EQ(route(86, Direction::kBackward, DType::kBFloat16, 128).Name(), "fallback/sm80");
+  EXPECT_EQ(route(70, Direction::kForward, DType::kFloat16, 64).Name(), "fallback/sm70-wmma");
+  EXPECT_EQ(route(90, Direction::kForward, DType::kFloat32, 512).Name(), "cublas/gemm");
+  // Hopper: sm90 or sm80 as the flash plan says for this build; the deterministic backward and
+  // dropout always take the sm80 kernels.
+  const Route hopper = route(90, Direction::kForward, DType::kBFloat16, 128);
+  EXPECT_EQ(hopper.family, "flash");
+  EXPECT_TRUE(hopper.code_path == "sm90" || hopper.code_path == "sm80") << hopper.code_path;
+  RouteQuery deterministic{90, Direction::kBackward, DType::kFloat16, 128, SharedMemoryOf(90)};
+  deterministic.deterministic = true;
+  EXPECT_EQ(ChooseRoute(deterministic, kAllFamilies).Name(), "flash/sm80");
+  RouteQuery dropout{90, Direction::kForward, DType::kFloat16, 128, SharedMemoryOf(90), true};
+  EXPECT_EQ(ChooseRoute(dropout, kAllFamilies).Name(), "flash/sm80");
+  // An older architecture emulated on a Hopper GPU plans that architecture's path.
+  RouteQuery emulated{80, Direction::kForward, DType::kFloat16, 128, SharedMemoryOf(80)};
+  emulated.device_compute_capability = 90;
+  EXPECT_EQ(ChooseRoute(emulated, kAllFamilies).Name(), "flash/sm80");
+}
+
+// Each route's reason and shared memory come from its family's plan, not a table of routing's.
+TEST(KernelRouting, RouteReasonsComeFromTheFamilies) {
+  const Route route = ChooseRoute({86, Direction::kBackward, DType::kBFloat16, 96,
+                                   SharedMemoryOf(86)},
+                                  kAllFamilies);
+  EXPECT_EQ(route.reason,
+            kernels::FindKnownKernelFamily("flash")
+                ->plan(PlanQueryOf({86, Direction::kBackward, DType::kBFloat16, 96,
+                                    SharedMemoryOf(86)}))
+                .reason);
+  EXPECT_GT(route.shared_memory_bytes, 0);
+  EXPECT_LE(route.shared_memory_bytes, SharedMemoryOf(86));
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/devices/capability_emulation.h"
 #include "server/engine/cpu_worker.h"
 #ifdef ATTN_WITH_CUDA
 #include "server/engine/cuda_worker.h"
@@ -293,6 +292,7 @@ absl::Status LocalEngine::Admit(Job job, const RequestProfile& profile,
   absl::StatusOr<Choice> choice = ChooseLocked(profile, only_device);
   if (!choice.ok()) return Reject(choice.status(), RejectionReason(choice.status()));
   DeviceWorker& worker = *choice->worker;
+  job.inputs.route = choice->placement.route;  // chosen once: the worker runs it
   if (metrics_ != nullptr) metrics_->RecordPlacement(worker.device().name, choice->placement.family);
   AddInflight(1);
   // The in-flight count drops only after the answer has been handed to the transport.
@@ -335,7 +335,8 @@ void LocalEngine::Resubmit(Job job) {
       if (metrics_ != nullptr) {
         metrics_->RecordPlacement(choice->worker->device().name, choice->placement.family);
       }
-      // Its `done` already counts it in flight (Admit).
+      // Its `done` already counts it in flight (Admit). Routed again for its new device.
+      job.inputs.route = choice->placement.route;
       choice->worker->Submit(std::move(job), JobCost{choice->placement.device_bytes,
                                                      choice->placement.seconds});
       return;
@@ -352,14 +353,7 @@ std::vector<DeviceState> LocalEngine::DeviceStates() const {
   for (const auto& worker : workers_) {
     const devices::DeviceDescription& device = worker->device();
     const WorkerLoad load = worker->Load();
-    DeviceState state;
-    state.name = device.name;
-    state.compute_capability =
-        device.kind == devices::DeviceKind::kCpu
-            ? 0
-            : std::max(0, devices::ParseComputeCapability(device.compute_capability));
-    state.shared_memory_per_block = device.shared_memory_per_block;
-    state.catalog = worker->catalog();
+    DeviceState state = RoutingStateOf(device, worker->catalog());
     state.host_threads = host_threads_;
     state.memory_budget = worker->memory_budget();
     // Saved contexts hold their device's memory as running jobs do.

@@ -51,6 +51,7 @@ struct SingleKeyProblem {
     }
     EXPECT_EQ(r.execution.device, "cpu");
     EXPECT_EQ(r.execution.kernel, "reference");
+    EXPECT_EQ(r.execution.code_path, "reference/cpu");
     EXPECT_GE(r.execution.batched_requests, 1);
   }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/devices/capability_emulation.h"
 #include "server/engine/work_estimate.h"
 
 namespace attnserve::engine {
@@ -14,14 +15,6 @@ namespace {
 // microseconds should not pile onto one device because of rounding.
 bool NearlyEqual(double a, double b) {
   return std::abs(a - b) <= 1e-6 + 0.01 * std::max(a, b);
-}
-
-std::string FamilyOn(const RequestProfile& request, const DeviceState& device) {
-  return ChooseRoute({device.compute_capability, request.direction, request.dtype,
-                      request.head_dim, device.shared_memory_per_block, request.dropout,
-                      request.alibi},
-                     device.catalog)
-      .family;
 }
 
 // The bytes the request holds in this device's memory budget: on the host CPU device its
@@ -51,6 +44,27 @@ absl::Status ComputeLimitError(const RequestProfile& request, const DeviceState&
 
 }  // namespace
 
+DeviceState RoutingStateOf(const devices::DeviceDescription& device, KernelCatalog catalog) {
+  DeviceState state;
+  state.name = device.name;
+  state.compute_capability =
+      device.kind == devices::DeviceKind::kCpu
+          ? 0
+          : std::max(0, devices::ParseComputeCapability(device.compute_capability));
+  state.native_compute_capability =
+      std::max(0, devices::ParseComputeCapability(device.native_compute_capability));
+  state.shared_memory_per_block = device.shared_memory_per_block;
+  state.catalog = std::move(catalog);
+  return state;
+}
+
+Route RouteOn(const RequestProfile& request, const DeviceState& device) {
+  return ChooseRoute({device.compute_capability, request.direction, request.dtype,
+                      request.head_dim, device.shared_memory_per_block, request.dropout,
+                      request.alibi, request.deterministic, device.native_compute_capability},
+                     device.catalog);
+}
+
 double EstimatedSeconds(const RequestProfile& request, const std::string& family,
                         const DeviceState& device) {
   return EstimatedSeconds(request, family, device.compute_capability, device.host_threads);
@@ -64,10 +78,7 @@ absl::Status CheckPlaceable(const RequestProfile& request, const std::vector<Dev
   double fastest_seconds = 0;
   std::string no_family_reason;
   for (const DeviceState& device : devices) {
-    const Route route = ChooseRoute({device.compute_capability, request.direction, request.dtype,
-                                     request.head_dim, device.shared_memory_per_block,
-                                     request.dropout, request.alibi},
-                                    device.catalog);
+    const Route route = RouteOn(request, device);
     if (route.family.empty()) {
       no_family_reason = route.reason;
       continue;
@@ -108,7 +119,8 @@ std::optional<Placement> Place(const RequestProfile& request,
   size_t best_depth = 0;
   for (size_t i = 0; i < devices.size(); ++i) {
     const DeviceState& device = devices[i];
-    const std::string family = FamilyOn(request, device);
+    const Route route = RouteOn(request, device);
+    const std::string& family = route.family;
     if (family.empty()) continue;
     const int64_t charge = ChargedBytes(request, family, device);
     if (!FitsBudget(charge, device.memory_budget)) continue;
@@ -118,6 +130,7 @@ std::optional<Placement> Place(const RequestProfile& request,
     if (!WithinCompute(candidate.seconds, max_compute_seconds)) continue;
     candidate.device = i;
     candidate.family = family;
+    candidate.route = route;
     candidate.device_bytes = charge;
     candidate.fits_now = FitsBudget(device.reserved_bytes + charge, device.memory_budget);
     const double finish = device.queued_seconds + candidate.seconds;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/devices/device_registry.h"
 #include "server/engine/attention_request.h"
 #include "server/engine/kernel_routing.h"
 #include "server/engine/request_cost.h"
@@ -23,7 +24,8 @@ namespace attnserve::engine {
 // One device as placement sees it at this moment.
 struct DeviceState {
   std::string name;               // for messages: "cuda:0", "cpu"
-  int compute_capability = 0;     // major * 10 + minor; 0 = the host CPU itself
+  int compute_capability = 0;     // major * 10 + minor, as routed; 0 = the host CPU itself
+  int native_compute_capability = 0;  // the GPU's own under emulation; 0: compute_capability
   int shared_memory_per_block = 0;  // bytes a kernel block may use; 0 = unknown
   KernelCatalog catalog;          // the families its worker may run
   int host_threads = 1;           // threads the host CPU gives one request of a host family
@@ -35,11 +37,20 @@ struct DeviceState {
 
 struct Placement {
   size_t device = 0;          // index into the states
-  std::string family;         // the family the router picked there
+  std::string family;         // the family the router picked there (route.family)
+  Route route;                // that family and its code path: the job carries it to the worker
   int64_t device_bytes = 0;   // what it reserves there (0 when it runs on the host)
   double seconds = 0;         // its own estimated run time there
   bool fits_now = true;       // false: it waits there for memory
 };
+
+// What routing needs of a device (name, capabilities, shared memory, catalog); the load fields
+// stay zero for the caller to fill.
+DeviceState RoutingStateOf(const devices::DeviceDescription& device, KernelCatalog catalog);
+
+// The route the request takes on `device` (kernel_routing.h): what placement scores it by and
+// what the worker then runs.
+Route RouteOn(const RequestProfile& request, const DeviceState& device);
 
 // The request's estimated run time with `family` on `device` (work_estimate.h).
 double EstimatedSeconds(const RequestProfile& request, const std::string& family,

@@ -6,11 +6,21 @@
 #include "absl/strings/str_cat.h"
 #include "server/engine/batching.h"
 #include "server/engine/device_fault.h"
+#include "server/engine/placement.h"
 #include "server/engine/request_cost.h"
 #include "server/engine/resident_device.h"
 
 namespace attnserve::engine {
 namespace {
+
+// The code path that ran a job routed to `route`, given the family that reports running it:
+// the route's, unless the worker answered on the host instead (an empty request, which needs
+// no device, is answered by the reference).
+std::string CodePathRun(const Route& route, const std::string& kernel) {
+  if (kernel == route.family) return route.Name();
+  if (kernel == "reference") return "reference/cpu";
+  return kernel;
+}
 
 // A lane waiting for memory also wakes this often to notice callers that left.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
@@ -132,10 +142,18 @@ void QueueWorker::StartLanes(int lanes) {
   }
 }
 
+template <typename Inputs>
+void QueueWorker::RouteIfUndecided(Inputs& inputs) const {
+  if (inputs.route.decided()) return;
+  inputs.route = RouteOn(ProfileOf(inputs), RoutingStateOf(device_, catalog()));
+}
+
 void QueueWorker::Submit(ForwardJob job, JobCost cost) {
+  RouteIfUndecided(job.inputs);
   Push({std::move(job), cost, absl::Now()});
 }
 void QueueWorker::Submit(BackwardJob job, JobCost cost) {
+  RouteIfUndecided(job.inputs);
   Push({std::move(job), cost, absl::Now()});
 }
 
@@ -500,7 +518,9 @@ void QueueWorker::RunBatch(std::vector<Queued>& batch, const char* rpc, int lane
       ExecutionReport& report = answer->execution;
       report.queue_us = absl::ToInt64Microseconds(start - batch[i].enqueued);
       report.batched_requests = static_cast<int32_t>(batch.size());
+      if (report.code_path.empty()) report.code_path = CodePathRun(job.inputs.route, report.kernel);
       if (metrics_ != nullptr) {
+        metrics_->RecordCodePath(rpc, report.code_path, report.device, report.compute_us * 1e-6);
         metrics_->RecordExecution(rpc, report.kernel, report.device, queue_seconds,
                                   report.compute_us * 1e-6,
                                   static_cast<double>(QueryTokens(job.inputs)),

@@ -98,6 +98,10 @@ class QueueWorker : public DeviceWorker {
     bool waited_for_memory = false;
   };
 
+  // Routes a job submitted without a route (straight to the worker, in tests) once, as
+  // placement would have on this device; a routed job keeps its route.
+  template <typename Inputs>
+  void RouteIfUndecided(Inputs& inputs) const;
   void Push(Queued queued);
   void Loop(int lane);
   // Blocks for the next batch (jobs of one kind, mutually compatible, their memory reserved);

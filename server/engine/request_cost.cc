@@ -1,6 +1,7 @@
 #include "server/engine/request_cost.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace attnserve::engine {
 namespace {
@@ -46,6 +47,7 @@ RequestProfile Profile(const Inputs& in, Direction direction) {
   profile.device_bytes = DeviceBytes(in);
   profile.dropout = in.options.has_dropout();
   profile.alibi = in.options.has_alibi();
+  if constexpr (std::is_same_v<Inputs, BackwardInputs>) profile.deterministic = in.deterministic;
   return profile;
 }
 

@@ -43,6 +43,7 @@ struct RequestProfile {
   int64_t device_bytes = 0;  // DeviceBytes: what it holds on a GPU while it runs
   bool dropout = false;      // options only some kernel families serve (kernel_routing.h)
   bool alibi = false;
+  bool deterministic = false;  // a backward's (some code paths are atomic-only)
 };
 
 RequestProfile ProfileOf(const ForwardInputs& in);

@@ -23,6 +23,7 @@ ExecutionReport CeilingReport() {
   ExecutionReport report;
   report.device = "none";
   report.kernel = TransportCeilingEngine::kFamily;
+  report.code_path = TransportCeilingEngine::kFamily;  // no kernel, so no path within it
   return report;
 }
 

@@ -40,6 +40,11 @@ ServerMetrics::ServerMetrics(const std::string& version)
                             .Name("attnserve_compute_duration_seconds")
                             .Help("Time a request spent executing on its device.")
                             .Register(*registry_)),
+      code_path_duration_(prometheus::BuildHistogram()
+                              .Name("attnserve_code_path_compute_duration_seconds")
+                              .Help("Time a request spent executing, by the kernel family and "
+                                    "code path that ran it (e.g. flash/sm90).")
+                              .Register(*registry_)),
       tokens_total_(prometheus::BuildCounter()
                         .Name("attnserve_tokens_total")
                         .Help("Query tokens processed.")
@@ -183,6 +188,14 @@ void ServerMetrics::RecordExecution(const std::string& rpc, const std::string& k
   flops_counts_.Get({rpc, kernel, device}, [&]() -> auto& {
     return flops_total_.Add({{"rpc", rpc}, {"kernel", kernel}, {"device", device}});
   }).Increment(flops);
+}
+
+void ServerMetrics::RecordCodePath(const std::string& rpc, const std::string& code_path,
+                                   const std::string& device, double compute_seconds) {
+  code_path_durations_.Get({rpc, code_path, device}, [&]() -> auto& {
+    return code_path_duration_.Add({{"rpc", rpc}, {"code_path", code_path}, {"device", device}},
+                                   LatencyBuckets());
+  }).Observe(compute_seconds);
 }
 
 void ServerMetrics::RecordBatch(int requests) { batch_requests_.Observe(requests); }

@@ -29,6 +29,10 @@ class ServerMetrics {
   void RecordExecution(const std::string& rpc, const std::string& kernel,
                        const std::string& device, double queue_seconds, double compute_seconds,
                        double tokens, double flops);
+  // The same request's compute time by the kernel family and code path that ran it
+  // ("flash/sm90", Execution.code_path), so an operator sees which path serves the traffic.
+  void RecordCodePath(const std::string& rpc, const std::string& code_path,
+                      const std::string& device, double compute_seconds);
   void RecordBatch(int requests);
   void RecordRejection(const std::string& reason);
   void SetQueueDepth(const std::string& device, double depth);
@@ -73,6 +77,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& request_duration_;
   prometheus::Family<prometheus::Histogram>& queue_duration_;
   prometheus::Family<prometheus::Histogram>& compute_duration_;
+  prometheus::Family<prometheus::Histogram>& code_path_duration_;
   prometheus::Family<prometheus::Counter>& tokens_total_;
   prometheus::Family<prometheus::Counter>& flops_total_;
   prometheus::Counter& received_bytes_;
@@ -97,6 +102,7 @@ class ServerMetrics {
   ChildCache<prometheus::Counter> request_counts_, tokens_counts_, flops_counts_,
       placement_counts_;
   ChildCache<prometheus::Histogram> request_durations_, queue_durations_, compute_durations_,
+      code_path_durations_,
       priority_queue_durations_, launch_phase_durations_;
   ChildCache<prometheus::Gauge> queue_depths_, queued_work_gauges_, memory_reserved_gauges_;
   prometheus::Family<prometheus::Gauge>& device_healthy_;

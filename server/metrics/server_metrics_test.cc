@@ -13,6 +13,7 @@ TEST(ServerMetricsTest, ExportsTheDesignedNamesWithLabels) {
   metrics.RecordRequest("Forward", "OK", 0.002);
   metrics.RecordRequest("Forward", "INVALID_ARGUMENT", 0.0001);
   metrics.RecordExecution("Forward", "reference", "cpu", 0.001, 0.01, 512, 2e9);
+  metrics.RecordCodePath("Forward", "reference/cpu", "cpu", 0.01);
   metrics.SetDeviceMemoryTotal("cpu", 8192);
   metrics.RecordBatch(3);
   metrics.RecordRejection("queue_full");
@@ -37,6 +38,8 @@ TEST(ServerMetricsTest, ExportsTheDesignedNamesWithLabels) {
   EXPECT_THAT(text, HasSubstr("attnserve_queue_duration_seconds_count{rpc=\"Forward\"} 1"));
   EXPECT_THAT(text, HasSubstr("attnserve_compute_duration_seconds_count{device=\"cpu\","
                               "kernel=\"reference\",rpc=\"Forward\"} 1"));
+  EXPECT_THAT(text, HasSubstr("attnserve_code_path_compute_duration_seconds_count{code_path="
+                              "\"reference/cpu\",device=\"cpu\",rpc=\"Forward\"} 1"));
   EXPECT_THAT(text, HasSubstr("attnserve_tokens_total{rpc=\"Forward\"} 512"));
   EXPECT_THAT(text, HasSubstr("attnserve_flops_total{device=\"cpu\",kernel=\"reference\","
                               "rpc=\"Forward\"} 2000000000"));

@@ -65,12 +65,14 @@ def check_round_trip(client, dtype, head_dim, want_family, *, seqlens_q=(70, 33)
     cu_q, cu_k = offsets(seqlens_q), offsets(seqlens_k)
     forward = client.forward(q, k, v, cu_q, cu_k, **options)
     assert (forward.execution.device, forward.execution.kernel) == ("cuda:0", forward_family)
+    assert forward.execution.code_path.startswith(forward_family + "/")  # e.g. "flash/sm90"
     want_out, want_lse = reference.attention_forward(q, k, v, cu_q, cu_k, **options)
     assert rel_error(forward.out, want_out) <= TOLERANCE[dtype]
     assert rel_error(forward.lse, want_lse) <= 1e-4
     dout = rng.standard_normal(q.shape).astype(np_dtype)
     backward = client.backward(dout, q, k, v, forward.out, forward.lse, cu_q, cu_k, **options)
     assert (backward.execution.device, backward.execution.kernel) == ("cuda:0", backward_family)
+    assert backward.execution.code_path.startswith(backward_family + "/")
     want = reference.attention_backward(dout, q, k, v, forward.out, forward.lse, cu_q, cu_k,
                                         **options)
     for name, got, exp in zip(("dq", "dk", "dv"), (backward.dq, backward.dk, backward.dv), want):

@@ -77,3 +77,17 @@ def test_server_info_lists_each_devices_routes(forced):
     assert list(route.dtypes) == [pb2.DTYPE_FLOAT16, pb2.DTYPE_BFLOAT16, pb2.DTYPE_FLOAT32]
     assert (route.min_head_dim, route.max_head_dim, route.head_dim_multiple) == (1, 0, 1)
     assert "exact CPU kernels" in route.reason
+
+
+@pytest.mark.parametrize("forced", [""], indirect=True)
+def test_execution_and_metrics_name_the_code_path_that_ran(forced):
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((12, 2, 16)).astype(np.float32)
+    cu = np.array([0, 5, 12], dtype=np.int32)
+    with attnserve.Client(forced.target) as client:
+        fwd = client.forward(q, q, q, cu, cu)
+        bwd = client.backward(q, q, q, q, fwd.out, fwd.lse, cu, cu)
+    assert fwd.execution.code_path == "reference/cpu"
+    assert bwd.execution.code_path == "reference/cpu"
+    assert forced.metric("attnserve_code_path_compute_duration_seconds_count",
+                         'code_path="reference/cpu",device="cpu",rpc="Forward"') == 1

@@ -27,6 +27,7 @@ def test_answers_are_zeros_of_the_right_shapes(ceiling_server, transport):
                           transport=transport) as client:
         fwd = client.forward(q, k, v, cu, cu, causal=True, keep_context=True)
         assert fwd.execution.kernel == "transport_ceiling"
+        assert fwd.execution.code_path == "transport_ceiling"
         assert fwd.context_id == ""
         assert fwd.out.shape == q.shape and fwd.out.dtype == q.dtype and not fwd.out.any()
         assert fwd.lse.shape == (HEADS, TOKENS) and not fwd.lse.any()

@@ -96,9 +96,11 @@ void PrintExecution(const char* rpc, const tools::Problem& p, const v1::Executio
   std::printf("%s: %lld query tokens in %d sequences, %d heads, head_dim %d, %s\n", rpc,
               static_cast<long long>(p.total_q()), p.spec.batch, p.spec.num_heads,
               p.spec.head_dim, v1::DType_Name(p.spec.dtype).c_str());
-  std::printf("  ran on device %s with kernel %s: queue %lld us, compute %lld us, batched with %d\n",
-              e.device().c_str(), e.kernel().c_str(), static_cast<long long>(e.queue_us()),
-              static_cast<long long>(e.compute_us()), e.batched_requests());
+  std::printf("  ran on device %s with kernel %s (%s): queue %lld us, compute %lld us, batched "
+              "with %d\n",
+              e.device().c_str(), e.kernel().c_str(), e.code_path().c_str(),
+              static_cast<long long>(e.queue_us()), static_cast<long long>(e.compute_us()),
+              e.batched_requests());
 }
 
 // Prints one comparison; returns whether it is within tolerance.

@@ -19,11 +19,12 @@ class Execution:
     queue_us: int
     compute_us: int
     batched_requests: int
+    code_path: str = ""  # family and code path that ran it, e.g. "flash/sm90", "reference/cpu"
 
     @classmethod
     def from_proto(cls, message: pb2.Execution) -> "Execution":
         return cls(message.device, message.kernel, message.queue_us, message.compute_us,
-                   message.batched_requests)
+                   message.batched_requests, message.code_path)
 
 
 @dataclass(frozen=True)

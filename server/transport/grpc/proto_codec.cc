@@ -87,6 +87,7 @@ void EncodeExecution(const engine::ExecutionReport& report, v1::Execution* out) 
   out->set_queue_us(report.queue_us);
   out->set_compute_us(report.compute_us);
   out->set_batched_requests(report.batched_requests);
+  out->set_code_path(report.code_path);
 }
 
 // Decodes each named tensor into its view, stopping at the first error. A tensor field that is

@@ -125,18 +125,20 @@ class BackwardResponse(_message.Message):
     def __init__(self, dq: _Optional[_Union[Tensor, _Mapping]] = ..., dk: _Optional[_Union[Tensor, _Mapping]] = ..., dv: _Optional[_Union[Tensor, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
 
 class Execution(_message.Message):
-    __slots__ = ("device", "kernel", "queue_us", "compute_us", "batched_requests")
+    __slots__ = ("device", "kernel", "queue_us", "compute_us", "batched_requests", "code_path")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     KERNEL_FIELD_NUMBER: _ClassVar[int]
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
     BATCHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CODE_PATH_FIELD_NUMBER: _ClassVar[int]
     device: str
     kernel: str
     queue_us: int
     compute_us: int
     batched_requests: int
-    def __init__(self, device: _Optional[str] = ..., kernel: _Optional[str] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batched_requests: _Optional[int] = ...) -> None: ...
+    code_path: str
+    def __init__(self, device: _Optional[str] = ..., kernel: _Optional[str] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., batched_requests: _Optional[int] = ..., code_path: _Optional[str] = ...) -> None: ...
 
 class ReleaseContextRequest(_message.Message):
     __slots__ = ("context_id",)
