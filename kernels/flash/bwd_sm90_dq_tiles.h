@@ -1,7 +1,8 @@
-// The float32 dQ workspace of the Hopper backward at head dims 64 / 128 / 192: laid out by query tile
-// instead of by row, so that each consumer warp's share of a tile's dQ (16 rows x half the head
-// dim) is one contiguous block that it adds with a single bulk reduction (FlashAttention-3's
-// way), and the conversion kernel (bwd_sm90_dq_tiles.cuh) puts the rows back in place.
+// The float32 dQ workspace of the Hopper backward at head dims 64 / 128 / 192: laid out by
+// query tile instead of by row, so that each consumer warp's share of a tile's dQ (16 rows x half
+// the head dim) is one contiguous block that it adds with a single bulk reduction
+// (FlashAttention-3's way), and the conversion kernel (bwd_sm90_dq_tiles.cuh) puts the rows back
+// in place.
 //
 // Layout: the tile of 64 query rows from row0 of sequence b (first query q_begin), query head h,
 // is the chunk of 64 x kHeadDim floats at ((q_begin + 64 b + row0) * num_heads + 64 h) *
