@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/flash/bwd_args.h"
 #include "kernels/flash/bwd_cta_order.cuh"
@@ -273,6 +274,39 @@ class BwdSm90Block {
       ptx::AtomicAddPairIf(valid && col_valid, dst + t * 8, dq[t][0], dq[t][1]);
       ptx::AtomicAddPairIf(valid8 && col_valid, dst8 + t * 8, dq[t][2], dq[t][3]);
     }
+  }
+
+  // The consumers' meeting before a dQ product reads a tile's dS^T: both warpgroups' rows are in
+  // shared memory (written by the generic proxy, read by the tensor cores: fence, then the
+  // kernel's named barrier kBarrier). It also keeps the warpgroups within a tile of each other,
+  // so two dS^T buffers (by tile parity) suffice.
+  template <int kBarrier>
+  __device__ __forceinline__ static void PublishDs() {
+    ptx::FenceProxyAsyncShared();
+    ptx::NamedBarrierSync<T::kConsumerThreads>(kBarrier);
+  }
+
+  // The consumers' loop over the query tiles (iters_ > 0) where tile it's dQ is issued in tile
+  // it+1 behind its S^T / dP^T: step(it, prev, tile, has_prev) runs tile it behind the fence and
+  // barrier that publish tile prev's dS^T; has_prev is std::true_type when it issues prev's dQ
+  // (the first tile is a separate instantiation without, so that the wgmma groups in flight at
+  // every wait are compile-time facts). last_dq(tile) adds the last tile's dQ after the loop.
+  template <int kBarrier, class Step, class LastDq>
+  __device__ __forceinline__ void RunDeferredDqTiles(Step&& step, LastDq&& last_dq) {
+    QueryTile tile = FirstTile();
+    barriers_.WaitFull(0, 0);
+    step(0, tile, tile, std::false_type{});
+    barriers_.Release(0, 0);
+    for (int it = 1; it < iters_; ++it) {
+      const QueryTile prev = tile;
+      Next(tile);
+      barriers_.WaitFull(0, it);
+      PublishDs<kBarrier>();
+      step(it, prev, tile, std::true_type{});
+      barriers_.Release(0, it);
+    }
+    PublishDs<kBarrier>();
+    last_dq(tile);
   }
 
   // dQ by tile (bwd_sm90_dq_tiles.h, where T::kDqStageBytes > 0): consumer warp `piece` stages

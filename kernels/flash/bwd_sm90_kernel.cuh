@@ -104,32 +104,23 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
         dv_[nt][e] = 0.0f;
       }
     }
-    QueryTile tile = FirstTile();
     if constexpr (T::kDeferredDq) {
-      // Tile it's dQ is issued in tile it+1 behind its S^T / dP^T (the first tile has none, a
-      // separate instantiation, so that the groups in flight at every wait are compile-time
-      // facts); the last tile's follows the loop.
       if (iters_ == 0) return;
-      barriers_.WaitFull(0, 0);
-      Step<kSoftcap, false>(0, tile, tile);
-      barriers_.Release(0, 0);
-      for (int it = 1; it < iters_; ++it) {
-        const QueryTile prev = tile;
-        Next(tile);
-        barriers_.WaitFull(0, it);
-        PublishDs();
-        Step<kSoftcap, true>(it, prev, tile);
-        barriers_.Release(0, it);
-      }
-      PublishDs();
-      const int tid = Sm90ConsumerThread<T>();
-      const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
-      float dq[T::kDqTiles][4];
-      ptx::WgmmaFence();
-      IssueDq(dq, DsSmem(iters_ - 1), warpgroup);
-      ptx::WgmmaWait<0>(dq);
-      AddDqPiece(dq, tile, warpgroup * 4 + tid % 128 / 32, tid % 32);
+      this->template RunDeferredDqTiles<kConsumersBarrier>(
+          [&](int it, QueryTile prev, QueryTile tile, auto has_prev) {
+            Step<kSoftcap, decltype(has_prev)::value>(it, prev, tile);
+          },
+          [&](QueryTile tile) {
+            const int tid = Sm90ConsumerThread<T>();
+            const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+            float dq[T::kDqTiles][4];
+            ptx::WgmmaFence();
+            IssueDq(dq, DsSmem(iters_ - 1), warpgroup);
+            ptx::WgmmaWait<0>(dq);
+            AddDqPiece(dq, tile, warpgroup * 4 + tid % 128 / 32, tid % 32);
+          });
     } else {
+      QueryTile tile = FirstTile();
       for (int it = 0; it < iters_; ++it) {
         barriers_.WaitFull(0, it);
         Step<kSoftcap, false>(it, tile, tile);
@@ -137,15 +128,6 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
         Next(tile);
       }
     }
-  }
-
-  // The consumers' meeting before a dQ product: both warpgroups' dS^T rows of the tile are in
-  // shared memory (written by the generic proxy, read by the tensor cores: fence, then
-  // barrier). It also keeps the warpgroups within a tile of each other, so two dS^T buffers (by
-  // tile parity) suffice.
-  __device__ __forceinline__ void PublishDs() {
-    ptx::FenceProxyAsyncShared();
-    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
   }
 
   __device__ __forceinline__ uint32_t DsSmem(int it) const {
@@ -238,7 +220,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     } else {
       // dQ = dS K once both warpgroups' dS^T rows are in shared memory, issued before dK so
       // that its staging and reduction run under dK.
-      PublishDs();
+      Base::template PublishDs<kConsumersBarrier>();
       ptx::WgmmaFence();
       IssueDq(dq, ds_st, warpgroup);
       IssueGrad(dk_, ds, q_st);

@@ -86,22 +86,15 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
 
   template <bool kSoftcap>
   __device__ __forceinline__ void RunTiles() {
-    QueryTile tile = FirstTile();
-    barriers_.WaitFull(0, 0);
-    Step<false, kSoftcap>(0, tile, tile);
-    barriers_.Release(0, 0);
-    for (int it = 1; it < iters_; ++it) {
-      const QueryTile prev = tile;
-      Next(tile);
-      barriers_.WaitFull(0, it);
-      PublishDs();
-      Step<true, kSoftcap>(it, prev, tile);
-      barriers_.Release(0, it);
-    }
-    PublishDs();
-    const int tid = Sm90ConsumerThread<T>();
-    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
-    Dq(iters_ - 1, tile, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
+    this->template RunDeferredDqTiles<kConsumersBarrier>(
+        [&](int it, QueryTile prev, QueryTile tile, auto has_prev) {
+          Step<decltype(has_prev)::value, kSoftcap>(it, prev, tile);
+        },
+        [&](QueryTile tile) {
+          const int tid = Sm90ConsumerThread<T>();
+          const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+          Dq(iters_ - 1, tile, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
+        });
   }
 
   // dV (consumer 0) or dK times softmax_scale (consumer 1) through the V or K buffer (each warp
@@ -168,15 +161,6 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     // The gradient product: the stage is released after this wait, and dK / dV are read after
     // it (next tile's product, the epilogue).
     ptx::WgmmaWait<0>(grad_);
-  }
-
-  // The consumers' meeting at the top of each tile after the first and before the last tile's
-  // dQ: with every wgmma of the previous tile complete, the exchange tile and the older dS^T
-  // tile are free; the fence in every thread hands the previous tile's dS^T stores to the
-  // tensor cores (the dQ products that follow read them).
-  __device__ __forceinline__ void PublishDs() {
-    ptx::FenceProxyAsyncShared();
-    ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
   }
 
   // The element-wise phase of tile it, sc complete: the A fragments of this warpgroup's
