@@ -194,8 +194,17 @@ class BwdSm90Block {
     ptx::WgmmaCommit();
   }
 
-  // Softcap, the masks and P^T = exp2(S^T c - lse log2 e) of the query tile from row0 (its
-  // stage at st) for the warp's 16 keys from warp_key_first, rounded into the A fragments of
+  // The lse (vector 0) or D (vector 1) of the query tile in stage st at this thread's
+  // accumulator columns: 8 nt + 2 quad_lane + {0, 1} of each 8-query tile nt.
+  __device__ __forceinline__ static void LoadStageVector(uint32_t st, int vector, int quad_lane,
+                                                         float2 (&v)[T::kSTiles]) {
+    const uint32_t at = st + 2 * T::kTileBytes + vector * T::kBlockM * 4 + 2 * quad_lane * 4;
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt) v[nt] = ptx::LoadSharedFloat2(at + nt * 32);
+  }
+
+  // Softcap, the masks and P^T = exp2(S^T c - lse log2 e) of the query tile from row0 (its lse
+  // at this thread's columns, LoadStageVector) for the warp's 16 keys from warp_key_first, rounded into the A fragments of
   // dV += P^T dO (the accumulator layout of two 8-query tiles is one k16 A fragment); s becomes
   // G = P^T in float32 (times 1 - tanh^2 with softcap; -inf masked scores clamp the factor to
   // 0), dS^T's factor. kSoftcap: whether softcap is on, which both kernels test once and pick
@@ -204,9 +213,8 @@ class BwdSm90Block {
   template <bool kSoftcap>
   __device__ __forceinline__ void ScoresToP(float (&s)[T::kSTiles][4],
                                             uint32_t (&p)[T::kGradSteps][4], int row0,
-                                            uint32_t st, int warp_key_first, int group,
-                                            int quad_lane) {
-    const uint32_t lse_at = st + 2 * T::kTileBytes + 2 * quad_lane * 4;
+                                            const float2 (&lse)[T::kSTiles], int warp_key_first,
+                                            int group, int quad_lane) {
     if constexpr (kSoftcap) {
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; ++nt) {
@@ -239,14 +247,13 @@ class BwdSm90Block {
     const float lse2_scale = args_.lse_log2_scale;
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
-      const float2 lse = ptx::LoadSharedFloat2(lse_at + nt * 32);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float pe[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float t = s[nt][2 * h + e];
-          pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse.y : lse.x) * lse2_scale));
+          pe[e] = ptx::Exp2(fmaf(t, exp2_scale, -(e ? lse[nt].y : lse[nt].x) * lse2_scale));
           s[nt][2 * h + e] = kSoftcap ? pe[e] * (1.0f - fminf(t * t, 1.0f)) : pe[e];
         }
         p[nt / 2][(nt % 2) * 2 + h] = ptx::PackPair<Element>(pe[0], pe[1]);

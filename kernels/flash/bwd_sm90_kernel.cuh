@@ -168,7 +168,6 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     const int group = tid % 32 / 4;
     const int quad_lane = tid % 4;
     const uint32_t do_st = q_st + T::kTileBytes;
-    const uint32_t dsum_at = q_st + 2 * T::kTileBytes + T::kBlockM * 4 + 2 * quad_lane * 4;
 
     float s[T::kSTiles][4];
     float dp[T::kSTiles][4];
@@ -177,30 +176,39 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     IssueScores(dp, v_smem_ + warpgroup * 64 * 128, do_st);
     float dq[T::kDqTiles][4];
     if constexpr (kPrevDq) IssueDq(dq, DsSmem(it - 1), warpgroup);
+    // The tile's lse and D: at 64 read under the running wgmma (their shared-memory latency
+    // was the largest stall there); at 128 where they are used, for want of registers.
+    float2 lse[T::kSTiles];
+    float2 dsum[T::kSTiles];
+    if constexpr (T::kEarlyVectors) {
+      this->LoadStageVector(q_st, 0, quad_lane, lse);
+      this->LoadStageVector(q_st, 1, quad_lane, dsum);
+    }
     // In flight: S^T, dP^T (, dQ of the previous tile): wait for S^T only.
     ptx::WgmmaWait<kPrevDq ? 2 : 1>(s);
 
     // P^T into the A fragments of dV += P^T dO; s keeps G for dS^T.
     uint32_t p[T::kGradSteps][4];
-    this->template ScoresToP<kSoftcap>(s, p, tile.row0, q_st,
+    if constexpr (!T::kEarlyVectors) this->LoadStageVector(q_st, 0, quad_lane, lse);
+    this->template ScoresToP<kSoftcap>(s, p, tile.row0, lse,
                                        key_first_ + warpgroup * 64 + warp * 16, group, quad_lane);
     ptx::WgmmaFence();
     IssueGrad(dv_, p, do_st);
     // S^T and dP^T are done; dV (and the previous dQ) run on under the dS^T math (its P^T
     // fragments stay live until the last wait of the tile).
     ptx::WgmmaWait<kPrevDq ? 2 : 1>(dp);
+    if constexpr (!T::kEarlyVectors) this->LoadStageVector(q_st, 1, quad_lane, dsum);
 
     // dS^T = G (dP^T - D): the A fragments of dK += dS^T Q, and the [key][query] tile of dQ.
     uint32_t ds[T::kGradSteps][4];
     const int key_row = warpgroup * 64 + warp * 16 + group;
 #pragma unroll
     for (int nt = 0; nt < T::kSTiles; ++nt) {
-      const float2 dsum = ptx::LoadSharedFloat2(dsum_at + nt * 32);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t packed =
-            ptx::PackPair<Element>(s[nt][2 * h] * (dp[nt][2 * h] - dsum.x),
-                                   s[nt][2 * h + 1] * (dp[nt][2 * h + 1] - dsum.y));
+            ptx::PackPair<Element>(s[nt][2 * h] * (dp[nt][2 * h] - dsum[nt].x),
+                                   s[nt][2 * h + 1] * (dp[nt][2 * h + 1] - dsum[nt].y));
         ds[nt / 2][(nt % 2) * 2 + h] = packed;
         ptx::StoreShared32(
             ds_st + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);

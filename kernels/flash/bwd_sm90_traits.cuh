@@ -46,6 +46,9 @@ struct BwdSm90Traits {
   // tensor cores run it under the P^T math and its reduction runs under dV / dK. At 128 its 32
   // floats per thread beside S^T, dP^T, dK and dV would not fit the consumers' 240 registers.
   static constexpr bool kDeferredDq = kHeadDim == 64;
+  // Head dim 64: a tile's lse and D are read into registers right after its S^T / dP^T are
+  // issued, under the wgmma (32 floats; at 128 there is no room for them).
+  static constexpr bool kEarlyVectors = kHeadDim == 64;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;

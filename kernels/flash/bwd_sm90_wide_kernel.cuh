@@ -174,7 +174,9 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     const int group = tid % 32 / 4;
     const int quad_lane = tid % 4;
     if (warpgroup == 0) {
-      this->template ScoresToP<kSoftcap>(sc, a, row0, StageSmem(it), key_first_ + warp * 16,
+      float2 lse[T::kSTiles];
+      this->LoadStageVector(StageSmem(it), 0, quad_lane, lse);
+      this->template ScoresToP<kSoftcap>(sc, a, row0, lse, key_first_ + warp * 16,
                                          group, quad_lane);
       // G (float32) to the exchange tile: one float4 per thread and 8-query tile, 16 bytes
       // apart between consecutive threads (conflict-free); consumer 1's thread of the same
