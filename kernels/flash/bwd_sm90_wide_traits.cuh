@@ -105,7 +105,7 @@ struct BwdSm90WideTraits {
                              TileDqColumn(kHeadDim, 1, kDqColsA / 8) == DqColB(1) &&
                              TileDqColumn(kHeadDim, 0, kDqColsA / 8) == DqColB(0)),
                 "the conversion kernel reads the pieces as the products stage them");
-  static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB, all of it at head dim 256)");
+  static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB, all of it at 192 and 256)");
 };
 
 }  // namespace attnserve::kernels::flash
