@@ -283,6 +283,25 @@ class BwdSm90Block {
     }
   }
 
+  // dQ columns col0.. (64 queries x Mma's N) = dS K from the dS^T tile at ds_st, one committed
+  // group: both operands MN-major, K's columns col0.. in head-dim block col0 / 64 at byte
+  // (col0 % 64) * 2 of its rows (N = 32 starts mid-row at 64 bytes; the swizzle comes from the
+  // address bits, as for the 32-byte k steps of the K-major operands).
+  template <class Mma, int kTiles>
+  __device__ __forceinline__ void IssueDqColumns(float (&dq)[kTiles][4], uint32_t ds_st,
+                                                 int col0) const {
+    const uint32_t k_cols = k_smem_ + (col0 / 64) * T::kBlockN * 128 + (col0 % 64) * 2;
+    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds_st, T::kBlockN * 128, 1024);
+    const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < T::kDqSteps; ++kk) {
+      // 16 keys per step: 16 rows of 128 bytes in both tiles.
+      Mma::SSTrans(dq, ptx::DescriptorPlus(ds_desc, kk * 16 * 128),
+                   ptx::DescriptorPlus(k_desc, kk * 16 * 128), kk > 0);
+    }
+    ptx::WgmmaCommit();
+  }
+
   // The consumers' meeting before a dQ product reads a tile's dS^T: both warpgroups' rows are in
   // shared memory (written by the generic proxy, read by the tensor cores: fence, then the
   // kernel's named barrier kBarrier). It also keeps the warpgroups within a tile of each other,

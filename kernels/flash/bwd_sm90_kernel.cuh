@@ -134,23 +134,10 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
     return ds_smem_ + (it % T::kDsBuffers) * T::kDsBytes;
   }
 
-  // dQ (this warpgroup's columns) = dS K from the dS^T tile at ds_st, one committed group: both
-  // operands MN-major, K's columns dq_col0.. in head-dim block dq_col0 / 64 at byte
-  // (dq_col0 % 64) * 2 of its rows (N = 32 starts mid-row at 64 bytes; the swizzle comes from
-  // the address bits, as for the 32-byte k steps of the K-major operands).
+  // dQ (this warpgroup's columns) = dS K from the dS^T tile at ds_st, one committed group.
   __device__ __forceinline__ void IssueDq(float (&dq)[T::kDqTiles][4], uint32_t ds_st,
                                           int warpgroup) {
-    const int dq_col0 = warpgroup * T::kDqCols;
-    const uint32_t k_cols = k_smem_ + (dq_col0 / 64) * T::kBlockN * 128 + (dq_col0 % 64) * 2;
-    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds_st, T::kBlockN * 128, 1024);
-    const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
-#pragma unroll
-    for (int kk = 0; kk < T::kDqSteps; ++kk) {
-      // 16 keys per step: 16 rows of 128 bytes in both MN-major tiles.
-      MmaDq::SSTrans(dq, ptx::DescriptorPlus(ds_desc, kk * 16 * 128),
-                     ptx::DescriptorPlus(k_desc, kk * 16 * 128), kk > 0);
-    }
-    ptx::WgmmaCommit();
+    this->template IssueDqColumns<MmaDq>(dq, ds_st, warpgroup * T::kDqCols);
   }
 
   // Query tile it (`tile`): the five products, with the P^T and dS^T math under the running

@@ -259,23 +259,11 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     }
   }
 
-  // dQ columns col0.. (64 queries x Mma's N) of tile it = dS K, one committed group: A tile
-  // it's dS^T tile, B K's columns col0.. (head-dim block col0 / 64, byte (col0 % 64) * 2 of its
-  // rows: N = 32 starts mid-row at 64 bytes, the swizzle comes from the address bits), both
-  // MN-major.
+  // dQ columns col0.. (64 queries x Mma's N) of tile it = dS K from its dS^T tile, one
+  // committed group (BwdSm90Block::IssueDqColumns).
   template <class Mma, int kTiles>
   __device__ __forceinline__ void IssueDq(float (&dq)[kTiles][4], int it, int col0) {
-    const uint32_t ds = DsSmem(it);
-    const uint32_t k_cols = k_smem_ + (col0 / 64) * T::kBlockN * 128 + (col0 % 64) * 2;
-    const uint64_t ds_desc = ptx::MatrixDescriptor128B(ds, T::kBlockN * 128, 1024);
-    const uint64_t k_desc = ptx::MatrixDescriptor128B(k_cols, T::kBlockN * 128, 1024);
-#pragma unroll
-    for (int kk = 0; kk < T::kDqSteps; ++kk) {
-      // 16 keys per step: 16 rows of 128 bytes in both tiles.
-      Mma::SSTrans(dq, ptx::DescriptorPlus(ds_desc, kk * 16 * 128),
-                   ptx::DescriptorPlus(k_desc, kk * 16 * 128), kk > 0);
-    }
-    ptx::WgmmaCommit();
+    this->template IssueDqColumns<Mma>(dq, DsSmem(it), col0);
   }
 
   // Tile it's dS^T tile, one per tile parity, so that tile it+1's can be written while tile
