@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -132,9 +133,27 @@ int ServerProcess::RunToExit(const std::vector<std::string>& flags, std::string*
 }
 
 ServerProcess::~ServerProcess() {
+  // A failed test shows the server's side: whether it was still running and what it logged
+  // (a sanitizer report in the server aborts it, and the client sees only a refused connection).
+  const bool show_log = ::testing::Test::HasFailure() && !log_path_.empty();
+  std::string state = "not running";
   if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      state = WIFSIGNALED(status) ? "had been killed by signal " + std::to_string(WTERMSIG(status))
+                                  : "had exited with code " + std::to_string(WEXITSTATUS(status));
+    } else {
+      state = "was still running";
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  if (show_log) {
+    std::string log = Log();
+    constexpr size_t kTail = 64 << 10;
+    if (log.size() > kTail) log = "[...]\n" + log.substr(log.size() - kTail);
+    std::cerr << "attnserve (pid " << pid_ << ") " << state << " at the end of the failed test; "
+              << "its log:\n" << log << "\n[end of attnserve's log]" << std::endl;
   }
   if (!log_path_.empty()) unlink(log_path_.c_str());
 }
