@@ -112,6 +112,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   grpc::ServerBuilder builder;
   const std::string grpc_address = absl::StrCat(config.host, ":", config.grpc_port);
   builder.AddListeningPort(grpc_address, GrpcCredentials(tls), &app->grpc_port_);
+  // gRPC sets SO_REUSEPORT by default, so a second server on the same port would start and
+  // silently take half of the new connections; without it the second one fails to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const int max_message = static_cast<int>(config.engine.limits.max_message_bytes);
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
@@ -139,7 +142,8 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(
   builder.RegisterService(app->inference_service_.get());
   app->grpc_server_ = builder.BuildAndStart();
   if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("gRPC server could not listen on ", grpc_address));
+    return absl::UnavailableError(absl::StrCat("gRPC server could not listen on ", grpc_address,
+                                               " (in use by another process?)"));
   }
 
   transport::HttpServerOptions http_options;

@@ -178,6 +178,28 @@ TEST(ServerFlagsE2ETest, BadFlagsFailAtStartupNamingTheFlag) {
   EXPECT_THAT(output, HasSubstr("--devices=7"));
 }
 
+// A second server on a running one's gRPC or HTTP port fails to start, naming the address,
+// instead of sharing the port (gRPC's default SO_REUSEPORT would split new connections between
+// the two); the running server keeps answering.
+TEST(ServerFlagsE2ETest, APortInUseFailsTheSecondServerNamingIt) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start();
+  ASSERT_NE(server, nullptr);
+  const std::string grpc_port = server->target().substr(server->target().rfind(':') + 1);
+  const std::string http_port = std::to_string(server->http_port());
+  std::string output;
+  EXPECT_EQ(ServerProcess::RunToExit({"--host=127.0.0.1", "--devices=cpu", "--data_port=0",
+                                      "--grpc_port=" + grpc_port, "--http_port=0"},
+                                     &output),
+            1);
+  EXPECT_THAT(output, HasSubstr("gRPC server could not listen on 127.0.0.1:" + grpc_port));
+  EXPECT_EQ(ServerProcess::RunToExit({"--host=127.0.0.1", "--devices=cpu", "--data_port=0",
+                                      "--grpc_port=0", "--http_port=" + http_port},
+                                     &output),
+            1);
+  EXPECT_THAT(output, HasSubstr("HTTP server could not listen on 127.0.0.1:" + http_port));
+  EXPECT_TRUE(server->NewClient()->GetServerInfo().ok());
+}
+
 TEST(ServerShutdownE2ETest, SigtermUnderLoadFinishesAcceptedWork) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--cpu_threads=1"});
   ASSERT_NE(server, nullptr);

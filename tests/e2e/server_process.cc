@@ -32,16 +32,13 @@ int FreePort() {
 
 namespace {
 
-bool PortAcceptsConnections(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return connected;
-}
+// Printed by attnserve once its gRPC and HTTP listeners are up and the data channel is on or off
+// (its last startup line but the warnings): only then does a client reach this server.
+constexpr char kStartedLine[] = "attnserve: data channel ";
+// Printed when another process holds a port (attnserve fails to start, or runs without the data
+// channel): FreePort is only a guess, and a parallel test's server may take the same port.
+constexpr char kPortTaken[] = "could not listen on ";
+constexpr int kStartAttempts = 3;
 
 }  // namespace
 
@@ -53,55 +50,78 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
                                                     const ClientOptions& client_options) {
   std::unique_ptr<ServerProcess> server(new ServerProcess());
   server->client_options_ = client_options;
-  server->grpc_port_ = FreePort();
-  server->http_port_ = FreePort();
-  server->data_port_ = FreePort();
-  std::vector<std::string> args = {"--host=127.0.0.1",
-                                   "--grpc_port=" + std::to_string(server->grpc_port_),
-                                   "--http_port=" + std::to_string(server->http_port_),
-                                   "--data_port=" + std::to_string(server->data_port_),
-                                   "--devices=cpu"};
-  for (std::string flag : extra_flags) {
-    const size_t at = flag.find(kGrpcPortPlaceholder);
-    if (at != std::string::npos) {
-      flag.replace(at, std::string(kGrpcPortPlaceholder).size(),
-                   std::to_string(server->grpc_port_));
+  for (int attempt = 1; attempt <= kStartAttempts; ++attempt) {
+    server->grpc_port_ = FreePort();
+    server->http_port_ = FreePort();
+    server->data_port_ = FreePort();
+    std::vector<std::string> args = {"--host=127.0.0.1",
+                                     "--grpc_port=" + std::to_string(server->grpc_port_),
+                                     "--http_port=" + std::to_string(server->http_port_),
+                                     "--data_port=" + std::to_string(server->data_port_),
+                                     "--devices=cpu"};
+    for (std::string flag : extra_flags) {
+      const size_t at = flag.find(kGrpcPortPlaceholder);
+      if (at != std::string::npos) {
+        flag.replace(at, std::string(kGrpcPortPlaceholder).size(),
+                     std::to_string(server->grpc_port_));
+      }
+      args.push_back(std::move(flag));
     }
-    args.push_back(std::move(flag));
+    server->Spawn(args);
+    switch (server->AwaitStartup(/*last_attempt=*/attempt == kStartAttempts)) {
+      case Startup::kReady:
+        return server;
+      case Startup::kPortTaken:
+        continue;  // AwaitStartup stopped it; fresh ports
+      case Startup::kFailed:
+        return nullptr;
+    }
   }
-  server->Spawn(args);
-  if (!server->AwaitReady()) return nullptr;
-  return server;
+  return nullptr;
 }
 
 bool ServerProcess::Restart() {
   if (Terminate() != 0) ADD_FAILURE() << "attnserve did not exit cleanly:\n" << Log();
   unlink(log_path_.c_str());
   Spawn(args_);
-  return AwaitReady();
+  return AwaitStartup(/*last_attempt=*/true) == Startup::kReady;
 }
 
-bool ServerProcess::AwaitReady() {
-  // The first call waits until the port accepts connections: a call that finds nothing
-  // listening puts the channel into gRPC's reconnect backoff (1 s, 1.6 s, ...), which would
-  // add seconds to every test.
+ServerProcess::Startup ServerProcess::AwaitStartup(bool last_attempt) {
+  // Nothing connects before the server says it listens: a call that found nothing listening
+  // would put the channel into gRPC's reconnect backoff (1 s, 1.6 s, ...), and one that found
+  // another process on the port would take its answer for this server's.
   std::unique_ptr<Client> client;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (client == nullptr && PortAcceptsConnections(grpc_port_)) {
-      client = NewClient();
+    if (client == nullptr) {
+      const std::string log = Log();
+      if (log.find(kStartedLine) != std::string::npos) {
+        if (log.find(kPortTaken) != std::string::npos && !last_attempt) {
+          kill(pid_, SIGKILL);  // it runs without the data channel the tests expect
+          waitpid(pid_, nullptr, 0);
+          pid_ = -1;
+          unlink(log_path_.c_str());
+          return Startup::kPortTaken;
+        }
+        client = NewClient();
+      }
     }
-    if (client != nullptr && client->GetServerInfo().ok()) return true;
+    if (client != nullptr && client->GetServerInfo().ok()) return Startup::kReady;
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
+      if (Log().find(kPortTaken) != std::string::npos && !last_attempt) {
+        unlink(log_path_.c_str());
+        return Startup::kPortTaken;
+      }
       ADD_FAILURE() << "attnserve exited during startup:\n" << Log();
-      return false;
+      return Startup::kFailed;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ADD_FAILURE() << "attnserve did not become ready in 30 s:\n" << Log();
-  return false;
+  return Startup::kFailed;
 }
 
 void ServerProcess::Spawn(const std::vector<std::string>& args) {

@@ -16,8 +16,9 @@ inline constexpr char kGrpcPortPlaceholder[] = "{grpc_port}";
 
 class ServerProcess {
  public:
-  // Starts the binary with --host=127.0.0.1, free ports (data channel's included), --devices=cpu and `extra_flags`, and
-  // waits until it answers GetServerInfo. Fails the current test on error.
+  // Starts the binary with --host=127.0.0.1, free ports (data channel's included),
+  // --devices=cpu and `extra_flags`, and waits until it answers GetServerInfo; again on fresh
+  // ports when another process took one of them first. Fails the current test on error.
   static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& extra_flags = {});
   // The same for servers with TLS or tokens: `client_options` is how NewClient (and the
   // readiness check) connects.
@@ -47,10 +48,14 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
+  enum class Startup { kReady, kPortTaken, kFailed };
   // Forks the binary with `args` (argv[0] excluded), output to a fresh log file.
   void Spawn(const std::vector<std::string>& args);
-  // Waits until the server answers GetServerInfo; false (and a test failure) otherwise.
-  bool AwaitReady();
+  // Waits until the server has logged that it listens and answers GetServerInfo. kPortTaken:
+  // another process held one of its ports, and the server is stopped. On the last attempt that
+  // is kFailed instead (or kReady for a server that runs without its data channel). kFailed
+  // also fails the current test.
+  Startup AwaitStartup(bool last_attempt);
 
   ClientOptions client_options_;
   std::vector<std::string> args_;  // as last spawned
