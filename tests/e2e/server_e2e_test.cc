@@ -184,7 +184,7 @@ TEST(ServerFlagsE2ETest, BadFlagsFailAtStartupNamingTheFlag) {
 TEST(ServerFlagsE2ETest, APortInUseFailsTheSecondServerNamingIt) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start();
   ASSERT_NE(server, nullptr);
-  const std::string grpc_port = server->target().substr(server->target().rfind(':') + 1);
+  const std::string grpc_port = std::to_string(server->grpc_port());
   const std::string http_port = std::to_string(server->http_port());
   std::string output;
   EXPECT_EQ(ServerProcess::RunToExit({"--host=127.0.0.1", "--devices=cpu", "--data_port=0",

@@ -91,30 +91,24 @@ ServerProcess::Startup ServerProcess::AwaitStartup(bool last_attempt) {
   // Nothing connects before the server says it listens: a call that found nothing listening
   // would put the channel into gRPC's reconnect backoff (1 s, 1.6 s, ...), and one that found
   // another process on the port would take its answer for this server's.
+  const auto port_taken = [&] {
+    if (last_attempt || Log().find(kPortTaken) == std::string::npos) return false;
+    StopNow();  // a server that still runs lacks the data channel the tests expect
+    unlink(log_path_.c_str());
+    return true;
+  };
   std::unique_ptr<Client> client;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (client == nullptr) {
-      const std::string log = Log();
-      if (log.find(kStartedLine) != std::string::npos) {
-        if (log.find(kPortTaken) != std::string::npos && !last_attempt) {
-          kill(pid_, SIGKILL);  // it runs without the data channel the tests expect
-          waitpid(pid_, nullptr, 0);
-          pid_ = -1;
-          unlink(log_path_.c_str());
-          return Startup::kPortTaken;
-        }
-        client = NewClient();
-      }
+    if (client == nullptr && Log().find(kStartedLine) != std::string::npos) {
+      if (port_taken()) return Startup::kPortTaken;
+      client = NewClient();
     }
     if (client != nullptr && client->GetServerInfo().ok()) return Startup::kReady;
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      if (Log().find(kPortTaken) != std::string::npos && !last_attempt) {
-        unlink(log_path_.c_str());
-        return Startup::kPortTaken;
-      }
+      if (port_taken()) return Startup::kPortTaken;
       ADD_FAILURE() << "attnserve exited during startup:\n" << Log();
       return Startup::kFailed;
     }
@@ -122,6 +116,13 @@ ServerProcess::Startup ServerProcess::AwaitStartup(bool last_attempt) {
   }
   ADD_FAILURE() << "attnserve did not become ready in 30 s:\n" << Log();
   return Startup::kFailed;
+}
+
+void ServerProcess::StopNow() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
 }
 
 void ServerProcess::Spawn(const std::vector<std::string>& args) {
@@ -156,23 +157,22 @@ ServerProcess::~ServerProcess() {
   // A failed test shows the server's side: whether it was still running and what it logged
   // (a sanitizer report in the server aborts it, and the client sees only a refused connection).
   const bool show_log = ::testing::Test::HasFailure() && !log_path_.empty();
+  const pid_t pid = pid_;
   std::string state = "not running";
-  if (pid_ > 0) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      state = WIFSIGNALED(status) ? "had been killed by signal " + std::to_string(WTERMSIG(status))
-                                  : "had exited with code " + std::to_string(WEXITSTATUS(status));
-    } else {
-      state = "was still running";
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
+  int status = 0;
+  if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+    pid_ = -1;
+    state = WIFSIGNALED(status) ? "had been killed by signal " + std::to_string(WTERMSIG(status))
+                                : "had exited with code " + std::to_string(WEXITSTATUS(status));
+  } else if (pid_ > 0) {
+    state = "was still running";
+    StopNow();
   }
   if (show_log) {
     std::string log = Log();
     constexpr size_t kTail = 64 << 10;
     if (log.size() > kTail) log = "[...]\n" + log.substr(log.size() - kTail);
-    std::cerr << "attnserve (pid " << pid_ << ") " << state << " at the end of the failed test; "
+    std::cerr << "attnserve (pid " << pid << ") " << state << " at the end of the failed test; "
               << "its log:\n" << log << "\n[end of attnserve's log]" << std::endl;
   }
   if (!log_path_.empty()) unlink(log_path_.c_str());

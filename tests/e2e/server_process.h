@@ -30,6 +30,7 @@ class ServerProcess {
   ~ServerProcess();
 
   std::string target() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
+  int grpc_port() const { return grpc_port_; }
   int http_port() const { return http_port_; }
   int data_port() const { return data_port_; }
   std::unique_ptr<Client> NewClient() const;
@@ -56,6 +57,8 @@ class ServerProcess {
   // is kFailed instead (or kReady for a server that runs without its data channel). kFailed
   // also fails the current test.
   Startup AwaitStartup(bool last_attempt);
+  // SIGKILL and reap, if it runs.
+  void StopNow();
 
   ClientOptions client_options_;
   std::vector<std::string> args_;  // as last spawned
