@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """CPU check of the warp-specialized Hopper kernels' synchronization: the forward
-(fwd_sm90_ring.cuh, fwd_sm90_kernel.cuh) and the backward dK/dV kernels at head dims 64/128
+(fwd_sm90_ring.cuh, fwd_sm90_kernel.cuh; one CTA per query block, and persistent CTAs running
+several blocks with Q slots and the K/V ring's tile numbers running on) and the backward dK/dV kernels at head dims 64/128
 (bwd_sm90_kernel.cuh) and 192/256 (bwd_sm90_wide_kernel.cuh), all on sm90_stage_barriers.cuh.
 
 The producer warpgroup and the consumer warpgroups run the kernel's sequence of barrier
 operations, copies and wgmma reads as coroutines under many random schedules. Checked in the
 forward:
 - every wgmma reads a stage that holds the tile it expects, landed, and not overwritten before
-  the read completes (the producer waits for the stage's empty barrier);
+  the read completes (the producer waits for the stage's empty barrier); likewise Q, read by the
+  S GEMMs and the epilogue, in its slot (the producer waits for the slot's empty barrier, only
+  after publishing the previous block's last V tile, which the slot's release waits on);
 - mbarrier parity waits never alias: a waiter is never a whole phase behind (the parity would
   then read as not completed, or as completed a phase early);
 - the ping-pong turns alternate strictly (no bar.arrive lands on a barrier phase that already
@@ -66,17 +69,20 @@ class TurnBarrier:
 
 
 class Ring:
-    def __init__(self, stages, consumers):
-        self.stages = stages
+    def __init__(self, stages, consumers, q_stages=1):
+        self.stages, self.q_stages = stages, q_stages
         self.full_k = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.full_v = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.empty_k = [Mbarrier(consumers) for _ in range(stages)]
         self.empty_v = [Mbarrier(consumers) for _ in range(stages)]
-        # Stage contents: (tile, landed); readers: consumers whose wgmma reads it now.
+        self.empty_q = [Mbarrier(consumers) for _ in range(q_stages)]
+        # Stage and slot contents: (tile or block, landed); readers: consumers reading it now.
         self.k = [None] * stages
         self.v = [None] * stages
+        self.q = [None] * q_stages
         self.k_readers = [set() for _ in range(stages)]
         self.v_readers = [set() for _ in range(stages)]
+        self.q_readers = [set() for _ in range(q_stages)]
 
 
 BLOCKED = "blocked"  # what an agent yields while it waits, as opposed to making progress
@@ -103,13 +109,15 @@ def schedule(agents, seed, what):
             raise Deadlock(what)
 
 
-def producer(ring, tiles, broken):
-    s = ring.stages
+def producer(ring, blocks, broken):
+    """FwdSm90Producer: `blocks` holds each query block's key tile count, in the CTA's order
+    (one entry: one CTA per block; 0: a block that sees no key, which the consumers skip)."""
+    s, qs = ring.stages, ring.q_stages
     in_flight = []  # committed copy groups, oldest first: (buffer, stage)
 
-    def issue(buf, readers, stage, tile):
-        assert not readers[stage], f"copy into a stage a wgmma still reads (tile {tile})"
-        buf[stage] = (tile, False)
+    def issue(buf, readers, stage, what):
+        assert not readers[stage], f"copy into a stage or slot a wgmma still reads ({what})"
+        buf[stage] = (what, False)
         in_flight.append((buf, stage))
 
     def wait_groups(pending):
@@ -117,29 +125,43 @@ def producer(ring, tiles, broken):
             buf, stage = in_flight.pop(0)
             buf[stage] = (buf[stage][0], True)
 
-    for i in range(tiles):
-        use = i // s
-        if i >= s and broken != "no-empty-wait":
-            yield from wait(ring.empty_k[i % s], use - 1)
-        issue(ring.k, ring.k_readers, i % s, i)
-        yield
-        if i > 0:
-            wait_groups(1)
-            ring.full_v[(i - 1) % s].arrive()
-        if i >= s and broken != "no-empty-wait":
-            yield from wait(ring.empty_v[i % s], use - 1)
-        issue(ring.v, ring.v_readers, i % s, i)
-        yield
-        if broken != "early-full":  # broken: K(i) published while its copies may still land
-            wait_groups(1)
-        ring.full_k[i % s].arrive()
-        yield
+    next_tile = next_q = 0
+    for tiles in (t for t in blocks if t > 0):
+        for j in range(tiles):
+            i = next_tile + j
+            use = i // s
+            if j == 0 and next_q >= qs and broken == "q-wait-before-v":
+                yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+            if i >= s and broken != "no-empty-wait":
+                yield from wait(ring.empty_k[i % s], use - 1)
+            issue(ring.k, ring.k_readers, i % s, i)
+            yield
+            if i > 0:
+                wait_groups(1)
+                ring.full_v[(i - 1) % s].arrive()
+            if j == 0:
+                if next_q >= qs and broken not in ("no-q-empty-wait", "q-wait-before-v"):
+                    yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+                issue(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}")
+                yield
+            if i >= s and broken != "no-empty-wait":
+                yield from wait(ring.empty_v[i % s], use - 1)
+            issue(ring.v, ring.v_readers, i % s, i)
+            yield
+            if broken != "early-full":  # broken: K(i) published while its copies may still land
+                wait_groups(1)
+            ring.full_k[i % s].arrive()
+            yield
+        next_tile += tiles
+        next_q += 1
     wait_groups(0)
-    ring.full_v[(tiles - 1) % s].arrive()
+    if next_tile > 0:
+        ring.full_v[(next_tile - 1) % s].arrive()
 
 
-def consumer(ring, tiles, wg, warpgroups, turns, pingpong, broken):
-    s = ring.stages
+def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
+    """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot."""
+    s, qs = ring.stages, ring.q_stages
 
     def read(buf, readers, i):
         stage = i % s
@@ -150,50 +172,76 @@ def consumer(ring, tiles, wg, warpgroups, turns, pingpong, broken):
         readers[i % s].discard(wg)
         empty[i % s].arrive()
 
-    if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
-        turns[0].arrive()
-    for i in range(tiles):
-        yield from wait(ring.full_k[i % s], i // s)
-        if i > 0:
-            yield from wait(ring.full_v[(i - 1) % s], (i - 1) // s)
-        if pingpong:
-            while not turns[wg].arrived:
-                yield BLOCKED
-            turns[wg].arrived = 0
-        read(ring.k, ring.k_readers, i)           # S = Q K(i)^T issued
-        if i > 0:
-            read(ring.v, ring.v_readers, i - 1)   # O += P V(i - 1) issued
-        if pingpong and (wg < warpgroups - 1 or i < tiles - 1 or broken == "extra-turn"):
-            turns[(wg + 1) % warpgroups].arrive()
-        yield                                     # the GEMMs run
-        assert ring.k[i % s] == (i, True), f"K stage of tile {i} overwritten under its wgmma"
-        done(ring.k_readers, ring.empty_k, i)     # wgmma wait: S done
-        yield                                     # softmax
-        if i > 0:
-            done(ring.v_readers, ring.empty_v, i - 1)
-    yield from wait(ring.full_v[(tiles - 1) % s], (tiles - 1) // s)
-    read(ring.v, ring.v_readers, tiles - 1)
-    yield
-    ring.v_readers[(tiles - 1) % s].discard(wg)
+    def holds_q(q):
+        assert ring.q[q % qs] == (f"Q of block {q}", True), f"wg {wg}, block {q}: {ring.q[q % qs]}"
+
+    first = q = 0
+    for tiles in (t for t in blocks if t > 0):
+        if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
+            turns[0].arrive()
+        for j in range(tiles):
+            i = first + j
+            yield from wait(ring.full_k[i % s], i // s)
+            if j > 0:
+                yield from wait(ring.full_v[(i - 1) % s], (i - 1) // s)
+            if pingpong:
+                while not turns[wg].arrived:
+                    yield BLOCKED
+                turns[wg].arrived = 0
+            holds_q(q)                                # S = Q K(i)^T issued
+            ring.q_readers[q % qs].add(wg)
+            read(ring.k, ring.k_readers, i)
+            if j > 0:
+                read(ring.v, ring.v_readers, i - 1)   # O += P V(i - 1) issued
+            if pingpong and (wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn"):
+                turns[(wg + 1) % warpgroups].arrive()
+            yield                                     # the GEMMs run
+            assert ring.k[i % s] == (i, True), f"K stage of tile {i} overwritten under its wgmma"
+            holds_q(q)
+            done(ring.k_readers, ring.empty_k, i)     # wgmma wait: S done
+            yield                                     # softmax
+            if j > 0:
+                done(ring.v_readers, ring.empty_v, i - 1)
+        last = first + tiles - 1
+        yield from wait(ring.full_v[last % s], last // s)
+        read(ring.v, ring.v_readers, last)
+        yield
+        if broken == "no-last-v-release":
+            ring.v_readers[last % s].discard(wg)
+        else:
+            done(ring.v_readers, ring.empty_v, last)
+        holds_q(q)                                    # the epilogue: O through the Q slot
+        yield
+        holds_q(q)
+        ring.q_readers[q % qs].discard(wg)
+        ring.empty_q[q % qs].arrive()
+        first += tiles
+        q += 1
 
 
-def run(tiles, stages, warpgroups, pingpong, seed, broken=None):
-    ring = Ring(stages, warpgroups)
+def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None):
+    ring = Ring(stages, warpgroups, q_stages)
     turns = [TurnBarrier() for _ in range(warpgroups)]
-    agents = [producer(ring, tiles, broken)]
-    agents += [consumer(ring, tiles, wg, warpgroups, turns, pingpong, broken)
+    agents = [producer(ring, blocks, broken)]
+    agents += [consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken)
                for wg in range(warpgroups)]
-    schedule(agents, seed, f"forward: tiles {tiles} stages {stages} warpgroups {warpgroups}")
+    schedule(agents, seed, f"forward: blocks {blocks} stages {stages}/{q_stages} "
+                           f"warpgroups {warpgroups}")
     assert not any(t.arrived for t in turns), "a turn left pending at exit"
 
 
+# One CTA per block (one entry), and persistent CTAs' block lists with keyless blocks (0).
+FORWARD_BLOCKS = [[tiles] for tiles in range(1, 8)] + [
+    [2, 1, 3], [1, 0, 2, 1], [3, 3], [1, 1, 1, 1, 1], [0, 2, 0, 1]]
+
+
 def check(broken=None, seeds=60):
-    for tiles in range(1, 8):
-        for stages in (2, 3):
+    for blocks in FORWARD_BLOCKS:
+        for stages, q_stages in ((2, 1), (3, 1), (2, 2)):
             for warpgroups in (2, 3):
                 for pingpong in (False, True):
                     for seed in range(seeds):
-                        run(tiles, stages, warpgroups, pingpong, seed, broken)
+                        run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken)
 
 
 class NamedBarrier:
@@ -386,7 +434,8 @@ def check_wide(broken=None, seeds=60):
             run_wide(tiles, seed, broken)
 
 
-BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn")
+BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn", "no-last-v-release",
+          "no-q-empty-wait", "q-wait-before-v")
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
 BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",

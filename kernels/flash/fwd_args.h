@@ -10,4 +10,11 @@ namespace attnserve::kernels::flash {
 
 using FwdKernelArgs = GpuAttentionArgs;
 
+// The persistent Hopper forward's schedule (fwd_sm90_ring.cuh, ForEachForwardBlock): query
+// blocks per (head, sequence), and of all heads and sequences together.
+struct FwdSm90Grid {
+  int m_blocks;
+  int blocks;
+};
+
 }  // namespace attnserve::kernels::flash

@@ -1,6 +1,7 @@
-// Where a forward CTA's work lies, shared by the sm80/sm75 kernel (fwd_kernel.cuh), the Hopper
-// kernel (fwd_sm90_kernel.cuh) and the deterministic dQ pass (bwd_dq_kernel.cuh): the query
-// block's rows and the key tiles its rows see, and the CTA's pointers into q, out and lse.
+// Where a forward query block's work lies, shared by the sm80/sm75 kernel (fwd_kernel.cuh), the
+// Hopper kernel (fwd_sm90_kernel.cuh, which walks many blocks per CTA) and the deterministic dQ
+// pass (bwd_dq_kernel.cuh): the block's rows and the key tiles its rows see, and its pointers
+// into q, out and lse.
 #pragma once
 
 #include <cmath>
@@ -60,19 +61,11 @@ struct FwdCta {
   int64_t kv_offset;
 };
 
-// Locates this CTA's (query block = reversed blockIdx.x, head = blockIdx.y, sequence =
-// blockIdx.z). Returns false when the CTA has nothing more to do: its block starts past the
-// sequence, or no row of it sees any key, in which case it has written out = 0 and lse = +inf.
-// Highest query blocks first: under causal masking they carry the most key tiles. (Ordering all
-// heads and sequences of one block index together instead, so that long sequences start first
-// in varlen batches, measured up to 20% slower on equal lengths: neighbouring CTAs then read
-// different K/V and L2 stops serving them; NOTES.md.)
-template <int kBlockM, int kBlockN, int kRowVecs, int kThreads, typename Element>
-__device__ __forceinline__ bool BeginForwardCta(const FwdKernelArgs& args,
-                                                FwdCta<Element>& cta) {
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+// Locates query block m_block of (head, sequence batch). Returns false when the block starts
+// past the sequence (varlen batches size the grid by the longest sequence).
+template <int kBlockM, int kBlockN, typename Element>
+__device__ __forceinline__ bool LocateForwardBlock(const FwdKernelArgs& args, int m_block,
+                                                   int head, int batch, FwdCta<Element>& cta) {
   const int q_begin = args.cu_seqlens_q[batch];
   const int len_q = args.cu_seqlens_q[batch + 1] - q_begin;
   if (m_block * kBlockM >= len_q) return false;
@@ -86,18 +79,44 @@ __device__ __forceinline__ bool BeginForwardCta(const FwdKernelArgs& args,
   cta.q = static_cast<const Element*>(args.q) + first_row * args.q_row_stride + head_offset;
   cta.out = static_cast<Element*>(args.out) + first_row * args.q_row_stride + head_offset;
   cta.lse = args.lse + head * args.total_q + first_row;
+  cta.kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
+  return true;
+}
 
-  if (cta.block.n_begin >= cta.block.n_end) {
-    // No row of this block sees any key: out = 0, lse = +inf.
-    constexpr int kVecElems = 16 / sizeof(Element);
-    ZeroRows<kBlockM, kRowVecs, kThreads>(cta.out, args.q_row_stride, cta.block.rows_valid,
-                                          args.head_dim / kVecElems, threadIdx.x);
-    for (int row = threadIdx.x; row < cta.block.rows_valid; row += kThreads) {
-      cta.lse[row] = INFINITY;
-    }
+// Whether no row of the block sees any key (a window left of every key, or no keys at all).
+__device__ __forceinline__ bool SeesNoKeys(const FwdBlock& block) {
+  return block.n_begin >= block.n_end;
+}
+
+// The answer of a block that sees no key: out = 0 and lse = +inf, written by kThreads threads
+// (tid among them).
+template <int kBlockM, int kRowVecs, int kThreads, typename Element>
+__device__ __forceinline__ void WriteKeylessBlock(const FwdKernelArgs& args,
+                                                  const FwdCta<Element>& cta, int tid) {
+  constexpr int kVecElems = 16 / sizeof(Element);
+  ZeroRows<kBlockM, kRowVecs, kThreads>(cta.out, args.q_row_stride, cta.block.rows_valid,
+                                        args.head_dim / kVecElems, tid);
+  for (int row = tid; row < cta.block.rows_valid; row += kThreads) cta.lse[row] = INFINITY;
+}
+
+// Locates this CTA's (query block = reversed blockIdx.x, head = blockIdx.y, sequence =
+// blockIdx.z). Returns false when the CTA has nothing more to do: its block starts past the
+// sequence, or no row of it sees any key, in which case it has written out = 0 and lse = +inf.
+// Highest query blocks first: under causal masking they carry the most key tiles. (Ordering all
+// heads and sequences of one block index together instead, so that long sequences start first
+// in varlen batches, measured up to 20% slower on equal lengths: neighbouring CTAs then read
+// different K/V and L2 stops serving them; NOTES.md.)
+template <int kBlockM, int kBlockN, int kRowVecs, int kThreads, typename Element>
+__device__ __forceinline__ bool BeginForwardCta(const FwdKernelArgs& args,
+                                                FwdCta<Element>& cta) {
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  if (!LocateForwardBlock<kBlockM, kBlockN>(args, m_block, blockIdx.y, blockIdx.z, cta)) {
     return false;
   }
-  cta.kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
+  if (SeesNoKeys(cta.block)) {
+    WriteKeylessBlock<kBlockM, kRowVecs, kThreads>(args, cta, threadIdx.x);
+    return false;
+  }
   return true;
 }
 

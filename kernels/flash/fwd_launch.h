@@ -15,6 +15,8 @@ namespace attnserve::kernels::flash {
 struct FwdGrid {
   int batch;
   int max_seqlen_q;
+  int max_seqlen_k;
+  int multiprocessors;  // the device's SMs: the persistent Hopper forward's CTA count at most
 };
 
 // Launches Arch's kernel for kHeadDim >= args.head_dim on `stream` and checks the launch. The

@@ -1,15 +1,17 @@
 // The Hopper (sm_90a) flash forward: FlashAttention-2's algorithm on warpgroup MMA, warp
-// specialized. One CTA per (query block, head, sequence): a producer warpgroup streams Q, K and
-// V into a ring of shared-memory stages (fwd_sm90_ring.cuh) and a consumer warpgroup per 64 query
-// rows (two or three) computes. Tiles are in wgmma's 128-byte-swizzled layout, filled with
-// cp.async (zero-fill past the sequence and in the head-dim padding, so varlen needs no tensor
-// maps). Per key tile each consumer computes S = Q K^T (wgmma, both operands from shared
-// memory), masks and runs the online softmax in registers, and adds P V (wgmma, P from
-// registers, V N-major from shared memory); the P V of one tile runs under the softmax of the
-// next, and with the ping-pong schedule one consumer's GEMMs run under the other's softmax. Key
-// tiles are visited last to first, with the sm80 kernel's block location (fwd_block.cuh) and
-// row-tile math (masks, online softmax: fwd_row_tile.cuh), so both paths see exactly the same
-// keys.
+// specialized, persistent on short sequences (Sm90ForwardPersistent): at most one CTA per SM,
+// each running query blocks (query block, head, sequence) one after another; else one CTA per
+// query block. A producer warpgroup streams Q, K and V into shared-memory slots and a ring of
+// stages (fwd_sm90_ring.cuh) and a consumer warpgroup per 64 query rows (two or three) computes;
+// a CTA's next block's tiles load while its current one finishes. Tiles are in wgmma's
+// 128-byte-swizzled layout, filled with cp.async (zero-fill past the sequence and in the
+// head-dim padding, so varlen needs no tensor maps). Per key tile each consumer computes
+// S = Q K^T (wgmma, both operands from shared memory), masks and runs the online softmax in
+// registers, and adds P V (wgmma, P from registers, V N-major from shared memory); the P V of
+// one tile runs under the softmax of the next, and with the ping-pong schedule one consumer's
+// GEMMs run under the other's softmax. Key tiles are visited last to first, with the sm80
+// kernel's block location (fwd_block.cuh) and row-tile math (masks, online softmax:
+// fwd_row_tile.cuh), so both paths see exactly the same keys.
 #pragma once
 
 #include <cmath>
@@ -28,9 +30,9 @@
 namespace attnserve::kernels::flash {
 
 // One consumer warpgroup's share of a block: its 64 query rows against every key tile.
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, bool kPersistent>
 class FwdSm90BlockRunner {
-  using T = FwdSm90Traits<kDType, kHeadDim>;
+  using T = FwdSm90Traits<kDType, kHeadDim, kPersistent>;
   using Ring = FwdSm90Ring<T>;
   // Ping-pong between the consumer warpgroups (FlashAttention-3): each issues its GEMMs of a
   // tile only in its turn and passes the turn on once they are issued, so one warpgroup's softmax
@@ -44,9 +46,18 @@ class FwdSm90BlockRunner {
   using MmaPv = ptx::Wgmma<Element, kHeadDim>;    // O += P V: 64 x kHeadDim per warpgroup
 
  public:
+  // The block is the CTA's q_index-th that sees keys (its Q slot); its key tiles have load-order
+  // numbers from first_tile on.
   __device__ __forceinline__ FwdSm90BlockRunner(const FwdKernelArgs& args, const FwdBlock& block,
-                                                uint32_t q_smem, const Ring& ring, int warpgroup)
-      : args_(args), block_(block), ring_(ring), q_smem_(q_smem), warpgroup_(warpgroup) {
+                                                const Ring& ring, int warpgroup, int q_index,
+                                                int first_tile)
+      : args_(args),
+        block_(block),
+        ring_(ring),
+        q_smem_(ring.Q(q_index)),
+        warpgroup_(warpgroup),
+        q_index_(q_index),
+        first_tile_(first_tile) {
     vecs_valid_ = args.head_dim / T::kVecElems;
   }
 
@@ -76,11 +87,11 @@ class FwdSm90BlockRunner {
       ptx::NamedBarrierArrive<256>(kTurnBarrier);
     }
     if (last >= block_.mask_from || last < block_.mask_below) {
-      Step<true, false>(last, 0, p);
+      Step<true, false>(last, first_tile_, p);
     } else {
-      Step<false, false>(last, 0, p);
+      Step<false, false>(last, first_tile_, p);
     }
-    int i = 1;
+    int i = first_tile_ + 1;
     for (int n = last - 1; n >= block_.n_begin; --n, ++i) {
       if (n >= block_.mask_from || n < block_.mask_below) {
         Step<true, true>(n, i, p);
@@ -93,10 +104,11 @@ class FwdSm90BlockRunner {
     ptx::WgmmaFence();
     IssuePV(p, ring_.V(i - 1));
     ptx::WgmmaWait<0>(o_);
+    ring_.Release(Ring::kV, i - 1);  // the stage's next tile may be the next block's
   }
 
-  // Normalizes O, writes each warp's 16 rows through its own rows of the Q buffer (no wgmma
-  // reads them any more) with 16-byte stores, and their lse.
+  // Normalizes O, writes each warp's 16 rows through its own rows of the Q slot (no wgmma
+  // reads them any more) with 16-byte stores, and their lse; then hands the slot back.
   __device__ __forceinline__ void Epilogue(Element* out, float* lse) {
     const int tid = Sm90ConsumerThread<T>();
     const int warp = tid / 32;
@@ -130,6 +142,7 @@ class FwdSm90BlockRunner {
         *reinterpret_cast<uint4*>(out + row * args_.q_row_stride + vec * T::kVecElems) = value;
       }
     }
+    ring_.ReleaseQ(q_index_);
   }
 
  private:
@@ -234,6 +247,8 @@ class FwdSm90BlockRunner {
   const Ring& ring_;
   uint32_t q_smem_;
   int warpgroup_;  // among the consumers; warp-uniform (from lane 0), so branches on it are too
+  int q_index_;
+  int first_tile_;
   int vecs_valid_;
   // Per thread: rows (group, group + 8) of its warp's 16; O columns 8 nt + 2 quad_lane + {0, 1}.
   float o_[T::kOTiles][4];
@@ -241,34 +256,77 @@ class FwdSm90BlockRunner {
   float row_sum_[2];
 };
 
+// One CTA per query block: this CTA's (BeginForwardCta).
 template <DType kDType, int kHeadDim>
-__device__ __forceinline__ void FlashForwardSm90Cta(const FwdKernelArgs& args) {
-  using T = FwdSm90Traits<kDType, kHeadDim>;
-  using Element = typename T::Element;
+__device__ __forceinline__ void FlashForwardSm90BlockCta(const FwdKernelArgs& args) {
+  using T = FwdSm90Traits<kDType, kHeadDim, false>;
   extern __shared__ __align__(16) unsigned char smem[];
-  FwdCta<Element> cta;
+  FwdCta<typename T::Element> cta;
   if (!BeginForwardCta<T::kBlockM, T::kBlockN, T::kRowVecs, T::kThreads>(args, cta)) return;
-
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
-  const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
-  const FwdSm90Ring<T> ring(base + T::kQSmemBytes);
+  const FwdSm90Ring<T> ring((ptx::SharedAddress(smem) + 1023u) & ~1023u);
   RunSm90Roles<T>(
       ring,
-      [&] { ProduceTiles<T>(args, cta.block, cta.kv_offset, cta.q, base, ring, threadIdx.x); },
+      [&] {
+        FwdSm90Producer<T> producer(args, ring);
+        producer.Block(cta);
+        producer.Finish();
+      },
       [&](int consumer) {
-        FwdSm90BlockRunner<kDType, kHeadDim> runner(args, cta.block, base, ring, consumer);
+        FwdSm90BlockRunner<kDType, kHeadDim, false> runner(args, cta.block, ring, consumer, 0, 0);
         runner.Run();
         runner.Epilogue(cta.out, cta.lse);
+      });
+}
+
+// Persistent: this CTA's blocks one after another (ForEachForwardBlock), the Q slots and the
+// K/V ring's tile numbers running on from block to block.
+template <DType kDType, int kHeadDim>
+__device__ __forceinline__ void FlashForwardSm90PersistentCta(const FwdKernelArgs& args,
+                                                              const FwdSm90Grid& grid) {
+  using T = FwdSm90Traits<kDType, kHeadDim, true>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const FwdSm90Ring<T> ring((ptx::SharedAddress(smem) + 1023u) & ~1023u);
+  RunSm90Roles<T>(
+      ring,
+      [&] {
+        FwdSm90Producer<T> producer(args, ring);
+        ForEachForwardBlock<T>(args, grid, [&](const auto& cta) { producer.Block(cta); });
+        producer.Finish();
+      },
+      [&](int consumer) {
+        int q_index = 0;
+        int first_tile = 0;
+        ForEachForwardBlock<T>(args, grid, [&](const auto& cta) {
+          if (SeesNoKeys(cta.block)) return;  // the producer writes its answer
+          FwdSm90BlockRunner<kDType, kHeadDim, true> runner(args, cta.block, ring, consumer,
+                                                            q_index, first_tile);
+          runner.Run();
+          runner.Epilogue(cta.out, cta.lse);
+          ++q_index;
+          first_tile += cta.block.n_end - cta.block.n_begin;
+        });
       });
 }
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any
 // other pass sees a trap, never launched.
 template <DType kDType, int kHeadDim>
-__global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim>::kThreads, 1)
+__global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, false>::kThreads, 1)
     FlashForwardSm90Kernel(const __grid_constant__ FwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  FlashForwardSm90Cta<kDType, kHeadDim>(args);
+  FlashForwardSm90BlockCta<kDType, kHeadDim>(args);
+#else
+  __trap();
+#endif
+}
+
+template <DType kDType, int kHeadDim>
+__global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, true>::kThreads, 1)
+    FlashForwardSm90PersistentKernel(const __grid_constant__ FwdKernelArgs args,
+                                     const FwdSm90Grid grid) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  FlashForwardSm90PersistentCta<kDType, kHeadDim>(args, grid);
 #else
   __trap();
 #endif

@@ -1,15 +1,56 @@
 // Definition of LaunchForwardSm90, included by the generated sm90 instantiation files only.
 #pragma once
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
 #include "kernels/flash/fwd_launch.cuh"
 #include "kernels/flash/fwd_sm90_kernel.cuh"
 
 namespace attnserve::kernels::flash {
 
+// Persistent (Sm90ForwardPersistent): one CTA per SM at most (the kernel's registers and shared
+// memory allow one per SM), each running every gridDim.x-th query block.
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchForwardSm90Persistent(const FwdKernelArgs& args, const FwdGrid& grid,
+                                         cudaStream_t stream) {
+  using T = FwdSm90Traits<kDType, kHeadDim, true>;
+  const auto kernel = &FlashForwardSm90PersistentKernel<kDType, kHeadDim>;
+  const cudaError_t attr_err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (attr_err != cudaSuccess) {
+    return KernelStatus::Error(std::string("flash: cudaFuncSetAttribute failed: ") +
+                               cudaGetErrorString(attr_err));
+  }
+  const int m_blocks = (grid.max_seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  const int64_t blocks = int64_t{m_blocks} * args.num_heads * grid.batch;
+  if (blocks > INT_MAX) {
+    return KernelStatus::Error("flash: sm90 forward: " + std::to_string(blocks) +
+                               " query blocks (heads x sequences x max_seqlen_q / " +
+                               std::to_string(T::kBlockM) + ") exceed " +
+                               std::to_string(INT_MAX));
+  }
+  if (blocks == 0) return KernelStatus::Ok();
+  const int ctas = static_cast<int>(std::min<int64_t>(blocks, std::max(grid.multiprocessors, 1)));
+  kernel<<<ctas, T::kThreads, T::kSmemBytes, stream>>>(
+      args, FwdSm90Grid{m_blocks, static_cast<int>(blocks)});
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return KernelStatus::Error(std::string("flash: sm90 persistent forward launch failed: ") +
+                               cudaGetErrorString(err));
+  }
+  return KernelStatus::Ok();
+}
+
 template <DType kDType, int kHeadDim>
 KernelStatus LaunchForwardSm90(const FwdKernelArgs& args, const FwdGrid& grid,
                                cudaStream_t stream) {
-  using T = FwdSm90Traits<kDType, kHeadDim>;
+  if (Sm90ForwardPersistent(grid.max_seqlen_k)) {
+    return LaunchForwardSm90Persistent<kDType, kHeadDim>(args, grid, stream);
+  }
+  using T = FwdSm90Traits<kDType, kHeadDim, false>;
   return LaunchForwardGrid(&FlashForwardSm90Kernel<kDType, kHeadDim>, args, grid, T::kBlockM,
                            T::kThreads, T::kSmemBytes, stream, "sm90 forward");
 }

@@ -1,10 +1,11 @@
-// The Hopper (sm_90a) forward's warp specialization: a producer warpgroup streams Q and the key
-// tiles' K and V into a ring of shared-memory stages while the consumer warpgroups
-// (fwd_sm90_kernel.cuh) compute; per stage and tensor a `full` mbarrier says the tile has landed
-// and an `empty` one that every consumer is done reading it. No CTA barrier is left in the
-// main loop, so the consumers drift against each other and against the loads (FlashAttention-3's
-// structure, with cp.async in place of TMA: zero-fill past a sequence's end needs no tensor map
-// per sequence).
+// The Hopper (sm_90a) forward's warp specialization and persistent schedule: a producer
+// warpgroup streams each query block's Q and its key tiles' K and V into shared-memory slots and
+// a ring of stages while the consumer warpgroups (fwd_sm90_kernel.cuh) compute; per stage and
+// tensor a `full` mbarrier says the tile has landed and an `empty` one that every consumer is
+// done reading it. No CTA barrier is left, within a block or between the blocks a CTA runs, so
+// the next block's first tiles load under the current one's last GEMMs and its epilogue
+// (FlashAttention-3's structure, with cp.async in place of TMA: zero-fill past a sequence's end
+// needs no tensor map per sequence).
 #pragma once
 
 #include <cstdint>
@@ -19,70 +20,150 @@
 
 namespace attnserve::kernels::flash {
 
-// Stage addresses and their barriers (sm90_stage_barriers.cuh; kind 0 is K, 1 is V). Key tiles
-// are numbered in load order, i = 0 for the block's last tile (the consumers visit keys last to
-// first).
+// The shared-memory tiles and their barriers (sm90_stage_barriers.cuh): the Q slots, then the
+// K and V stages (kind 0 is K, 1 is V), then the stages' barriers and the Q slots'. Key tiles
+// are numbered in load order across all the blocks a CTA runs (the consumers visit a block's
+// keys last to first), query blocks by the order the CTA runs them. A Q slot needs only its
+// `empty` barrier: Q lands in the same copy groups as its block's first K tile, whose `full`
+// barrier publishes both.
 template <class T>
 class FwdSm90Ring : public Sm90StageBarriers<T::kStages, 2> {
+  using KvBarriers = Sm90StageBarriers<T::kStages, 2>;
+  using QBarriers = Sm90StageBarriers<T::kQStages, 1>;
+  static constexpr int kKvTiles = T::kQStages * T::kQSmemBytes;
+
  public:
   static constexpr int kK = 0;
   static constexpr int kV = 1;
 
   __device__ __forceinline__ explicit FwdSm90Ring(uint32_t tiles)
-      : Sm90StageBarriers<T::kStages, 2>(tiles + 2 * T::kStages * T::kKvSmemBytes),
+      : KvBarriers(tiles + T::kTileSmemBytes),
+        q_barriers_(tiles + T::kTileSmemBytes + KvBarriers::kBytes),
         tiles_(tiles) {}
 
-  __device__ __forceinline__ uint32_t K(int i) const {
-    return tiles_ + (i % T::kStages) * T::kKvSmemBytes;
-  }
-  __device__ __forceinline__ uint32_t V(int i) const {
-    return tiles_ + (T::kStages + i % T::kStages) * T::kKvSmemBytes;
+  // Thread 0 initializes every barrier; the caller then syncs the CTA (RunSm90Roles).
+  __device__ __forceinline__ void Init(int producer_threads, int consumer_threads) const {
+    KvBarriers::Init(producer_threads, consumer_threads);
+    q_barriers_.Init(producer_threads, consumer_threads);
   }
 
+  // Query block q's slot.
+  __device__ __forceinline__ uint32_t Q(int q) const {
+    return tiles_ + (q % T::kQStages) * T::kQSmemBytes;
+  }
+  __device__ __forceinline__ uint32_t K(int i) const {
+    return tiles_ + kKvTiles + (i % T::kStages) * T::kKvSmemBytes;
+  }
+  __device__ __forceinline__ uint32_t V(int i) const {
+    return tiles_ + kKvTiles + (T::kStages + i % T::kStages) * T::kKvSmemBytes;
+  }
+  // Producer: waits until the consumers are done with block q - kQStages's slot.
+  __device__ __forceinline__ void WaitQEmpty(int q) const { q_barriers_.WaitEmpty(0, q); }
+  // Consumer: nothing this thread issued reads block q's slot any more.
+  __device__ __forceinline__ void ReleaseQ(int q) const { q_barriers_.Release(0, q); }
+
  private:
+  QBarriers q_barriers_;
   uint32_t tiles_;
 };
 
-// The producer warpgroup's whole work: Q with the first K tile, then K and V of every key tile
-// into the ring. A stage is refilled once the consumers released its previous tile; each tile is
-// published once this thread's copies of it landed (Sm90StageBarriers::Publish). One group stays
-// in flight while the previous one is waited for.
-template <class T>
-__device__ __forceinline__ void ProduceTiles(const FwdKernelArgs& args, const FwdBlock& block,
-                                             int64_t kv_offset, const typename T::Element* q,
-                                             uint32_t q_smem, const FwdSm90Ring<T>& ring,
-                                             int tid) {
-  using Element = typename T::Element;
-  const int vecs_valid = args.head_dim / T::kVecElems;
-  const int row_stride = static_cast<int>(args.kv_row_stride);
-  const auto load = [&](uint32_t smem, const void* tensor, int n) {
-    const int first_key = n * T::kBlockN;
-    const Element* src = static_cast<const Element*>(tensor) + kv_offset +
-                         int64_t{first_key} * args.kv_row_stride;
-    LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kProducerThreads>(
-        smem, src, row_stride, block.len_k - first_key, vecs_valid, tid);
-  };
-  LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
-      q_smem, q, static_cast<int>(args.q_row_stride), block.rows_valid, vecs_valid, tid);
-  using Ring = FwdSm90Ring<T>;
-  const int tiles = block.n_end - block.n_begin;
-  for (int i = 0; i < tiles; ++i) {
-    const int n = block.n_end - 1 - i;
-    if (i >= T::kStages) ring.WaitEmpty(Ring::kK, i);
-    load(ring.K(i), args.k, n);
-    ptx::CommitAsyncGroup<Sm80>();
-    if (i > 0) {
-      ptx::WaitAsyncGroups<Sm80, 1>();  // V(i - 1) landed
-      ring.Publish(Ring::kV, i - 1);
+// The query blocks of one persistent CTA: blocks b = blockIdx.x, + gridDim.x, ... of
+// m_blocks x heads x sequences, numbered query block fastest, so that the CTAs running at one
+// time share K and V in L2, and highest query block first (under causal masking it carries the
+// most key tiles), but rotated inside each (head, sequence) by the group's index: with gridDim.x
+// a multiple of m_blocks a CTA would otherwise get the same query block of every group, and
+// under causal masking the CTAs holding the last blocks would carry all the long rows
+// (1.55-1.65x the mean work against 1.03x rotated, 32x512 causal). Calls visit(cta) for each
+// block that starts inside its sequence.
+template <class T, class Visit>
+__device__ __forceinline__ void ForEachForwardBlock(const FwdKernelArgs& args,
+                                                    const FwdSm90Grid& grid, Visit&& visit) {
+  for (int b = blockIdx.x; b < grid.blocks; b += gridDim.x) {
+    const int group = b / grid.m_blocks;  // head + num_heads * sequence
+    // (b + group would overflow for b near INT_MAX.)
+    const int m_block = grid.m_blocks - 1 - (b - group * grid.m_blocks + group) % grid.m_blocks;
+    FwdCta<typename T::Element> cta;
+    if (LocateForwardBlock<T::kBlockM, T::kBlockN>(args, m_block, group % args.num_heads,
+                                                   group / args.num_heads, cta)) {
+      visit(cta);
     }
-    if (i >= T::kStages) ring.WaitEmpty(Ring::kV, i);
-    load(ring.V(i), args.v, n);
-    ptx::CommitAsyncGroup<Sm80>();
-    ptx::WaitAsyncGroups<Sm80, 1>();  // K(i) (and Q with the first) landed
-    ring.Publish(Ring::kK, i);
   }
-  ptx::WaitAsyncGroups<Sm80, 0>();
-  ring.Publish(Ring::kV, tiles - 1);
 }
+
+// The producer warpgroup: per query block that sees keys, Q with its first K tile, then K and V
+// of every key tile into the ring; the answer of a block that sees none. A stage is refilled once
+// the consumers released its previous tile, a Q slot once they finished the block before; each
+// tile is published once this thread's copies of it landed (Sm90StageBarriers::Publish). One
+// copy group stays in flight while the previous one is waited for, across blocks too.
+template <class T>
+class FwdSm90Producer {
+  using Element = typename T::Element;
+  using Ring = FwdSm90Ring<T>;
+
+ public:
+  __device__ __forceinline__ FwdSm90Producer(const FwdKernelArgs& args, const Ring& ring)
+      : args_(args), ring_(ring) {}
+
+  __device__ __forceinline__ void Block(const FwdCta<Element>& cta) {
+    // The thread index is read afresh wherever it is used: held through the loops it would
+    // spill under the producer's register cap.
+    // (One CTA per block never gets here with such a block: BeginForwardCta wrote it.)
+    if (T::kPersistent && SeesNoKeys(cta.block)) {
+      WriteKeylessBlock<T::kBlockM, T::kRowVecs, T::kProducerThreads>(args_, cta,
+                                                                      ptx::FreshThreadIdx());
+      return;
+    }
+    const int tiles = cta.block.n_end - cta.block.n_begin;
+    for (int j = 0; j < tiles; ++j) {
+      const int i = next_tile_ + j;
+      const int n = cta.block.n_end - 1 - j;
+      if (i >= T::kStages) ring_.WaitEmpty(Ring::kK, i);
+      LoadKeys(ring_.K(i), args_.k, cta, n);
+      ptx::CommitAsyncGroup<Sm80>();
+      if (i > 0) {
+        ptx::WaitAsyncGroups<Sm80, 1>();  // V(i - 1) landed, maybe the previous block's
+        ring_.Publish(Ring::kV, i - 1);
+      }
+      if (j == 0) {
+        // Only now: the consumers release the slot after the previous block's last V tile.
+        if (next_q_ >= T::kQStages) ring_.WaitQEmpty(next_q_);
+        LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
+            ring_.Q(next_q_), cta.q, static_cast<int>(args_.q_row_stride), cta.block.rows_valid,
+            args_.head_dim / T::kVecElems, ptx::FreshThreadIdx());
+        ptx::CommitAsyncGroup<Sm80>();
+      }
+      if (i >= T::kStages) ring_.WaitEmpty(Ring::kV, i);
+      LoadKeys(ring_.V(i), args_.v, cta, n);
+      ptx::CommitAsyncGroup<Sm80>();
+      ptx::WaitAsyncGroups<Sm80, 1>();  // K(i) (and Q with the block's first) landed
+      ring_.Publish(Ring::kK, i);
+    }
+    next_tile_ += tiles;
+    ++next_q_;
+  }
+
+  // Publishes the last V tile.
+  __device__ __forceinline__ void Finish() {
+    ptx::WaitAsyncGroups<Sm80, 0>();
+    if (next_tile_ > 0) ring_.Publish(Ring::kV, next_tile_ - 1);
+  }
+
+ private:
+  // Key tile n of K or V into the stage at `smem`, zero-filled past the sequence's keys.
+  __device__ __forceinline__ void LoadKeys(uint32_t smem, const void* tensor,
+                                           const FwdCta<Element>& cta, int n) const {
+    const int first_key = n * T::kBlockN;
+    const Element* src = static_cast<const Element*>(tensor) + cta.kv_offset +
+                         int64_t{first_key} * args_.kv_row_stride;
+    LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kProducerThreads>(
+        smem, src, static_cast<int>(args_.kv_row_stride), cta.block.len_k - first_key,
+        args_.head_dim / T::kVecElems, ptx::FreshThreadIdx());
+  }
+
+  const FwdKernelArgs& args_;
+  const Ring& ring_;
+  int next_tile_ = 0;  // load-order number of the next key tile
+  int next_q_ = 0;     // run-order number of the next block that sees keys
+};
 
 }  // namespace attnserve::kernels::flash

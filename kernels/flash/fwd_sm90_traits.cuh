@@ -1,7 +1,7 @@
 // Compile-time geometry of one Hopper (sm_90a) flash forward kernel (element type x head dim):
 // a producer warpgroup and 64-row consumer warpgroups (two or three per CTA), the registers each
-// role keeps, the key-tile size from the heuristic, and the shared-memory layout (Q, then the
-// K and V stages, all 128-byte swizzled for wgmma, then the stages' mbarriers).
+// role keeps, the key-tile size from the heuristic, and the shared-memory layout (the Q slots,
+// then the K and V stages, all 128-byte swizzled for wgmma, then the stages' mbarriers).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -11,13 +11,16 @@
 
 namespace attnserve::kernels::flash {
 
-template <DType kDType, int kHeadDim_>
+// kPersistent: the schedule (Sm90ForwardPersistent in tile_config.h), which sets the stages.
+template <DType kDType, int kHeadDim_, bool kPersistent_>
 struct FwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kPersistent = kPersistent_;
   static constexpr int kBlockM = Sm90ForwardBlockM(kHeadDim);
   static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim);
-  static constexpr int kStages = Sm90ForwardStages(kHeadDim);
+  static constexpr int kStages = Sm90ForwardStages(kHeadDim, kPersistent);
+  static constexpr int kQStages = Sm90ForwardQStages(kHeadDim, kPersistent);
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
@@ -37,8 +40,8 @@ struct FwdSm90Traits {
   static constexpr int kRowVecs = kHeadDim / kVecElems;
   static constexpr int kQSmemBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvSmemBytes = kBlockN * kHeadDim * 2;  // one K or V tile
-  static constexpr int kTileSmemBytes = kQSmemBytes + 2 * kStages * kKvSmemBytes;
-  static constexpr int kSmemBytes = Sm90ForwardSmemBytes(kHeadDim);
+  static constexpr int kTileSmemBytes = kQStages * kQSmemBytes + 2 * kStages * kKvSmemBytes;
+  static constexpr int kSmemBytes = Sm90ForwardSmemBytes(kHeadDim, kPersistent);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kHeadDim % 64 == 0, "head dim: whole 128-byte swizzle rows (64 elements)");
@@ -47,7 +50,8 @@ struct FwdSm90Traits {
   static_assert(kHeadDim <= 256, "P V: one wgmma N of at most 256");
   static_assert(kQSmemBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
-  static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8, "shared memory layout");
+  static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8 + 2 * kQStages * 8,
+                "shared memory layout");
   static_assert(kConsumerRegisters <= 256 &&
                     kProducerRegisters * kProducerThreads +
                             kConsumerRegisters * kConsumerThreads <=

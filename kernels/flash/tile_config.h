@@ -79,22 +79,52 @@ constexpr int Sm90ForwardBlockN(int head_dim) {
   // 64-key tiles keep shared memory at 192 KB and S at 32 floats.
   return head_dim <= 128 ? 128 : 64;
 }
-// Stages of the K/V ring between the producer warpgroup and the consumers. Measured (H100, bf16,
-// bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is worth +2 to +7% at head
-// dim 128 on every row with 2048 keys or more (-2 to -3% at 32x512; 225 KB of shared memory with
-// Q) and 0 to -2% at 64; at 256 only two fit.
-// A benchmark build may set the count at head dims up to 128 (tuning.h).
-constexpr int Sm90ForwardStages(int head_dim) {
-  if (kSm90ForwardStagesOverride != 0 && head_dim <= 128) return kSm90ForwardStagesOverride;
-  return head_dim == 128 ? 3 : 2;
+// Whether the Hopper forward runs persistent (at most one CTA per SM, each running query blocks
+// one after another, the next block's first tiles loading under the current one's end) or one
+// CTA per query block. Persistent pays where blocks are short and loses where they are long,
+// measured against one CTA per block (H100, bf16, bench/RESULTS.md "Hopper forward, persistent
+// on short keys"): +10 to +12% on 32x512 at head dims 64 and 128, +2 to +3% at 256; persistent
+// at every length ran 3% (non-causal) to 15-40% (causal) below main's numbers on 2x8192 and
+// 1x16384 and 27% on the hdim-64 mixed-length batch: the static round-robin leaves CTAs with
+// unequal work where blocks carry many key tiles, which the hardware's scheduling of one CTA
+// per block evens out.
+inline constexpr int kSm90ForwardPersistentMaxKeys = 1024;
+constexpr bool Sm90ForwardPersistent(int max_seqlen_k) {
+  return max_seqlen_k <= kSm90ForwardPersistentMaxKeys;
 }
-// Q, the K and V stages, 1 KB to align the tiles to the swizzle atoms, and four 8-byte mbarriers
-// per stage (K full / V full / K empty / V empty).
-constexpr int Sm90ForwardSmemBytes(int head_dim) {
-  return (Sm90ForwardBlockM(head_dim) +
-          2 * Sm90ForwardStages(head_dim) * Sm90ForwardBlockN(head_dim)) *
+// Stages of the K/V ring between the producer warpgroup and the consumers. One CTA per block,
+// measured (H100, bf16, bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is
+// worth +2 to +7% at head dim 128 on every row with 2048 keys or more (-2 to -3% at 32x512;
+// 225 KB of shared memory with Q) and 0 to -2% at 64; at 256 only two fit; measured again on
+// 2026-11-27, two stages ran at 0.97-0.99x three. Persistent, two stages and a second Q slot beat
+// three stages and one slot at 128 by 7 to 8% on 32x512 ("Hopper forward, persistent on short
+// keys", call 4, q2).
+// A benchmark build may set the count at head dims up to 128 (tuning.h).
+constexpr int Sm90ForwardStages(int head_dim, bool persistent) {
+  if (kSm90ForwardStagesOverride != 0 && head_dim <= 128) return kSm90ForwardStagesOverride;
+  return head_dim == 128 && !persistent ? 3 : 2;
+}
+// Q slots: while the consumers finish one query block, a persistent CTA's producer loads the
+// next block's Q into a free slot. Two up to head dim 128; at 256 the K/V ring takes the room,
+// so the next Q waits for the block's epilogue (which writes O through its Q slot) while its
+// first K tile loads. One CTA per block needs one.
+constexpr int Sm90ForwardQStages(int head_dim, bool persistent) {
+  return persistent && head_dim <= 128 ? 2 : 1;
+}
+// The Q slots, the K and V stages, 1 KB to align the tiles to the swizzle atoms, and the
+// 8-byte mbarriers: four per stage (K full / V full / K empty / V empty) and two per Q slot.
+constexpr int Sm90ForwardSmemBytes(int head_dim, bool persistent) {
+  return (Sm90ForwardQStages(head_dim, persistent) * Sm90ForwardBlockM(head_dim) +
+          2 * Sm90ForwardStages(head_dim, persistent) * Sm90ForwardBlockN(head_dim)) *
              head_dim * 2 +
-         1024 + 32 * Sm90ForwardStages(head_dim);
+         1024 + 32 * Sm90ForwardStages(head_dim, persistent) +
+         16 * Sm90ForwardQStages(head_dim, persistent);
+}
+// What the Hopper forward may need at head_dim, whichever schedule the lengths choose.
+constexpr int Sm90ForwardSmemBytes(int head_dim) {
+  return Sm90ForwardSmemBytes(head_dim, true) > Sm90ForwardSmemBytes(head_dim, false)
+             ? Sm90ForwardSmemBytes(head_dim, true)
+             : Sm90ForwardSmemBytes(head_dim, false);
 }
 
 // Hopper (sm_90a) backward dK/dV kernels (NOTES.md "Hopper backward"), query tiles of 64 rows

@@ -1,17 +1,20 @@
 """A few small flash calls for compute-sanitizer, whose race and barrier checks are too slow for
-the whole GPU suite: the forward at every Hopper head dim (warp specialized: producer, consumers,
-mbarriers, ping-pong turns) on a varlen batch, causal and not, and the backward (warp
+the whole GPU suite: the forward at every Hopper head dim (warp specialized and persistent:
+producer, consumers, mbarriers, ping-pong turns, Q slots and the K/V ring reused across the
+several query blocks each CTA runs) on a varlen batch, causal and not, and the backward (warp
 specialized too) at every Hopper head dim, causal. Run on the GPU machine as
 
   compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
   compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
 
-(--head-dims 64,128 limits both directions to those head dims, for a build of fewer of them.)
+(--head-dims 64,128 limits both directions to those head dims, for a build of fewer of them;
+--directions forward or backward runs one direction only.)
 
 Results are checked against PyTorch loosely: the point is the sanitizer's verdict, and that a
 broken barrier shows up as a wrong answer too.
 """
 import argparse
+import itertools
 import pathlib
 import sys
 
@@ -40,21 +43,32 @@ def attention(q, k, v, lens, causal):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--head-dims", default="64,128,192,256")
-    head_dims = [int(d) for d in parser.parse_args().head_dims.split(",")]
+    parser.add_argument("--directions", default="forward,backward")
+    options = parser.parse_args()
+    head_dims = [int(d) for d in options.head_dims.split(",")]
+    directions = options.directions.split(",")
     torch.manual_seed(0)
     lens = [300, 0, 129, 513]  # partial tiles, an empty sequence, several key tiles
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     total = int(cu[-1])
-    for head_dim in (d for d in head_dims if d in (64, 128, 256)):
-        for causal in (False, True):
-            q, k, v = (torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16)
-                       for _ in range(3))
-            out = LIB.forward(q, k, v, cu.cuda(), cu.cuda(), max(lens), max(lens), causal=causal,
-                              cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)[0]
-            err = (out.float() - attention(q, k, v, lens, causal)).abs().max().item()
-            print(f"forward hdim {head_dim} causal {causal}: max abs error {err:.2e}")
+    # The forward's two schedules (kernels/flash/tile_config.h, Sm90ForwardPersistent): up to
+    # 1024 keys persistent, with 16 heads 192-320 query blocks, several per CTA; then one CTA per
+    # query block, with a sequence of 1100.
+    schedules = [(lens, 16), ([1100, 0, 129, 5], 2)]
+    for head_dim in (d for d in head_dims if d in (64, 128, 256) and "forward" in directions):
+        for (fwd_lens, heads), causal in itertools.product(schedules, (False, True)):
+            fwd_cu = torch.tensor([0] + torch.tensor(fwd_lens).cumsum(0).tolist(),
+                                  dtype=torch.int32)
+            q, k, v = (torch.randn(int(fwd_cu[-1]), heads, head_dim, device="cuda",
+                                   dtype=torch.bfloat16) for _ in range(3))
+            out = LIB.forward(q, k, v, fwd_cu.cuda(), fwd_cu.cuda(), max(fwd_lens),
+                              max(fwd_lens), causal=causal, cu_seqlens_q_host=fwd_cu,
+                              cu_seqlens_k_host=fwd_cu)[0]
+            err = (out.float() - attention(q, k, v, fwd_lens, causal)).abs().max().item()
+            print(f"forward hdim {head_dim} lengths {fwd_lens} causal {causal}: "
+                  f"max abs error {err:.2e}")
             assert err < 2e-2, err
-    for head_dim in head_dims:
+    for head_dim in (d for d in head_dims if "backward" in directions):
         q, k, v = (torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
         dout = torch.randn_like(q)

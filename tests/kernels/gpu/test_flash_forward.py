@@ -159,6 +159,19 @@ def test_long_sequences(request, dtype, lens, mask, head_dim):
     check(q, k, v, cu_q, cu_k, MASKS[mask])
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "causal", "window_left20"])
+def test_many_blocks_per_cta(request, head_dim, mask):
+    # Far more query blocks than SMs, and at most 700 keys, so the Hopper forward runs
+    # persistent: each CTA runs one block after another, reusing its Q slots and continuing its
+    # K/V ring, with blocks past their sequence's end and (causal, more queries than keys)
+    # blocks that see no key among them.
+    lens_q = [300, 0, 129, 513, 64, 1, 700]
+    lens_k = [64, 5, 129, 513, 300, 1, 200]
+    q, k, v, cu_q, cu_k = make_inputs(request, lens_q, lens_k, 40, 8, head_dim, torch.bfloat16)
+    check(q, k, v, cu_q, cu_k, MASKS[mask])
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_large_scores_stay_finite(request, head_dim):
     # Scores around +-100: the online softmax must rescale without overflow.
@@ -260,13 +273,17 @@ def _forward_kernels(lib, head_dim, max_seqlen_k):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_sm90_forward_choice(head_dim):
     """Hopper: the wgmma forward runs whatever the lengths (when this build has it: sm_90
-    targeted, the head dim in ATTN_HEAD_DIMS); disabling PATH_SM90_FORWARD switches it off."""
-    def ran_sm90(lib, max_seqlen_k):
+    targeted, the head dim in ATTN_HEAD_DIMS), persistent up to 1024 keys and one CTA per query
+    block beyond (kernels/flash/tile_config.h, Sm90ForwardPersistent); disabling
+    PATH_SM90_FORWARD switches it off."""
+    def sm90_kernels(lib, max_seqlen_k):
         names = _forward_kernels(lib, head_dim, max_seqlen_k)
         assert any("FlashForward" in name for name in names), names
-        return any("FlashForwardSm90Kernel" in name for name in names)
+        return {kernel for kernel in ("FlashForwardSm90Kernel", "FlashForwardSm90PersistentKernel")
+                if any(kernel in name for name in names)}
 
-    assert ran_sm90(LIB, 1000)
-    assert ran_sm90(LIB, 8192)
-    assert not ran_sm90(SM80_ON_HOPPER, 1000)
-    assert not ran_sm90(SM80_ON_HOPPER, 8192)
+    assert sm90_kernels(LIB, 1000) == {"FlashForwardSm90PersistentKernel"}
+    assert sm90_kernels(LIB, 1025) == {"FlashForwardSm90Kernel"}
+    assert sm90_kernels(LIB, 8192) == {"FlashForwardSm90Kernel"}
+    assert not sm90_kernels(SM80_ON_HOPPER, 1000)
+    assert not sm90_kernels(SM80_ON_HOPPER, 8192)
