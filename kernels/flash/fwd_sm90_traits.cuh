@@ -18,7 +18,7 @@ struct FwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPersistent = kPersistent_;
   static constexpr int kBlockM = Sm90ForwardBlockM(kHeadDim);
-  static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim);
+  static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim, kPersistent);
   static constexpr int kStages = Sm90ForwardStages(kHeadDim, kPersistent);
   static constexpr int kQStages = Sm90ForwardQStages(kHeadDim, kPersistent);
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
@@ -46,7 +46,8 @@ struct FwdSm90Traits {
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kHeadDim % 64 == 0, "head dim: whole 128-byte swizzle rows (64 elements)");
   static_assert(kBlockM % 64 == 0, "block rows: whole 64-row warpgroups");
-  static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "key tile: a wgmma N of 64..256");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 256,
+                "key tile: a wgmma N of 64..256 and whole k16 steps of P V");
   static_assert(kHeadDim <= 256, "P V: one wgmma N of at most 256");
   static_assert(kQSmemBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");

@@ -72,12 +72,17 @@ constexpr int Sm90ForwardBlockM(int head_dim) {
   // registers for a third (160 per consumer thread with four warpgroups; enough at 64).
   return head_dim <= 64 ? 192 : 128;
 }
-constexpr int Sm90ForwardBlockN(int head_dim) {
+constexpr int Sm90ForwardBlockN(int head_dim, bool persistent) {
   // 64/128: 128-key tiles: S (64 floats) + O (32/64) + P (32 registers) stay under the cap,
   // and shared memory (Q + 2 / 3 stages of K and V) is 88/225 KB.
-  // 256: O alone is 128 floats per thread and Q + 2 stages of 128-key K/V would be 320 KB;
-  // 64-key tiles keep shared memory at 192 KB and S at 32 floats.
-  return head_dim <= 128 ? 128 : 64;
+  // 256: O alone is 128 floats per thread and Q + 2 stages of 128-key K/V would be 320 KB.
+  // 80-key tiles (FlashAttention-3's) with one CTA per block: shared memory 225 KB, S 40 floats;
+  // measured against 64 (H100, bf16, bench/RESULTS.md "Hopper forward at 256: 80-key tiles with
+  // one CTA per block"): +3 to +6% on every anchor row of 2048 keys or more, -3 to -10% on
+  // 32x512, where 512 keys fill 6.4 tiles. So 64-key tiles (193 KB, S 32 floats) when
+  // persistent (up to 1024 keys).
+  if (head_dim <= 128) return 128;
+  return persistent ? 64 : 80;
 }
 // Whether the Hopper forward runs persistent (at most one CTA per SM, each running query blocks
 // one after another, the next block's first tiles loading under the current one's end) or one
@@ -115,7 +120,7 @@ constexpr int Sm90ForwardQStages(int head_dim, bool persistent) {
 // 8-byte mbarriers: four per stage (K full / V full / K empty / V empty) and two per Q slot.
 constexpr int Sm90ForwardSmemBytes(int head_dim, bool persistent) {
   return (Sm90ForwardQStages(head_dim, persistent) * Sm90ForwardBlockM(head_dim) +
-          2 * Sm90ForwardStages(head_dim, persistent) * Sm90ForwardBlockN(head_dim)) *
+          2 * Sm90ForwardStages(head_dim, persistent) * Sm90ForwardBlockN(head_dim, persistent)) *
              head_dim * 2 +
          1024 + 32 * Sm90ForwardStages(head_dim, persistent) +
          16 * Sm90ForwardQStages(head_dim, persistent);
