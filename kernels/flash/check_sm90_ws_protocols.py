@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """CPU check of the warp-specialized Hopper kernels' synchronization: the forward
 (fwd_sm90_ring.cuh, fwd_sm90_kernel.cuh; one CTA per query block, and persistent CTAs running
-several blocks with Q slots and the K/V ring's tile numbers running on) and the backward dK/dV kernels at head dims 64/128
-(bwd_sm90_kernel.cuh) and 192/256 (bwd_sm90_wide_kernel.cuh), all on sm90_stage_barriers.cuh.
+several blocks with Q slots and the K/V ring's tile numbers running on) and the backward dK/dV
+kernels at head dims 64/128 (bwd_sm90_kernel.cuh) and 192/256 (bwd_sm90_wide_kernel.cuh), all on
+sm90_stage_barriers.cuh.
 
 The producer warpgroup and the consumer warpgroups run the kernel's sequence of barrier
 operations, copies and wgmma reads as coroutines under many random schedules. Checked in the
