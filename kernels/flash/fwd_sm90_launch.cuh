@@ -18,12 +18,7 @@ KernelStatus LaunchForwardSm90Persistent(const FwdKernelArgs& args, const FwdGri
                                          cudaStream_t stream) {
   using T = FwdSm90Traits<kDType, kHeadDim, true>;
   const auto kernel = &FlashForwardSm90PersistentKernel<kDType, kHeadDim>;
-  const cudaError_t attr_err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-  if (attr_err != cudaSuccess) {
-    return KernelStatus::Error(std::string("flash: cudaFuncSetAttribute failed: ") +
-                               cudaGetErrorString(attr_err));
-  }
+  if (KernelStatus status = AllowForwardSmem(kernel, T::kSmemBytes); !status.ok) return status;
   const int m_blocks = (grid.max_seqlen_q + T::kBlockM - 1) / T::kBlockM;
   const int64_t blocks = int64_t{m_blocks} * args.num_heads * grid.batch;
   if (blocks > INT_MAX) {
@@ -36,12 +31,7 @@ KernelStatus LaunchForwardSm90Persistent(const FwdKernelArgs& args, const FwdGri
   const int ctas = static_cast<int>(std::min<int64_t>(blocks, std::max(grid.multiprocessors, 1)));
   kernel<<<ctas, T::kThreads, T::kSmemBytes, stream>>>(
       args, FwdSm90Grid{m_blocks, static_cast<int>(blocks)});
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return KernelStatus::Error(std::string("flash: sm90 persistent forward launch failed: ") +
-                               cudaGetErrorString(err));
-  }
-  return KernelStatus::Ok();
+  return ForwardLaunchStatus("sm90 persistent forward");
 }
 
 template <DType kDType, int kHeadDim>

@@ -104,10 +104,10 @@ class FwdSm90Producer {
   __device__ __forceinline__ FwdSm90Producer(const FwdKernelArgs& args, const Ring& ring)
       : args_(args), ring_(ring) {}
 
+  // The thread index is read afresh wherever it is used (ptx::FreshThreadIdx): held through
+  // the loops it would spill under the producer's register cap.
   __device__ __forceinline__ void Block(const FwdCta<Element>& cta) {
-    // The thread index is read afresh wherever it is used: held through the loops it would
-    // spill under the producer's register cap.
-    // (One CTA per block never gets here with such a block: BeginForwardCta wrote it.)
+    // (One CTA per block never gets a block that sees no key: BeginForwardCta wrote it.)
     if (T::kPersistent && SeesNoKeys(cta.block)) {
       WriteKeylessBlock<T::kBlockM, T::kRowVecs, T::kProducerThreads>(args_, cta,
                                                                       ptx::FreshThreadIdx());

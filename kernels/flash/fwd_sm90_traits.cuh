@@ -1,7 +1,8 @@
-// Compile-time geometry of one Hopper (sm_90a) flash forward kernel (element type x head dim):
-// a producer warpgroup and 64-row consumer warpgroups (two or three per CTA), the registers each
-// role keeps, the key-tile size from the heuristic, and the shared-memory layout (the Q slots,
-// then the K and V stages, all 128-byte swizzled for wgmma, then the stages' mbarriers).
+// Compile-time geometry of one Hopper (sm_90a) flash forward kernel (element type x head dim x
+// schedule): a producer warpgroup and 64-row consumer warpgroups (two or three per CTA), the
+// registers each role keeps, the key-tile size from the heuristic, and the shared-memory layout
+// (the Q slots, then the K and V stages, all 128-byte swizzled for wgmma, then the stages'
+// mbarriers).
 #pragma once
 
 #include "kernels/attention_params.h"

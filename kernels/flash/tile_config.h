@@ -2,6 +2,8 @@
 // comment per choice. Plain C++ so the host dispatcher and the kernels agree on every number.
 #pragma once
 
+#include <algorithm>
+
 #include "kernels/flash/arch.h"
 #include "kernels/flash/tuning.h"
 
@@ -127,9 +129,7 @@ constexpr int Sm90ForwardSmemBytes(int head_dim, bool persistent) {
 }
 // What the Hopper forward may need at head_dim, whichever schedule the lengths choose.
 constexpr int Sm90ForwardSmemBytes(int head_dim) {
-  return Sm90ForwardSmemBytes(head_dim, true) > Sm90ForwardSmemBytes(head_dim, false)
-             ? Sm90ForwardSmemBytes(head_dim, true)
-             : Sm90ForwardSmemBytes(head_dim, false);
+  return std::max(Sm90ForwardSmemBytes(head_dim, true), Sm90ForwardSmemBytes(head_dim, false));
 }
 
 // Hopper (sm_90a) backward dK/dV kernels (NOTES.md "Hopper backward"), query tiles of 64 rows
