@@ -166,13 +166,14 @@ def _check_backward(dtype, refs):
         dtype, refs, [from_tensor(getattr(response, name), name) for name in ("dq", "dk", "dv")])
 
 
-def valid_problem(rng, rpc: str, shape=None, dtype_name=None) -> Problem:
-    """A random problem; shape (cu_q, cu_k, heads, heads_k, dim) and dtype_name fix those."""
+def valid_problem(rng, rpc: str, shape=None, dtype_name=None, options=None) -> Problem:
+    """A random problem; shape (cu_q, cu_k, heads, heads_k, dim), dtype_name and options (the
+    attention's keyword arguments) fix those."""
     cu_q, cu_k, heads, heads_k, dim = shape or _random_shape(rng)
     dtype_name = dtype_name or str(rng.choice(list(DTYPE_WEIGHTS),
                                               p=list(DTYPE_WEIGHTS.values())))
     dtype = DTYPES[dtype_name]
-    options = _random_options(rng, dim)
+    options = _random_options(rng, dim) if options is None else options
     randn = lambda tokens, h: rng.standard_normal((tokens, h, dim)).astype(dtype)
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
     q, k, v = randn(total_q, heads), randn(total_k, heads_k), randn(total_k, heads_k)
