@@ -16,7 +16,9 @@ forward:
   then read as not completed, or as completed a phase early);
 - the ping-pong turns alternate strictly (no bar.arrive lands on a barrier phase that already
   holds one, which would complete it without its owner) and none is left pending at exit;
-- nothing deadlocks.
+- nothing deadlocks;
+and all of that also where a consumer passes over key tiles none of its rows see (before and
+after its own, or all of a block's), taking its turns and releasing their stages once landed.
 In the backward at head dims 64/128: every consumer reads a stage that holds its tile, landed
 and not overwritten; no consumer writes its dS^T rows into a buffer whose dQ product the other
 consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
@@ -160,8 +162,11 @@ def producer(ring, blocks, broken):
         ring.full_v[(next_tile - 1) % s].arrive()
 
 
-def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
-    """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot."""
+def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
+    """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot.
+    own[b] is (front, back): how many of block b's key tiles this warpgroup passes over
+    (PassOver: none of its rows sees them) before its own tiles and after them, in visit order;
+    (0, 0) is the shipped kernel, which computes every tile of the block."""
     s, qs = ring.stages, ring.q_stages
 
     def read(buf, readers, i):
@@ -176,14 +181,33 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
     def holds_q(q):
         assert ring.q[q % qs] == (f"Q of block {q}", True), f"wg {wg}, block {q}: {ring.q[q % qs]}"
 
+    def take_turn(j, tiles):
+        if pingpong:
+            while not turns[wg].arrived:
+                yield BLOCKED
+            turns[wg].arrived = 0
+            if wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn":
+                turns[(wg + 1) % warpgroups].arrive()
+
+    def pass_over(i, j, tiles):
+        if broken != "pass-over-no-turn":
+            yield from take_turn(j, tiles)
+        for full, empty in ((ring.full_k, ring.empty_k), (ring.full_v, ring.empty_v)):
+            if broken != "pass-over-no-full-wait":
+                yield from wait(full[i % s], i // s)
+            empty[i % s].arrive()
+            yield
+
     first = q = 0
-    for tiles in (t for t in blocks if t > 0):
+    for tiles, (front, back) in zip((t for t in blocks if t > 0), own):
         if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
             turns[0].arrive()
-        for j in range(tiles):
+        for j in range(front):
+            yield from pass_over(first + j, j, tiles)
+        for j in range(front, tiles - back):
             i = first + j
             yield from wait(ring.full_k[i % s], i // s)
-            if j > 0:
+            if j > front:
                 yield from wait(ring.full_v[(i - 1) % s], (i - 1) // s)
             if pingpong:
                 while not turns[wg].arrived:
@@ -192,7 +216,7 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
             holds_q(q)                                # S = Q K(i)^T issued
             ring.q_readers[q % qs].add(wg)
             read(ring.k, ring.k_readers, i)
-            if j > 0:
+            if j > front:
                 read(ring.v, ring.v_readers, i - 1)   # O += P V(i - 1) issued
             if pingpong and (wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn"):
                 turns[(wg + 1) % warpgroups].arrive()
@@ -201,16 +225,19 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
             holds_q(q)
             done(ring.k_readers, ring.empty_k, i)     # wgmma wait: S done
             yield                                     # softmax
-            if j > 0:
+            if j > front:
                 done(ring.v_readers, ring.empty_v, i - 1)
-        last = first + tiles - 1
-        yield from wait(ring.full_v[last % s], last // s)
-        read(ring.v, ring.v_readers, last)
-        yield
-        if broken == "no-last-v-release":
-            ring.v_readers[last % s].discard(wg)
-        else:
-            done(ring.v_readers, ring.empty_v, last)
+        if front < tiles - back:
+            last = first + tiles - back - 1           # the last own tile's P V
+            yield from wait(ring.full_v[last % s], last // s)
+            read(ring.v, ring.v_readers, last)
+            yield
+            if broken == "no-last-v-release":
+                ring.v_readers[last % s].discard(wg)
+            else:
+                done(ring.v_readers, ring.empty_v, last)
+        for j in range(tiles - back, tiles):
+            yield from pass_over(first + j, j, tiles)
         holds_q(q)                                    # the epilogue: O through the Q slot
         yield
         holds_q(q)
@@ -220,14 +247,30 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
         q += 1
 
 
-def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None):
+def own_tiles(blocks, warpgroups, seed, pass_over):
+    """Per warpgroup and block that sees keys: (front, back), the tiles passed over; random
+    when pass_over, including warpgroups that pass over every tile of a block."""
+    rng = random.Random(seed * 7919 + 17)
+    own = []
+    for _ in range(warpgroups):
+        ranges = []
+        for tiles in (t for t in blocks if t > 0):
+            front = rng.randint(0, tiles) if pass_over else 0
+            back = rng.randint(0, tiles - front) if pass_over else 0
+            ranges.append((front, back))
+        own.append(ranges)
+    return own
+
+
+def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None, pass_over=False):
     ring = Ring(stages, warpgroups, q_stages)
     turns = [TurnBarrier() for _ in range(warpgroups)]
+    own = own_tiles(blocks, warpgroups, seed, pass_over)
     agents = [producer(ring, blocks, broken)]
-    agents += [consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken)
+    agents += [consumer(ring, blocks, own[wg], wg, warpgroups, turns, pingpong, broken)
                for wg in range(warpgroups)]
     schedule(agents, seed, f"forward: blocks {blocks} stages {stages}/{q_stages} "
-                           f"warpgroups {warpgroups}")
+                           f"warpgroups {warpgroups} own tiles {own}")
     assert not any(t.arrived for t in turns), "a turn left pending at exit"
 
 
@@ -241,8 +284,10 @@ def check(broken=None, seeds=60):
         for stages, q_stages in ((2, 1), (3, 1), (2, 2)):
             for warpgroups in (2, 3):
                 for pingpong in (False, True):
-                    for seed in range(seeds):
-                        run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken)
+                    for pass_over in (False, True):
+                        for seed in range(seeds):
+                            run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken,
+                                pass_over or broken in BROKEN_PASS_OVER)
 
 
 class NamedBarrier:
@@ -435,8 +480,12 @@ def check_wide(broken=None, seeds=60):
             run_wide(tiles, seed, broken)
 
 
+# A warpgroup passing over tiles none of its rows see (tuning.h's
+# ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS) without its turn, or releasing a stage before its tile
+# landed.
+BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
 BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn", "no-last-v-release",
-          "no-q-empty-wait", "q-wait-before-v")
+          "no-q-empty-wait", "q-wait-before-v") + BROKEN_PASS_OVER
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
 BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",

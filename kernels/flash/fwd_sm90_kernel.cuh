@@ -26,6 +26,7 @@
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
+#include "kernels/flash/tuning.h"
 
 namespace attnserve::kernels::flash {
 
@@ -65,7 +66,8 @@ class FwdSm90BlockRunner {
   // issues S(n) = Q K(n)^T and then O += P(n+1) V(n+1) on the tensor cores, waits for S(n)
   // only, and runs the softmax of tile n while P V still runs; O is rescaled once P V is done.
   // Each stage is handed back to the producer as soon as this warpgroup's wgmma reading it is
-  // complete.
+  // complete. With kSm90ForwardWarpgroupKeys, the block's key tiles that none of this
+  // warpgroup's rows see are passed over (PassOver), before and after its own.
   __device__ __forceinline__ void Run() {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -78,33 +80,43 @@ class FwdSm90BlockRunner {
       for (int e = 0; e < 4; ++e) o_[nt][e] = 0.0f;
     }
     uint32_t p[T::kPvSteps][4];  // P(n+1), the A operand of the P V in flight
-    // The last tile (no P V before it) is peeled off, so that whether a P V is in flight is
-    // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
-    // rescaled under a running P V and serializes every wgmma (C7515).
-    const int last = block_.n_end - 1;
     // The last warpgroup hands the first turn to warpgroup 0.
     if (warpgroup_ == T::kConsumerWarpgroups - 1) {
       ptx::NamedBarrierArrive<256>(kTurnBarrier);
     }
-    if (last >= block_.mask_from || last < block_.mask_below) {
-      Step<true, false>(last, first_tile_, p);
-    } else {
-      Step<false, false>(last, first_tile_, p);
+    int n = block_.n_end - 1;
+    int i = first_tile_;
+    KeyTiles own{block_.n_begin, block_.n_end};
+    if constexpr (kSm90ForwardWarpgroupKeys) {
+      own = BlockRowsKeyTiles<T::kBlockN>(args_, block_, warpgroup_ * 64, 64);
+      for (; n >= own.n_end; --n, ++i) PassOver(n, i);
     }
-    int i = first_tile_ + 1;
-    for (int n = last - 1; n >= block_.n_begin; --n, ++i) {
+    if (!kSm90ForwardWarpgroupKeys || own.n_begin < own.n_end) {
+      // The last tile (no P V before it) is peeled off, so that whether a P V is in flight is
+      // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
+      // rescaled under a running P V and serializes every wgmma (C7515).
       if (n >= block_.mask_from || n < block_.mask_below) {
-        Step<true, true>(n, i, p);
+        Step<true, false>(n, i, p);
       } else {
-        Step<false, true>(n, i, p);
+        Step<false, false>(n, i, p);
       }
+      for (--n, ++i; n >= own.n_begin; --n, ++i) {
+        if (n >= block_.mask_from || n < block_.mask_below) {
+          Step<true, true>(n, i, p);
+        } else {
+          Step<false, true>(n, i, p);
+        }
+      }
+      // The first key tile's P V.
+      ring_.WaitFull(Ring::kV, i - 1);
+      ptx::WgmmaFence();
+      IssuePV(p, ring_.V(i - 1));
+      ptx::WgmmaWait<0>(o_);
+      ring_.Release(Ring::kV, i - 1);  // the stage's next tile may be the next block's
     }
-    // The first key tile's P V.
-    ring_.WaitFull(Ring::kV, i - 1);
-    ptx::WgmmaFence();
-    IssuePV(p, ring_.V(i - 1));
-    ptx::WgmmaWait<0>(o_);
-    ring_.Release(Ring::kV, i - 1);  // the stage's next tile may be the next block's
+    if constexpr (kSm90ForwardWarpgroupKeys) {
+      for (; n >= block_.n_begin; --n, ++i) PassOver(n, i);
+    }
   }
 
   // Normalizes O, writes each warp's 16 rows through its own rows of the Q slot (no wgmma
@@ -160,10 +172,7 @@ class FwdSm90BlockRunner {
     ptx::WgmmaFence();
     IssueScores(s, ring_.K(i));
     if constexpr (kPv) IssuePV(p, ring_.V(i - 1));
-    // The turn goes to the next warpgroup; the last one's final turn has no taker.
-    if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
-      ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
-    }
+    PassTurn(n);
     ptx::WgmmaWait<kPv ? 1 : 0>(s);
     ring_.Release(Ring::kK, i);
     if (args_.softcap) {
@@ -190,6 +199,26 @@ class FwdSm90BlockRunner {
     // P(n) as 16-bit A fragments, one per k16 step.
 #pragma unroll
     for (int kk = 0; kk < T::kPvSteps; ++kk) PackPStep<Element>(s, kk, p[kk]);
+  }
+
+  // Key tile n (load-order index i), which none of this warpgroup's rows see: its turn taken
+  // and passed on at once, and its K and V stages released once they landed (a release before
+  // the tile is there could complete the stage's previous phase for a warpgroup still reading
+  // it). Q has landed with the block's first K tile, before the epilogue writes O over it.
+  __device__ __forceinline__ void PassOver(int n, int i) {
+    ptx::NamedBarrierSync<256>(kTurnBarrier + warpgroup_);
+    PassTurn(n);
+    ring_.WaitFull(Ring::kK, i);
+    ring_.Release(Ring::kK, i);
+    ring_.WaitFull(Ring::kV, i);
+    ring_.Release(Ring::kV, i);
+  }
+
+  // The turn goes to the next warpgroup; the last one's final turn of the block has no taker.
+  __device__ __forceinline__ void PassTurn(int n) {
+    if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
+      ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
+    }
   }
 
   // S = Q K^T with the K tile at `k`, one committed group (the caller fences first).
