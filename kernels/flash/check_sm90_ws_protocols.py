@@ -19,6 +19,9 @@ forward:
 - nothing deadlocks;
 and all of that also where a consumer passes over key tiles none of its rows see (before and
 after its own, or all of a block's), taking its turns and releasing their stages once landed.
+The same with the TMA producer (ATTN_FLASH_SM90_FWD_TMA): full barriers of one arrival that
+also wait for their tile's bytes, Q's bytes on its block's first K tile's barrier, copies
+landing in any order, and partial tiles by cp.async, landed before the arrival.
 In the backward at head dims 64/128: every consumer reads a stage that holds its tile, landed
 and not overwritten; no consumer writes its dS^T rows into a buffer whose dQ product the other
 consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
@@ -45,13 +48,26 @@ class Deadlock(Exception):
 
 
 class Mbarrier:
+    """A phase completes once `count` arrivals are in and its transaction count (bytes that TMA
+    copies signal, expected by mbarrier.expect_tx; here one unit per copy) is back to zero."""
+
     def __init__(self, count):
-        self.count, self.pending, self.completed = count, 0, 0
+        self.count, self.pending, self.completed, self.tx = count, 0, 0, 0
 
     def arrive(self):
         self.pending += 1
         assert self.pending <= self.count
-        if self.pending == self.count:
+        self._complete()
+
+    def expect_tx(self, units):
+        self.tx += units
+
+    def complete_tx(self, units):
+        self.tx -= units
+        self._complete()
+
+    def _complete(self):
+        if self.pending == self.count and self.tx == 0:
             self.pending, self.completed = 0, self.completed + 1
 
     def ready(self, use):
@@ -74,6 +90,7 @@ class TurnBarrier:
 class Ring:
     def __init__(self, stages, consumers, q_stages=1):
         self.stages, self.q_stages = stages, q_stages
+        self.tma = []  # TMA copies issued and not landed: (buffer, stage, barrier)
         self.full_k = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.full_v = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.empty_k = [Mbarrier(consumers) for _ in range(stages)]
@@ -160,6 +177,79 @@ def producer(ring, blocks, broken):
     wait_groups(0)
     if next_tile > 0:
         ring.full_v[(next_tile - 1) % s].arrive()
+
+
+def tma_producer(ring, blocks, seed, broken):
+    """FwdSm90TmaProducer: one thread issues each tile's TMA copies, the tile's bytes expected
+    on its full barrier (count 1) before they are issued and its arrival after them; Q goes
+    onto its block's first K tile's barrier. A partial tile (random here: the one holding a
+    sequence's last key) goes by cp.async instead, waited for before the arrival."""
+    s, qs = ring.stages, ring.q_stages
+    rng = random.Random(seed * 31 + 5)
+    in_flight = []
+
+    def tma(buf, readers, stage, what, barrier):
+        assert not readers[stage], f"TMA into a stage or slot a wgmma still reads ({what})"
+        buf[stage] = (what, False)
+        barrier.expect_tx(1)
+        ring.tma.append((buf, stage, barrier))
+
+    def cp_async(buf, readers, stage, what):
+        assert not readers[stage], f"copy into a stage a wgmma still reads ({what})"
+        buf[stage] = (what, False)
+        in_flight.append((buf, stage))
+
+    def land_copies():
+        for buf, stage in in_flight:
+            buf[stage] = (buf[stage][0], True)
+        in_flight.clear()
+
+    next_tile = next_q = 0
+    for tiles in (t for t in blocks if t > 0):
+        for j in range(tiles):
+            i = next_tile + j
+            partial = rng.random() < 0.3
+            for kind, buf, readers, full, empty in (
+                    ("K", ring.k, ring.k_readers, ring.full_k, ring.empty_k),
+                    ("V", ring.v, ring.v_readers, ring.full_v, ring.empty_v)):
+                if i >= s:
+                    yield from wait(empty[i % s], i // s - 1)
+                if partial:
+                    cp_async(buf, readers, i % s, i)
+                else:
+                    tma(buf, readers, i % s, i, full[i % s])
+                yield
+                q_after_arrive = kind == "K" and j == 0 and broken == "tma-q-after-arrive"
+                if kind == "K" and j == 0 and not q_after_arrive:
+                    if next_q >= qs:
+                        yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+                    tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
+                    yield
+                if partial and broken != "tma-partial-no-wait":
+                    land_copies()  # cp.async.wait_group 0, the proxy fence, the producers' barrier
+                full[i % s].arrive()
+                yield
+                land_copies()  # (broken: the copies land only after the arrival)
+                if q_after_arrive:
+                    if next_q >= qs:
+                        yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+                    tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
+        next_tile += tiles
+        next_q += 1
+
+
+def tma_engine(ring, producer_done, seed):
+    """Lands the TMA copies in flight in random order, each completing its bytes on its
+    barrier; runs until the producer is done and nothing is in flight."""
+    rng = random.Random(seed * 7 + 1)
+    while not (producer_done[0] and not ring.tma):
+        if not ring.tma or rng.random() < 0.5:
+            yield BLOCKED if not ring.tma else None
+            continue
+        buf, stage, barrier = ring.tma.pop(rng.randrange(len(ring.tma)))
+        buf[stage] = (buf[stage][0], True)
+        barrier.complete_tx(1)
+        yield
 
 
 def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
@@ -262,11 +352,21 @@ def own_tiles(blocks, warpgroups, seed, pass_over):
     return own
 
 
-def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None, pass_over=False):
+def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None, pass_over=False,
+        tma=False):
     ring = Ring(stages, warpgroups, q_stages)
     turns = [TurnBarrier() for _ in range(warpgroups)]
     own = own_tiles(blocks, warpgroups, seed, pass_over)
-    agents = [producer(ring, blocks, broken)]
+    if tma:
+        producer_done = [False]
+
+        def tma_producer_then_done():
+            yield from tma_producer(ring, blocks, seed, broken)
+            producer_done[0] = True
+
+        agents = [tma_producer_then_done(), tma_engine(ring, producer_done, seed)]
+    else:
+        agents = [producer(ring, blocks, broken)]
     agents += [consumer(ring, blocks, own[wg], wg, warpgroups, turns, pingpong, broken)
                for wg in range(warpgroups)]
     schedule(agents, seed, f"forward: blocks {blocks} stages {stages}/{q_stages} "
@@ -284,10 +384,12 @@ def check(broken=None, seeds=60):
         for stages, q_stages in ((2, 1), (3, 1), (2, 2)):
             for warpgroups in (2, 3):
                 for pingpong in (False, True):
-                    for pass_over in (False, True):
+                    for pass_over, tma in ((False, False), (True, False), (False, True),
+                                           (True, True)):
                         for seed in range(seeds):
                             run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken,
-                                pass_over or broken in BROKEN_PASS_OVER)
+                                pass_over or broken in BROKEN_PASS_OVER,
+                                tma or broken in BROKEN_TMA)
 
 
 class NamedBarrier:
@@ -484,8 +586,11 @@ def check_wide(broken=None, seeds=60):
 # ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS) without its turn, or releasing a stage before its tile
 # landed.
 BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
+# The TMA producer (ATTN_FLASH_SM90_FWD_TMA) arriving before Q's bytes are expected, or before
+# a partial tile's cp.async copies landed.
+BROKEN_TMA = ("tma-q-after-arrive", "tma-partial-no-wait")
 BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn", "no-last-v-release",
-          "no-q-empty-wait", "q-wait-before-v") + BROKEN_PASS_OVER
+          "no-q-empty-wait", "q-wait-before-v") + BROKEN_PASS_OVER + BROKEN_TMA
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
 BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",

@@ -73,6 +73,13 @@ struct FwdCta {
   Element* out;
   float* lse;
   int64_t kv_offset;
+  // The same places as tensor coordinates (what TMA loads take, in int32: its launcher refuses
+  // tensors of 2^31 rows or more): the block's first row of q and its head, the sequence's
+  // first key row of k and v and the kv head.
+  int q_row;
+  int head;
+  int k_row;
+  int kv_head;
 };
 
 // Locates query block m_block of (head, sequence batch). Returns false when the block starts
@@ -90,6 +97,10 @@ __device__ __forceinline__ bool LocateForwardBlock(const FwdKernelArgs& args, in
   const int64_t first_row = int64_t{q_begin} + cta.block.row_first;
   const int64_t head_offset = int64_t{head} * args.head_dim;
   const int64_t kv_head_offset = int64_t{head / args.head_group} * args.head_dim;
+  cta.q_row = static_cast<int>(first_row);
+  cta.head = head;
+  cta.k_row = k_begin;
+  cta.kv_head = head / args.head_group;
   cta.q = static_cast<const Element*>(args.q) + first_row * args.q_row_stride + head_offset;
   cta.out = static_cast<Element*>(args.out) + first_row * args.q_row_stride + head_offset;
   cta.lse = args.lse + head * args.total_q + first_row;

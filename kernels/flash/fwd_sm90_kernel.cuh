@@ -5,7 +5,8 @@
 // stages (fwd_sm90_ring.cuh) and a consumer warpgroup per 64 query rows (two or three) computes;
 // a CTA's next block's tiles load while its current one finishes. Tiles are in wgmma's
 // 128-byte-swizzled layout, filled with cp.async (zero-fill past the sequence and in the
-// head-dim padding, so varlen needs no tensor maps). Per key tile each consumer computes
+// head-dim padding, so varlen needs no tensor maps; tuning.h's ATTN_FLASH_SM90_FWD_TMA loads
+// them with TMA instead: fwd_sm90_tma_producer.cuh). Per key tile each consumer computes
 // S = Q K^T (wgmma, both operands from shared memory), masks and runs the online softmax in
 // registers, and adds P V (wgmma, P from registers, V N-major from shared memory); the P V of
 // one tile runs under the softmax of the next, and with the ping-pong schedule one consumer's
@@ -21,11 +22,13 @@
 #include "kernels/flash/fwd_block.cuh"
 #include "kernels/flash/fwd_row_tile.cuh"
 #include "kernels/flash/fwd_sm90_ring.cuh"
+#include "kernels/flash/fwd_sm90_tma_producer.cuh"
 #include "kernels/flash/fwd_sm90_traits.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
+#include "kernels/flash/sm90_tensor_maps.h"
 #include "kernels/flash/tuning.h"
 
 namespace attnserve::kernels::flash {
@@ -154,6 +157,8 @@ class FwdSm90BlockRunner {
         *reinterpret_cast<uint4*>(out + row * args_.q_row_stride + vec * T::kVecElems) = value;
       }
     }
+    // The slot's next Q comes by TMA, an async-proxy write after these generic ones.
+    if constexpr (T::kTma) ptx::FenceProxyAsyncShared();
     ring_.ReleaseQ(q_index_);
   }
 
@@ -285,9 +290,22 @@ class FwdSm90BlockRunner {
   float row_sum_[2];
 };
 
+// The producer of T's loads: TMA with the tensor maps, or cp.async.
+template <class T>
+__device__ __forceinline__ auto MakeFwdSm90Producer(const FwdKernelArgs& args,
+                                                    const FwdSm90Maps<T::kTma>& maps,
+                                                    const FwdSm90Ring<T>& ring) {
+  if constexpr (T::kTma) {
+    return FwdSm90TmaProducer<T>(args, maps, ring);
+  } else {
+    return FwdSm90Producer<T>(args, ring);
+  }
+}
+
 // One CTA per query block: this CTA's (BeginForwardCta).
 template <DType kDType, int kHeadDim>
-__device__ __forceinline__ void FlashForwardSm90BlockCta(const FwdKernelArgs& args) {
+__device__ __forceinline__ void FlashForwardSm90BlockCta(
+    const FwdKernelArgs& args, const FwdSm90Maps<kSm90ForwardTma>& maps) {
   using T = FwdSm90Traits<kDType, kHeadDim, false>;
   extern __shared__ __align__(16) unsigned char smem[];
   FwdCta<typename T::Element> cta;
@@ -297,7 +315,7 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(const FwdKernelArgs& ar
   RunSm90Roles<T>(
       ring,
       [&] {
-        FwdSm90Producer<T> producer(args, ring);
+        auto producer = MakeFwdSm90Producer<T>(args, maps, ring);
         producer.Block(cta);
         producer.Finish();
       },
@@ -311,15 +329,16 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(const FwdKernelArgs& ar
 // Persistent: this CTA's blocks one after another (ForEachForwardBlock), the Q slots and the
 // K/V ring's tile numbers running on from block to block.
 template <DType kDType, int kHeadDim>
-__device__ __forceinline__ void FlashForwardSm90PersistentCta(const FwdKernelArgs& args,
-                                                              const FwdSm90Grid& grid) {
+__device__ __forceinline__ void FlashForwardSm90PersistentCta(
+    const FwdKernelArgs& args, const FwdSm90Grid& grid,
+    const FwdSm90Maps<kSm90ForwardTma>& maps) {
   using T = FwdSm90Traits<kDType, kHeadDim, true>;
   extern __shared__ __align__(16) unsigned char smem[];
   const FwdSm90Ring<T> ring((ptx::SharedAddress(smem) + 1023u) & ~1023u);
   RunSm90Roles<T>(
       ring,
       [&] {
-        FwdSm90Producer<T> producer(args, ring);
+        auto producer = MakeFwdSm90Producer<T>(args, maps, ring);
         ForEachForwardBlock<T>(args, grid, [&](const auto& cta) { producer.Block(cta); });
         producer.Finish();
       },
@@ -342,9 +361,10 @@ __device__ __forceinline__ void FlashForwardSm90PersistentCta(const FwdKernelArg
 // other pass sees a trap, never launched.
 template <DType kDType, int kHeadDim>
 __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, false>::kThreads, 1)
-    FlashForwardSm90Kernel(const __grid_constant__ FwdKernelArgs args) {
+    FlashForwardSm90Kernel(const __grid_constant__ FwdKernelArgs args,
+                           const __grid_constant__ FwdSm90Maps<kSm90ForwardTma> maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  FlashForwardSm90BlockCta<kDType, kHeadDim>(args);
+  FlashForwardSm90BlockCta<kDType, kHeadDim>(args, maps);
 #else
   __trap();
 #endif
@@ -353,9 +373,10 @@ __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, false>::kThrea
 template <DType kDType, int kHeadDim>
 __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, true>::kThreads, 1)
     FlashForwardSm90PersistentKernel(const __grid_constant__ FwdKernelArgs args,
-                                     const FwdSm90Grid grid) {
+                                     const FwdSm90Grid grid,
+                                     const __grid_constant__ FwdSm90Maps<kSm90ForwardTma> maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  FlashForwardSm90PersistentCta<kDType, kHeadDim>(args, grid);
+  FlashForwardSm90PersistentCta<kDType, kHeadDim>(args, grid, maps);
 #else
   __trap();
 #endif

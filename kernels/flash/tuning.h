@@ -32,4 +32,15 @@ inline constexpr int kSm90ForwardStagesOverride = ATTN_FLASH_SM90_FWD_STAGES;
 #endif
 inline constexpr bool kSm90ForwardWarpgroupKeys = ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS != 0;
 
+// 1: the Hopper forward's producer loads Q, K and V tiles with TMA (one thread, tensor maps made
+// on the host per launch: sm90_tensor_maps.h), each tile's bytes counted on its full barrier,
+// and with cp.async only the tile that holds a sequence's last key where the keys end inside
+// it (zero-filled rows: TMA would read the next sequence's there); 0 (shipped): every tile by
+// cp.async from the 128 producer threads. Not measured yet: TMA frees the producer's issue
+// slots and registers (its 128 threads issue 16-40 16-byte copies per K or V tile now).
+#ifndef ATTN_FLASH_SM90_FWD_TMA
+#define ATTN_FLASH_SM90_FWD_TMA 0
+#endif
+inline constexpr bool kSm90ForwardTma = ATTN_FLASH_SM90_FWD_TMA != 0;
+
 }  // namespace attnserve::kernels::flash
