@@ -172,6 +172,36 @@ def test_many_blocks_per_cta(request, head_dim, mask):
     check(q, k, v, cu_q, cu_k, MASKS[mask])
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+@pytest.mark.parametrize("lens_k", [[130, 90, 200], [1100, 90, 1300]], ids=["short", "long"])
+def test_non_finite_neighbour_stays_out(request, head_dim, mask, lens_k):
+    # A sequence of NaN and infinities between two finite ones. Key tiles and query blocks that
+    # cross a sequence's end reach into the next one's rows, which must read as zeros or be
+    # masked: nothing of the poisoned sequence may reach its neighbours' answers (P = 0 times
+    # an infinite V is NaN). Their answers must be bitwise those of the same batch with the
+    # poisoned sequence zeroed (the forward is deterministic), which `check` holds to the
+    # reference. Short keys run the Hopper forward persistent, long ones one CTA per block.
+    lens_q = [77, 40, 50]
+    q, k, v, cu_q, cu_k = make_inputs(request, lens_q, lens_k, 4, 2, head_dim, torch.bfloat16)
+    rows_q = slice(lens_q[0], lens_q[0] + lens_q[1])
+    rows_k = slice(lens_k[0], lens_k[0] + lens_k[1])
+    for tensor, rows in ((q, rows_q), (k, rows_k), (v, rows_k)):
+        tensor[rows] = 0
+    check(q, k, v, cu_q, cu_k, MASKS[mask])
+    clean = [run_flash(q, k, v, cu_q, cu_k, MASKS[mask], lib) for _, lib in FORWARD_LIBS]
+    q[rows_q] = math.nan
+    k[rows_k, 0] = math.nan
+    k[rows_k, 1] = math.inf
+    v[rows_k] = -math.inf
+    keep = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
+    keep[rows_q] = False
+    for (path, lib), (clean_out, clean_lse) in zip(FORWARD_LIBS, clean):
+        out, lse = run_flash(q, k, v, cu_q, cu_k, MASKS[mask], lib)
+        assert torch.equal(out[keep], clean_out[keep]), f"{path}: a neighbour's out changed"
+        assert torch.equal(lse[:, keep], clean_lse[:, keep]), f"{path}: a neighbour's lse changed"
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_large_scores_stay_finite(request, head_dim):
     # Scores around +-100: the online softmax must rescale without overflow.
