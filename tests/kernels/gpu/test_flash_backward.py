@@ -157,6 +157,50 @@ def test_long_sequences(request, dtype, lens, mask, head_dim):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_non_finite_neighbour_stays_out(request, head_dim, mask):
+    # A sequence of NaN and infinities (q, k, v and dout) between two finite ones. Query tiles
+    # and key blocks that cross a sequence's end reach into the next one's rows, which must read
+    # as zeros or be masked (P = 0 times an infinite dO is NaN), and dQ must not be added across
+    # it: the neighbours' gradients must match the reference of the same batch with the
+    # poisoned sequence zeroed.
+    lens_q, lens_k = [77, 40, 150], [130, 90, 200]
+    opts = MASKS[mask]
+    q, k, v, cu_q, cu_k = make_inputs(request, lens_q, lens_k, 4, 2, head_dim, torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(
+        (int(os.environ["ATTN_TEST_SEED"]) + zlib.crc32(request.node.nodeid.encode())) % (1 << 63))
+    dout = torch.randn(q.shape, generator=gen, device="cuda").to(q.dtype)
+    rows_q = slice(lens_q[0], lens_q[0] + lens_q[1])
+    rows_k = slice(lens_k[0], lens_k[0] + lens_k[1])
+    for tensor, rows in ((q, rows_q), (dout, rows_q), (k, rows_k), (v, rows_k)):
+        tensor[rows] = 0
+    refs = reference_grads(q, k, v, dout, cu_q, cu_k, opts)
+    theirs = pytorch_low_precision_grads(q, k, v, dout, cu_q, cu_k, opts)
+    rows, keys = seen_rows_and_keys(q, k, cu_q, cu_k, opts)
+    q[rows_q] = math.nan
+    dout[rows_q] = math.inf
+    k[rows_k, 0] = math.nan
+    k[rows_k, 1] = math.inf
+    v[rows_k] = -math.inf
+    out, lse = run_flash(q, k, v, cu_q, cu_k, opts)
+    keep_q = torch.ones(q.shape[0], dtype=torch.bool, device="cuda")
+    keep_q[rows_q] = False
+    keep_k = torch.ones(k.shape[0], dtype=torch.bool, device="cuda")
+    keep_k[rows_k] = False
+    keep = (keep_q, keep_k, keep_k)
+    for path, lib in BACKWARD_LIBS:
+        for deterministic in (False, True):
+            if deterministic and lib is SM80_ON_HOPPER[1]:
+                continue
+            if DEVICE_ATOMIC_ONLY and (deterministic or path != "device"):
+                continue
+            grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
+            check_grads([g[m] for g, m in zip(grads, keep)], [r[m] for r, m in zip(refs, keep)],
+                        [t[m] for t, m in zip(theirs, keep)], rows[keep_q], keys[keep_k],
+                        deterministic, path)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_deterministic_bitwise(request, head_dim):
     q, k, v, cu_q, cu_k = make_inputs(request, [900, 300, 17], [1100, 300, 40], 8, 2, head_dim,
                                       torch.bfloat16)
