@@ -4,7 +4,7 @@
 # (default /tmp/attn_gpu_out); the last lines printed are the test summary and the table.
 #
 #   bench/run_gpu.sh [--skip-tests] [--skip-bench] [--skip-fwd-bench] [--skip-bwd-bench]
-#                    [--bwd-variant NAME=FLAGS]... [--tests PATH]
+#                    [--bwd-variant NAME=FLAGS]... [--fwd-variant NAME=FLAGS]... [--tests PATH]
 #                    [--bwd-head-dims LIST] [--head-dims LIST] [--bwd-path-column NAME=OFF]...
 #                    [--bwd-atomic-only] [--bwd-variant-tests EXPR] [--ref-tree DIR]
 #
@@ -15,13 +15,15 @@
 # build with code path OFF disabled (bench_flash.py --lib; e.g. ours-sm80bwd=no-sm90-bwd).
 # --bwd-variant NAME=FLAGS (repeatable) builds the kernels once more (hdim 64/128, or --head-dims) with FLAGS
 # added to the C++ and CUDA flags (e.g. "-DATTN_FLASH_SM90_FWD_STAGES=3", a knob of
-# kernels/flash/tuning.h) and adds NAME as columns of the backward benchmark (a forward knob's
-# build is then timed with bench_flash.py --lib NAME=build-gpu-bwd-NAME/lib/libattn_capi.so).
+# kernels/flash/tuning.h) and adds NAME as columns of the backward benchmark;
+# --fwd-variant NAME=FLAGS (repeatable) the same for a forward knob: its build (also in
+# build-gpu-bwd-NAME/) becomes columns of the forward benchmark.
 # --bwd-atomic-only times the atomic-dQ mode only (no NAME-det columns: the deterministic mode
 # runs the sm80 kernels, which the --bwd-variant flags of the Hopper kernels do not change).
 # --bwd-variant-tests EXPR runs, after the benchmarks, the --tests PATH cases selected by
-# pytest -k EXPR against each --bwd-variant build (all at once, the device path's atomic mode
-# only, each within $VARIANT_TEST_TIMEOUT seconds if set; logs $OUT/pytest-NAME.log).
+# pytest -k EXPR against each --bwd-variant and --fwd-variant build (all at once, the backward
+# tests in the device path's atomic mode only, each within $VARIANT_TEST_TIMEOUT seconds if
+# set; logs $OUT/pytest-NAME.log).
 # --ref-tree DIR builds another checkout of the project (e.g. `git archive main` unpacked into
 # the ignored .ref-tree/, sent with the run tool's carry) with the same head dims and adds it as
 # the column `ref` to both benchmarks: a change measured side by side with what it replaces.
@@ -35,6 +37,7 @@ run_bench=1
 run_fwd_bench=1
 run_bwd_bench=1
 bwd_variants=()
+fwd_variants=()
 test_path=tests/kernels/gpu
 bwd_head_dims=64,128,192,256
 build_head_dims=()
@@ -50,6 +53,7 @@ value_of() {  # option, remaining argument count
 while (($#)); do
   case "$1" in
     --bwd-variant) value_of "$1" $#; bwd_variants+=("$2"); shift ;;
+    --fwd-variant) value_of "$1" $#; fwd_variants+=("$2"); shift ;;
     --tests) value_of "$1" $#; test_path="$2"; shift ;;
     --bwd-head-dims) value_of "$1" $#; bwd_head_dims="$2"; shift ;;
     --head-dims)
@@ -105,13 +109,19 @@ if [[ -n "$ref_tree" ]]; then
 fi
 
 bwd_variant_libs=()
-for spec in "${bwd_variants[@]}"; do
+fwd_variant_libs=()
+for spec in "${bwd_variants[@]}" "${fwd_variants[@]}"; do
   name="${spec%%=*}"
   flags="${spec#*=}"
   dir="build-gpu-bwd-$name"
   configure_and_build "$dir" "$OUT/build-bwd-variant.log.$name" -DATTN_HEAD_DIMS="$variant_head_dims" \
     "-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" &
-  bwd_variant_libs+=("--lib" "$name=$dir/lib/libattn_capi.so")
+done
+for spec in "${bwd_variants[@]}"; do
+  bwd_variant_libs+=("--lib" "${spec%%=*}=build-gpu-bwd-${spec%%=*}/lib/libattn_capi.so")
+done
+for spec in "${fwd_variants[@]}"; do
+  fwd_variant_libs+=("--lib" "${spec%%=*}=build-gpu-bwd-${spec%%=*}/lib/libattn_capi.so")
 done
 
 status=0
@@ -130,7 +140,7 @@ for log in "$OUT"/build-bwd-variant.log.*; do
 done
 
 if ((run_bench && run_fwd_bench)); then
-  python3 bench/bench_flash.py --lib "ours=$ATTN_CAPI" "${ref_libs[@]}" \
+  python3 bench/bench_flash.py --lib "ours=$ATTN_CAPI" "${fwd_variant_libs[@]}" "${ref_libs[@]}" \
     --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 fi
 if ((run_bench && run_bwd_bench)); then
@@ -140,14 +150,14 @@ if ((run_bench && run_bwd_bench)); then
     tee "$OUT/bench_bwd.log"
 fi
 if [[ -n "$variant_tests" ]]; then
-  for spec in "${bwd_variants[@]}"; do
+  for spec in "${bwd_variants[@]}" "${fwd_variants[@]}"; do
     name="${spec%%=*}"
     ATTN_CAPI="$PWD/build-gpu-bwd-$name/lib/libattn_capi.so" ATTN_TEST_BWD_DEVICE_ATOMIC_ONLY=1 \
       timeout "${VARIANT_TEST_TIMEOUT:-0}" python3 -m pytest "$test_path" -q -rfE \
       -p no:cacheprovider -k "$variant_tests" >"$OUT/pytest-$name.log" 2>&1 &
   done
   wait
-  for spec in "${bwd_variants[@]}"; do
+  for spec in "${bwd_variants[@]}" "${fwd_variants[@]}"; do
     name="${spec%%=*}"
     echo "pytest $name: $(tail -1 "$OUT/pytest-$name.log")"
   done
