@@ -106,6 +106,18 @@ __device__ __forceinline__ void LoadKeyTileAsync(uint32_t smem, const void* tens
       args.head_dim / T::kVecElems, ptx::FreshThreadIdx());
 }
 
+// Persistent: a block that sees no key gets its answer (out = 0, lse = +inf) from the producer's
+// threads, and the consumers skip it; returns whether it was one. (One CTA per block never gets
+// such a block: BeginForwardCta wrote it.)
+template <class T>
+__device__ __forceinline__ bool WroteKeylessBlock(const FwdKernelArgs& args,
+                                                  const FwdCta<typename T::Element>& cta) {
+  if (!T::kPersistent || !SeesNoKeys(cta.block)) return false;
+  WriteKeylessBlock<T::kBlockM, T::kRowVecs, T::kProducerThreads>(args, cta,
+                                                                  ptx::FreshThreadIdx());
+  return true;
+}
+
 // The producer warpgroup: per query block that sees keys, Q with its first K tile, then K and V
 // of every key tile into the ring; the answer of a block that sees none. A stage is refilled once
 // the consumers released its previous tile, a Q slot once they finished the block before; each
@@ -123,12 +135,7 @@ class FwdSm90Producer {
   // The thread index is read afresh wherever it is used (ptx::FreshThreadIdx): held through
   // the loops it would spill under the producer's register cap.
   __device__ __forceinline__ void Block(const FwdCta<Element>& cta) {
-    // (One CTA per block never gets a block that sees no key: BeginForwardCta wrote it.)
-    if (T::kPersistent && SeesNoKeys(cta.block)) {
-      WriteKeylessBlock<T::kBlockM, T::kRowVecs, T::kProducerThreads>(args_, cta,
-                                                                      ptx::FreshThreadIdx());
-      return;
-    }
+    if (WroteKeylessBlock<T>(args_, cta)) return;
     const int tiles = cta.block.n_end - cta.block.n_begin;
     for (int j = 0; j < tiles; ++j) {
       const int i = next_tile_ + j;

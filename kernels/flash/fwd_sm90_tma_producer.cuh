@@ -33,11 +33,7 @@ class FwdSm90TmaProducer {
       : args_(args), maps_(maps), ring_(ring) {}
 
   __device__ __forceinline__ void Block(const FwdCta<Element>& cta) {
-    if (T::kPersistent && SeesNoKeys(cta.block)) {
-      WriteKeylessBlock<T::kBlockM, T::kRowVecs, T::kProducerThreads>(args_, cta,
-                                                                      ptx::FreshThreadIdx());
-      return;
-    }
+    if (WroteKeylessBlock<T>(args_, cta)) return;
     const int tiles = cta.block.n_end - cta.block.n_begin;
     for (int j = 0; j < tiles; ++j) {
       const int i = next_tile_ + j;

@@ -1,7 +1,8 @@
 // The flash kernels' benchmark-only tuning knobs: every one the records (bench/RESULTS.md,
 // NOTES.md "Tuning knobs") show close enough to the shipped choice to be worth measuring again.
 // Normal builds define none of these macros and get the shipped defaults; a benchmark build
-// defines one for C++ and CUDA alike (`bench/run_gpu.sh --bwd-variant NAME=-DMACRO=VALUE`), and
+// defines one for C++ and CUDA alike (`bench/run_gpu.sh --fwd-variant` or `--bwd-variant
+// NAME=-DMACRO=VALUE`: the build's columns in the forward or the backward benchmark), and
 // CI compiles each kept non-default value once (kernels/flash/CMakeLists.txt,
 // the attn_kernels_flash_tuning_* object libraries). Knobs whose alternative lost are deleted,
 // not kept here; a knob not measured yet says so.
