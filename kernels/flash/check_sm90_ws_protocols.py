@@ -16,12 +16,7 @@ forward:
   then read as not completed, or as completed a phase early);
 - the ping-pong turns alternate strictly (no bar.arrive lands on a barrier phase that already
   holds one, which would complete it without its owner) and none is left pending at exit;
-- nothing deadlocks;
-and all of that also where a consumer passes over key tiles none of its rows see (before and
-after its own, or all of a block's), taking its turns and releasing their stages once landed.
-The same with the TMA producer (ATTN_FLASH_SM90_FWD_TMA): full barriers of one arrival that
-also wait for their tile's bytes, Q's bytes on its block's first K tile's barrier, copies
-landing in any order, and partial tiles by cp.async, landed before the arrival.
+- nothing deadlocks.
 In the backward at head dims 64/128: every consumer reads a stage that holds its tile, landed
 and not overwritten; no consumer writes its dS^T rows into a buffer whose dQ product the other
 consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
@@ -48,26 +43,13 @@ class Deadlock(Exception):
 
 
 class Mbarrier:
-    """A phase completes once `count` arrivals are in and its transaction count (bytes that TMA
-    copies signal, expected by mbarrier.expect_tx; here one unit per copy) is back to zero."""
-
     def __init__(self, count):
-        self.count, self.pending, self.completed, self.tx = count, 0, 0, 0
+        self.count, self.pending, self.completed = count, 0, 0
 
     def arrive(self):
         self.pending += 1
         assert self.pending <= self.count
-        self._complete()
-
-    def expect_tx(self, units):
-        self.tx += units
-
-    def complete_tx(self, units):
-        self.tx -= units
-        self._complete()
-
-    def _complete(self):
-        if self.pending == self.count and self.tx == 0:
+        if self.pending == self.count:
             self.pending, self.completed = 0, self.completed + 1
 
     def ready(self, use):
@@ -90,7 +72,6 @@ class TurnBarrier:
 class Ring:
     def __init__(self, stages, consumers, q_stages=1):
         self.stages, self.q_stages = stages, q_stages
-        self.tma = []  # TMA copies issued and not landed: (buffer, stage, barrier)
         self.full_k = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.full_v = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.empty_k = [Mbarrier(consumers) for _ in range(stages)]
@@ -179,84 +160,8 @@ def producer(ring, blocks, broken):
         ring.full_v[(next_tile - 1) % s].arrive()
 
 
-def tma_producer(ring, blocks, seed, broken):
-    """FwdSm90TmaProducer: one thread issues each tile's TMA copies, the tile's bytes expected
-    on its full barrier (count 1) before they are issued and its arrival after them; Q goes
-    onto its block's first K tile's barrier. A partial tile (random here: the one holding a
-    sequence's last key) goes by cp.async instead, waited for before the arrival."""
-    s, qs = ring.stages, ring.q_stages
-    rng = random.Random(seed * 31 + 5)
-    in_flight = []
-
-    def tma(buf, readers, stage, what, barrier):
-        assert not readers[stage], f"TMA into a stage or slot a wgmma still reads ({what})"
-        buf[stage] = (what, False)
-        barrier.expect_tx(1)
-        ring.tma.append((buf, stage, barrier))
-
-    def cp_async(buf, readers, stage, what):
-        assert not readers[stage], f"copy into a stage a wgmma still reads ({what})"
-        buf[stage] = (what, False)
-        in_flight.append((buf, stage))
-
-    def land_copies():
-        for buf, stage in in_flight:
-            buf[stage] = (buf[stage][0], True)
-        in_flight.clear()
-
-    next_tile = next_q = 0
-    for tiles in (t for t in blocks if t > 0):
-        for j in range(tiles):
-            i = next_tile + j
-            partial = rng.random() < 0.3
-            for kind, buf, readers, full, empty in (
-                    ("K", ring.k, ring.k_readers, ring.full_k, ring.empty_k),
-                    ("V", ring.v, ring.v_readers, ring.full_v, ring.empty_v)):
-                if i >= s:
-                    yield from wait(empty[i % s], i // s - 1)
-                if partial:
-                    cp_async(buf, readers, i % s, i)
-                else:
-                    tma(buf, readers, i % s, i, full[i % s])
-                yield
-                q_after_arrive = kind == "K" and j == 0 and broken == "tma-q-after-arrive"
-                if kind == "K" and j == 0 and not q_after_arrive:
-                    if next_q >= qs:
-                        yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
-                    tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
-                    yield
-                if partial and broken != "tma-partial-no-wait":
-                    land_copies()  # cp.async.wait_group 0, the proxy fence, the producers' barrier
-                full[i % s].arrive()
-                yield
-                land_copies()  # (broken: the copies land only after the arrival)
-                if q_after_arrive:
-                    if next_q >= qs:
-                        yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
-                    tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
-        next_tile += tiles
-        next_q += 1
-
-
-def tma_engine(ring, producer_done, seed):
-    """Lands the TMA copies in flight in random order, each completing its bytes on its
-    barrier; runs until the producer is done and nothing is in flight."""
-    rng = random.Random(seed * 7 + 1)
-    while not (producer_done[0] and not ring.tma):
-        if not ring.tma or rng.random() < 0.5:
-            yield BLOCKED if not ring.tma else None
-            continue
-        buf, stage, barrier = ring.tma.pop(rng.randrange(len(ring.tma)))
-        buf[stage] = (buf[stage][0], True)
-        barrier.complete_tx(1)
-        yield
-
-
-def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
-    """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot.
-    own[b] is (front, back): how many of block b's key tiles this warpgroup passes over
-    (PassOver: none of its rows sees them) before its own tiles and after them, in visit order;
-    (0, 0) is the shipped kernel, which computes every tile of the block."""
+def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
+    """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot."""
     s, qs = ring.stages, ring.q_stages
 
     def read(buf, readers, i):
@@ -271,33 +176,14 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
     def holds_q(q):
         assert ring.q[q % qs] == (f"Q of block {q}", True), f"wg {wg}, block {q}: {ring.q[q % qs]}"
 
-    def take_turn(j, tiles):
-        if pingpong:
-            while not turns[wg].arrived:
-                yield BLOCKED
-            turns[wg].arrived = 0
-            if wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn":
-                turns[(wg + 1) % warpgroups].arrive()
-
-    def pass_over(i, j, tiles):
-        if broken != "pass-over-no-turn":
-            yield from take_turn(j, tiles)
-        for full, empty in ((ring.full_k, ring.empty_k), (ring.full_v, ring.empty_v)):
-            if broken != "pass-over-no-full-wait":
-                yield from wait(full[i % s], i // s)
-            empty[i % s].arrive()
-            yield
-
     first = q = 0
-    for tiles, (front, back) in zip((t for t in blocks if t > 0), own):
+    for tiles in (t for t in blocks if t > 0):
         if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
             turns[0].arrive()
-        for j in range(front):
-            yield from pass_over(first + j, j, tiles)
-        for j in range(front, tiles - back):
+        for j in range(tiles):
             i = first + j
             yield from wait(ring.full_k[i % s], i // s)
-            if j > front:
+            if j > 0:
                 yield from wait(ring.full_v[(i - 1) % s], (i - 1) // s)
             if pingpong:
                 while not turns[wg].arrived:
@@ -306,7 +192,7 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             holds_q(q)                                # S = Q K(i)^T issued
             ring.q_readers[q % qs].add(wg)
             read(ring.k, ring.k_readers, i)
-            if j > front:
+            if j > 0:
                 read(ring.v, ring.v_readers, i - 1)   # O += P V(i - 1) issued
             if pingpong and (wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn"):
                 turns[(wg + 1) % warpgroups].arrive()
@@ -315,19 +201,16 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             holds_q(q)
             done(ring.k_readers, ring.empty_k, i)     # wgmma wait: S done
             yield                                     # softmax
-            if j > front:
+            if j > 0:
                 done(ring.v_readers, ring.empty_v, i - 1)
-        if front < tiles - back:
-            last = first + tiles - back - 1           # the last own tile's P V
-            yield from wait(ring.full_v[last % s], last // s)
-            read(ring.v, ring.v_readers, last)
-            yield
-            if broken == "no-last-v-release":
-                ring.v_readers[last % s].discard(wg)
-            else:
-                done(ring.v_readers, ring.empty_v, last)
-        for j in range(tiles - back, tiles):
-            yield from pass_over(first + j, j, tiles)
+        last = first + tiles - 1
+        yield from wait(ring.full_v[last % s], last // s)
+        read(ring.v, ring.v_readers, last)
+        yield
+        if broken == "no-last-v-release":
+            ring.v_readers[last % s].discard(wg)
+        else:
+            done(ring.v_readers, ring.empty_v, last)
         holds_q(q)                                    # the epilogue: O through the Q slot
         yield
         holds_q(q)
@@ -337,40 +220,14 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
         q += 1
 
 
-def own_tiles(blocks, warpgroups, seed, pass_over):
-    """Per warpgroup and block that sees keys: (front, back), the tiles passed over; random
-    when pass_over, including warpgroups that pass over every tile of a block."""
-    rng = random.Random(seed * 7919 + 17)
-    own = []
-    for _ in range(warpgroups):
-        ranges = []
-        for tiles in (t for t in blocks if t > 0):
-            front = rng.randint(0, tiles) if pass_over else 0
-            back = rng.randint(0, tiles - front) if pass_over else 0
-            ranges.append((front, back))
-        own.append(ranges)
-    return own
-
-
-def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None, pass_over=False,
-        tma=False):
+def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None):
     ring = Ring(stages, warpgroups, q_stages)
     turns = [TurnBarrier() for _ in range(warpgroups)]
-    own = own_tiles(blocks, warpgroups, seed, pass_over)
-    if tma:
-        producer_done = [False]
-
-        def tma_producer_then_done():
-            yield from tma_producer(ring, blocks, seed, broken)
-            producer_done[0] = True
-
-        agents = [tma_producer_then_done(), tma_engine(ring, producer_done, seed)]
-    else:
-        agents = [producer(ring, blocks, broken)]
-    agents += [consumer(ring, blocks, own[wg], wg, warpgroups, turns, pingpong, broken)
+    agents = [producer(ring, blocks, broken)]
+    agents += [consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken)
                for wg in range(warpgroups)]
     schedule(agents, seed, f"forward: blocks {blocks} stages {stages}/{q_stages} "
-                           f"warpgroups {warpgroups} own tiles {own}")
+                           f"warpgroups {warpgroups}")
     assert not any(t.arrived for t in turns), "a turn left pending at exit"
 
 
@@ -384,12 +241,8 @@ def check(broken=None, seeds=60):
         for stages, q_stages in ((2, 1), (3, 1), (2, 2)):
             for warpgroups in (2, 3):
                 for pingpong in (False, True):
-                    for pass_over, tma in ((False, False), (True, False), (False, True),
-                                           (True, True)):
-                        for seed in range(seeds):
-                            run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken,
-                                pass_over or broken in BROKEN_PASS_OVER,
-                                tma or broken in BROKEN_TMA)
+                    for seed in range(seeds):
+                        run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken)
 
 
 class NamedBarrier:
@@ -582,15 +435,8 @@ def check_wide(broken=None, seeds=60):
             run_wide(tiles, seed, broken)
 
 
-# A warpgroup passing over tiles none of its rows see (tuning.h's
-# ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS) without its turn, or releasing a stage before its tile
-# landed.
-BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
-# The TMA producer (ATTN_FLASH_SM90_FWD_TMA) arriving before Q's bytes are expected, or before
-# a partial tile's cp.async copies landed.
-BROKEN_TMA = ("tma-q-after-arrive", "tma-partial-no-wait")
 BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn", "no-last-v-release",
-          "no-q-empty-wait", "q-wait-before-v") + BROKEN_PASS_OVER + BROKEN_TMA
+          "no-q-empty-wait", "q-wait-before-v")
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
 BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",
