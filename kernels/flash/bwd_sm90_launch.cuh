@@ -2,13 +2,16 @@
 // only: zero the float32 dQ workspace, the preprocess (D), the Hopper dK/dV kernel with atomic
 // dQ (bwd_sm90_kernel.cuh at head dims 64 / 128, bwd_sm90_wide_kernel.cuh at 192 / 256), the dQ
 // conversion (the sm80 path's preprocess, and its conversion kernel at 256 or the tile layout's
-// at 64 / 128 / 192, bwd_sm90_dq_tiles.cuh).
+// at 64 / 128 / 192, bwd_sm90_dq_tiles.cuh). Where the dK/dV kernel computes no dQ (256 with
+// ATTN_FLASH_SM90_BWD_DQ_KERNEL): the preprocess, the dK/dV kernel, then the dQ kernel
+// (bwd_sm90_dq_kernel.cuh), no workspace.
 #pragma once
 
 #include <string>
 
 #include "kernels/flash/bwd_launch.h"
 #include "kernels/flash/bwd_preprocess.cuh"
+#include "kernels/flash/bwd_sm90_dq_kernel.cuh"
 #include "kernels/flash/bwd_sm90_dq_tiles.cuh"
 #include "kernels/flash/bwd_sm90_kernel.cuh"
 #include "kernels/flash/bwd_sm90_wide_kernel.cuh"
@@ -20,12 +23,31 @@ inline KernelStatus BackwardSm90LaunchError(const char* what, cudaError_t err) {
                              cudaGetErrorString(err));
 }
 
+// The dQ kernel, one CTA per (128-row query block, head, sequence).
+template <DType kDType, int kHeadDim>
+KernelStatus LaunchBackwardDqSm90(const BwdKernelArgs& args, const BwdGrid& grid,
+                                  cudaStream_t stream) {
+  using T = BwdSm90DqTraits<kDType, kHeadDim>;
+  if (grid.max_seqlen_q == 0) return KernelStatus::Ok();
+  const auto kernel = &FlashBackwardDqSm90Kernel<kDType, kHeadDim>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (err != cudaSuccess) return BackwardSm90LaunchError("dQ cudaFuncSetAttribute", err);
+  const dim3 blocks((grid.max_seqlen_q + T::kBlockM - 1) / T::kBlockM, args.fwd.num_heads,
+                    grid.batch);
+  kernel<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return BackwardSm90LaunchError("dQ launch", err);
+  return KernelStatus::Ok();
+}
+
 // The atomic-dQ mode only: the dispatcher runs the deterministic mode on the sm80 path. T: the
 // dK/dV kernel's traits (kBlockN keys per CTA, kThreads, kSmemBytes).
 template <class T, DType kDType>
 KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernelArgs& args,
                                     const BwdGrid& grid, cudaStream_t stream) {
-  if (args.dq_accum == nullptr && args.fwd.total_q > 0) {
+  constexpr bool kFusedDq = T::kFusedDq;
+  if (kFusedDq && args.dq_accum == nullptr && args.fwd.total_q > 0) {
     return KernelStatus::Error("flash: sm90 backward needs the dQ workspace (atomic mode)");
   }
   cudaError_t err =
@@ -39,7 +61,7 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
       kTileDq ? TileDqWorkspaceFloats(args.fwd.total_q, grid.batch, args.fwd.num_heads,
                                       T::kHeadDim)
               : dq_elems;
-  if (dq_elems > 0) {
+  if (kFusedDq && dq_elems > 0) {
     err = cudaMemsetAsync(args.dq_accum, 0, static_cast<size_t>(workspace_floats) * 4, stream);
     if (err != cudaSuccess) return BackwardSm90LaunchError("cudaMemsetAsync", err);
   }
@@ -56,6 +78,9 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
     dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
     err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardSm90LaunchError("dK/dV launch", err);
+  }
+  if constexpr (!kFusedDq) {
+    return LaunchBackwardDqSm90<kDType, T::kHeadDim>(args, grid, stream);
   }
   if (dq_elems > 0) {
     if constexpr (kTileDq) {

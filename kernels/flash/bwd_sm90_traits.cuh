@@ -24,6 +24,7 @@ struct BwdSm90Traits {
   static constexpr int kConsumerThreads = kWarpgroups * 128;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
+  static constexpr bool kFusedDq = true;  // dQ summed here (no dQ kernel at 64 / 128)
   // setmaxnreg split of the CTA's register pool (ptx::RegisterPool): the producer only computes
   // addresses; the consumers get the rest.
   static constexpr int kProducerRegisters = kSm90BackwardProducerRegisters;

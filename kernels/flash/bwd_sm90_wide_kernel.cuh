@@ -23,7 +23,8 @@
 // product reads them from shared memory; the exchange tile keeps G in float32 (dS from P
 // rounded to 16 bits cost the sm80 role split 5-30x the dq error, NOTES.md "Backward at head
 // dims 192 and 256"). The masks, softcap, tile range, GQA sums and the dQ reductions are the
-// hdim-64/128 kernel's.
+// hdim-64/128 kernel's. Without T::kFusedDq (256 with ATTN_FLASH_SM90_BWD_DQ_KERNEL) no dQ
+// product, reduction or dS^T tile: the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ.
 #pragma once
 
 #include <cmath>
@@ -88,12 +89,14 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   __device__ __forceinline__ void RunTiles() {
     this->template RunDeferredDqTiles<kConsumersBarrier>(
         [&](int it, QueryTile prev, QueryTile tile, auto has_prev) {
-          Step<decltype(has_prev)::value, kSoftcap>(it, prev, tile);
+          Step<T::kFusedDq && decltype(has_prev)::value, kSoftcap>(it, prev, tile);
         },
         [&](QueryTile tile) {
-          const int tid = Sm90ConsumerThread<T>();
-          const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
-          Dq(iters_ - 1, tile, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
+          if constexpr (T::kFusedDq) {
+            const int tid = Sm90ConsumerThread<T>();
+            const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+            Dq(iters_ - 1, tile, warpgroup, tid % 128 / 32, tid % 32 / 4, tid % 4);
+          }
         });
   }
 
@@ -253,8 +256,11 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
             ptx::PackPair<Element>(gf[2 * h] * (dp[nt][2 * h] - dsum.x),
                                    gf[2 * h + 1] * (dp[nt][2 * h + 1] - dsum.y));
         ds[nt / 2][(nt % 2) * 2 + h] = packed;
-        ptx::StoreShared32(
-            DsSmem(it) + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
+        if constexpr (T::kFusedDq) {
+          ptx::StoreShared32(
+              DsSmem(it) + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4,
+              packed);
+        }
       }
     }
   }

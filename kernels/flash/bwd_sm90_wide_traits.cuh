@@ -46,6 +46,9 @@ struct BwdSm90WideTraits {
   // dP^T (32) and both dQ products (64) in flight at once do not fit the 240 registers the
   // consumers have beside the producer (ptxas serialized the wgmma, C7512).
   static constexpr bool kDqBBehindGrad = kHeadDim == 256;
+  // Whether this kernel computes dQ; at 256 with ATTN_FLASH_SM90_BWD_DQ_KERNEL the dQ kernel
+  // (bwd_sm90_dq_kernel.cuh) does instead, and this one only dK and dV.
+  static constexpr bool kFusedDq = !(kSm90BackwardDqKernel && kHeadDim == 256);
   static constexpr int kDqColsA = 64;
   static constexpr int kDqColsB = kHeadDim / 2 - 64;  // 64 or 32
   __host__ __device__ static constexpr int DqColA(int warpgroup) {

@@ -113,35 +113,18 @@ class FwdSm90BlockRunner {
     const int tid = Sm90ConsumerThread<T>();
     const int warp = tid / 32;
     const int lane = tid % 32;
-    const int group = lane / 4;
-    const int quad_lane = lane % 4;
+    float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float sum = QuadRowSum(row_sum_[h]);
-      const float inv = RowNormalizer(sum);
-      const int row = warp * 16 + group + 8 * h;
-#pragma unroll
-      for (int nt = 0; nt < T::kOTiles; ++nt) {
-        const uint32_t packed =
-            ptx::PackPair<Element>(o_[nt][2 * h] * inv, o_[nt][2 * h + 1] * inv);
-        ptx::StoreShared32(q_smem_ + SwizzledOffset<T::kBlockM>(row, nt) + quad_lane * 4, packed);
-      }
-      if (quad_lane == 0 && row < block_.rows_valid) {
+      inv[h] = RowNormalizer(sum);
+      const int row = warp * 16 + lane / 4 + 8 * h;
+      if (lane % 4 == 0 && row < block_.rows_valid) {
         lse[row] = RowLse(sum, row_max_[h], args_.lse_scale);
       }
     }
-    __syncwarp();
-    constexpr int kPerLane = 16 * T::kRowVecs / 32;
-#pragma unroll
-    for (int it = 0; it < kPerLane; ++it) {
-      const int idx = it * 32 + lane;
-      const int row = warp * 16 + idx / T::kRowVecs;
-      const int vec = idx % T::kRowVecs;
-      if (row < block_.rows_valid && vec < vecs_valid_) {
-        const uint4 value = ptx::LoadShared128(q_smem_ + SwizzledOffset<T::kBlockM>(row, vec));
-        *reinterpret_cast<uint4*>(out + row * args_.q_row_stride + vec * T::kVecElems) = value;
-      }
-    }
+    StoreWarpRowsThroughTile<T::kBlockM, T::kRowVecs>(q_smem_, o_, inv, out, args_.q_row_stride,
+                                                      block_.rows_valid, vecs_valid_, warp, lane);
     ring_.ReleaseQ(q_index_);
   }
 

@@ -90,22 +90,31 @@ __device__ __forceinline__ void ForEachForwardBlock(const FwdKernelArgs& args,
   }
 }
 
-// The producer warpgroup: per query block that sees keys, Q with its first K tile, then K and V
-// of every key tile into the ring; the answer of a block that sees none. A stage is refilled once
-// the consumers released its previous tile, a Q slot once they finished the block before; each
-// tile is published once this thread's copies of it landed (Sm90StageBarriers::Publish). One
-// copy group stays in flight while the previous one is waited for, across blocks too.
+// The producer warpgroup: per query block that sees keys, Q (and dO for the backward's dQ
+// kernel) with its first K tile, then K and V of every key tile into the ring; the answer of a
+// block that sees none. A stage is refilled once the consumers released its previous tile, a Q
+// slot once they finished the block before; each tile is published once this thread's copies of
+// it landed (Sm90StageBarriers::Publish). One copy group stays in flight while the previous one
+// is waited for, across blocks too.
 template <class T>
 class FwdSm90Producer {
   using Element = typename T::Element;
   using Ring = FwdSm90Ring<T>;
 
  public:
-  __device__ __forceinline__ FwdSm90Producer(const FwdKernelArgs& args, const Ring& ring)
-      : args_(args), ring_(ring) {}
+  // dout: with T::kLoadsDout (the backward's dQ kernel), the tensor laid out like q whose rows
+  // go beside Q's in the slot (dO).
+  __device__ __forceinline__ FwdSm90Producer(const FwdKernelArgs& args, const Ring& ring,
+                                             const void* dout = nullptr)
+      : args_(args), ring_(ring), dout_(static_cast<const Element*>(dout)) {}
 
   // The thread index is read afresh wherever it is used (ptx::FreshThreadIdx): held through
   // the loops it would spill under the producer's register cap.
+  // V(i) is published once K(i + 1) is issued, so that one copy group stays in flight; but the
+  // dQ kernel's consumers wait for K(i) and V(i) together while still reading K(i - 1) (its dQ
+  // product runs behind tile i's scores), and K(i + 1) waits for that stage: a cycle. There
+  // (kWholeTiles) a tile's K and V are published together once both landed.
+  static constexpr bool kWholeTiles = T::kLoadsDout;
   __device__ __forceinline__ void Block(const FwdCta<Element>& cta) {
     // (One CTA per block never gets a block that sees no key: BeginForwardCta wrote it.)
     if (T::kPersistent && SeesNoKeys(cta.block)) {
@@ -120,7 +129,7 @@ class FwdSm90Producer {
       if (i >= T::kStages) ring_.WaitEmpty(Ring::kK, i);
       LoadKeys(ring_.K(i), args_.k, cta, n);
       ptx::CommitAsyncGroup<Sm80>();
-      if (i > 0) {
+      if (!kWholeTiles && i > 0) {
         ptx::WaitAsyncGroups<Sm80, 1>();  // V(i - 1) landed, maybe the previous block's
         ring_.Publish(Ring::kV, i - 1);
       }
@@ -130,13 +139,26 @@ class FwdSm90Producer {
         LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
             ring_.Q(next_q_), cta.q, static_cast<int>(args_.q_row_stride), cta.block.rows_valid,
             args_.head_dim / T::kVecElems, ptx::FreshThreadIdx());
+        if constexpr (T::kLoadsDout) {
+          LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
+              ring_.Q(next_q_) + T::kQTileBytes,
+              dout_ + (cta.q - static_cast<const Element*>(args_.q)),
+              static_cast<int>(args_.q_row_stride), cta.block.rows_valid,
+              args_.head_dim / T::kVecElems, ptx::FreshThreadIdx());
+        }
         ptx::CommitAsyncGroup<Sm80>();
       }
       if (i >= T::kStages) ring_.WaitEmpty(Ring::kV, i);
       LoadKeys(ring_.V(i), args_.v, cta, n);
       ptx::CommitAsyncGroup<Sm80>();
-      ptx::WaitAsyncGroups<Sm80, 1>();  // K(i) (and Q with the block's first) landed
-      ring_.Publish(Ring::kK, i);
+      if constexpr (kWholeTiles) {
+        ptx::WaitAsyncGroups<Sm80, 0>();
+        ring_.Publish(Ring::kK, i);
+        ring_.Publish(Ring::kV, i);
+      } else {
+        ptx::WaitAsyncGroups<Sm80, 1>();  // K(i) (and Q with the block's first) landed
+        ring_.Publish(Ring::kK, i);
+      }
     }
     next_tile_ += tiles;
     ++next_q_;
@@ -144,8 +166,10 @@ class FwdSm90Producer {
 
   // Publishes the last V tile.
   __device__ __forceinline__ void Finish() {
-    ptx::WaitAsyncGroups<Sm80, 0>();
-    if (next_tile_ > 0) ring_.Publish(Ring::kV, next_tile_ - 1);
+    if constexpr (!kWholeTiles) {
+      ptx::WaitAsyncGroups<Sm80, 0>();
+      if (next_tile_ > 0) ring_.Publish(Ring::kV, next_tile_ - 1);
+    }
   }
 
  private:
@@ -162,6 +186,7 @@ class FwdSm90Producer {
 
   const FwdKernelArgs& args_;
   const Ring& ring_;
+  const Element* dout_;
   int next_tile_ = 0;  // load-order number of the next key tile
   int next_q_ = 0;     // run-order number of the next block that sees keys
 };

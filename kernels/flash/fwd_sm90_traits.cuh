@@ -18,6 +18,7 @@ struct FwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPersistent = kPersistent_;
+  static constexpr bool kLoadsDout = false;  // (the backward's dQ kernel loads dO beside Q)
   static constexpr int kBlockM = Sm90ForwardBlockM(kHeadDim);
   static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim, kPersistent);
   static constexpr int kStages = Sm90ForwardStages(kHeadDim, kPersistent);

@@ -98,4 +98,41 @@ __device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Eleme
   }
 }
 
+// A consumer warp's 16 rows of a wgmma accumulator (64 rows per warpgroup; this thread's rows
+// group and group + 8 of the warp's, scaled by scale[0] and scale[1]) rounded to 16 bits into
+// the warp's own rows of the swizzled kRows-row tile at `tile`, which no wgmma reads any more,
+// then copied to dst (the tile's row 0; rows below rows_valid, vectors below vecs_valid) with
+// 16-byte stores. `warp` counts the consumer warps (rows 16 warp..).
+template <int kRows, int kRowVecs, int kTiles, typename Element>
+__device__ __forceinline__ void StoreWarpRowsThroughTile(uint32_t tile,
+                                                         const float (&acc)[kTiles][4],
+                                                         const float (&scale)[2], Element* dst,
+                                                         int64_t row_stride, int rows_valid,
+                                                         int vecs_valid, int warp, int lane) {
+  constexpr int kVecElems = 16 / sizeof(Element);
+  const int group = lane / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp * 16 + group + 8 * h;
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) {
+      const uint32_t packed =
+          ptx::PackPair<Element>(acc[nt][2 * h] * scale[h], acc[nt][2 * h + 1] * scale[h]);
+      ptx::StoreShared32(tile + SwizzledOffset<kRows>(row, nt) + (lane % 4) * 4, packed);
+    }
+  }
+  __syncwarp();
+  constexpr int kPerLane = 16 * kRowVecs / 32;
+#pragma unroll
+  for (int it = 0; it < kPerLane; ++it) {
+    const int idx = it * 32 + lane;
+    const int row = warp * 16 + idx / kRowVecs;
+    const int vec = idx % kRowVecs;
+    if (row < rows_valid && vec < vecs_valid) {
+      const uint4 value = ptx::LoadShared128(tile + SwizzledOffset<kRows>(row, vec));
+      *reinterpret_cast<uint4*>(dst + row * row_stride + vec * kVecElems) = value;
+    }
+  }
+}
+
 }  // namespace attnserve::kernels::flash

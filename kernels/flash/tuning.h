@@ -18,4 +18,15 @@ namespace attnserve::kernels::flash {
 #endif
 inline constexpr int kSm90ForwardStagesOverride = ATTN_FLASH_SM90_FWD_STAGES;
 
+// 1: the Hopper backward at head dim 256 computes dQ in a kernel of its own
+// (bwd_sm90_dq_kernel.cuh: per 128-row query block, S and dP recomputed, dQ += dS K on wgmma,
+// written once), and its dK/dV kernel does no dQ work; 0 (shipped): the dK/dV kernel adds dQ
+// into a float32 workspace (red.global.add per element pair) that a conversion kernel rounds.
+// Not measured yet. Why it may pay: the dK/dV kernel ran 2.7x faster with its dQ reductions
+// skipped (bench/RESULTS.md "Why two tiles apart, and where the time goes").
+#ifndef ATTN_FLASH_SM90_BWD_DQ_KERNEL
+#define ATTN_FLASH_SM90_BWD_DQ_KERNEL 0
+#endif
+inline constexpr bool kSm90BackwardDqKernel = ATTN_FLASH_SM90_BWD_DQ_KERNEL != 0;
+
 }  // namespace attnserve::kernels::flash
