@@ -19,6 +19,7 @@ struct BwdSm90DqTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPersistent = false;  // one CTA per query block
   static constexpr bool kLoadsDout = true;    // the producer loads dO beside Q
+  static constexpr bool kTma = false;         // cp.async loads (the forward's at 64 / 128)
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 48;
   static constexpr int kStages = 2;

@@ -16,7 +16,12 @@ forward:
   then read as not completed, or as completed a phase early);
 - the ping-pong turns alternate strictly (no bar.arrive lands on a barrier phase that already
   holds one, which would complete it without its owner) and none is left pending at exit;
-- nothing deadlocks.
+- nothing deadlocks;
+and all of that also where a consumer passes over key tiles none of its rows see (before and
+after its own, or all of a block's), taking its turns and releasing their stages once landed.
+The same with the TMA producer (ATTN_FLASH_SM90_FWD_TMA): full barriers of one arrival that
+also wait for their tile's bytes, Q's bytes on its block's first K tile's barrier, copies
+landing in any order, and partial tiles by cp.async, landed before the arrival.
 In the backward at head dims 64/128: every consumer reads a stage that holds its tile, landed
 and not overwritten; no consumer writes its dS^T rows into a buffer whose dQ product the other
 consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
@@ -30,6 +35,9 @@ arrive never lands twice in one phase, nor stays pending at exit; dS^T is never 
 buffer that a dQ product still reads, and every dQ reads its tile's dS^T, written and fenced;
 the epilogue overwrites K only after both consumers' last dQ, and V after consumer 1's last
 dP^T; nothing deadlocks.
+In the backward's dQ kernel (bwd_sm90_dq_kernel.cuh: the forward's producer with whole tiles
+published, each consumer holding K(i - 1) for its dQ product while it waits for tile i): every
+read sees its tile, landed and not overwritten before its release; nothing deadlocks.
 A broken variant of each rule (--broken NAME) must fail; the script raises on the first problem.
 """
 import argparse
@@ -43,13 +51,26 @@ class Deadlock(Exception):
 
 
 class Mbarrier:
+    """A phase completes once `count` arrivals are in and its transaction count (bytes that TMA
+    copies signal, expected by mbarrier.expect_tx; here one unit per copy) is back to zero."""
+
     def __init__(self, count):
-        self.count, self.pending, self.completed = count, 0, 0
+        self.count, self.pending, self.completed, self.tx = count, 0, 0, 0
 
     def arrive(self):
         self.pending += 1
         assert self.pending <= self.count
-        if self.pending == self.count:
+        self._complete()
+
+    def expect_tx(self, units):
+        self.tx += units
+
+    def complete_tx(self, units):
+        self.tx -= units
+        self._complete()
+
+    def _complete(self):
+        if self.pending == self.count and self.tx == 0:
             self.pending, self.completed = 0, self.completed + 1
 
     def ready(self, use):
@@ -72,6 +93,7 @@ class TurnBarrier:
 class Ring:
     def __init__(self, stages, consumers, q_stages=1):
         self.stages, self.q_stages = stages, q_stages
+        self.tma = []  # TMA copies issued and not landed: (buffer, stage, barrier)
         self.full_k = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.full_v = [Mbarrier(PRODUCER_ARRIVALS) for _ in range(stages)]
         self.empty_k = [Mbarrier(consumers) for _ in range(stages)]
@@ -110,9 +132,11 @@ def schedule(agents, seed, what):
             raise Deadlock(what)
 
 
-def producer(ring, blocks, broken):
+def producer(ring, blocks, broken, whole_tiles=False):
     """FwdSm90Producer: `blocks` holds each query block's key tile count, in the CTA's order
-    (one entry: one CTA per block; 0: a block that sees no key, which the consumers skip)."""
+    (one entry: one CTA per block; 0: a block that sees no key, which the consumers skip).
+    whole_tiles: the backward's dQ kernel (kWholeTiles), K(i) and V(i) published together once
+    both landed, where the forward publishes V(i) only after issuing K(i + 1)."""
     s, qs = ring.stages, ring.q_stages
     in_flight = []  # committed copy groups, oldest first: (buffer, stage)
 
@@ -137,7 +161,7 @@ def producer(ring, blocks, broken):
                 yield from wait(ring.empty_k[i % s], use - 1)
             issue(ring.k, ring.k_readers, i % s, i)
             yield
-            if i > 0:
+            if i > 0 and not whole_tiles:
                 wait_groups(1)
                 ring.full_v[(i - 1) % s].arrive()
             if j == 0:
@@ -149,19 +173,100 @@ def producer(ring, blocks, broken):
                 yield from wait(ring.empty_v[i % s], use - 1)
             issue(ring.v, ring.v_readers, i % s, i)
             yield
-            if broken != "early-full":  # broken: K(i) published while its copies may still land
-                wait_groups(1)
-            ring.full_k[i % s].arrive()
+            if whole_tiles:
+                wait_groups(0)
+                ring.full_k[i % s].arrive()
+                ring.full_v[i % s].arrive()
+            else:
+                if broken != "early-full":  # broken: K(i) published while its copies may land
+                    wait_groups(1)
+                ring.full_k[i % s].arrive()
             yield
         next_tile += tiles
         next_q += 1
     wait_groups(0)
-    if next_tile > 0:
+    if next_tile > 0 and not whole_tiles:
         ring.full_v[(next_tile - 1) % s].arrive()
 
 
-def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
-    """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot."""
+def tma_producer(ring, blocks, seed, broken):
+    """FwdSm90TmaProducer: one thread issues each tile's TMA copies, the tile's bytes expected
+    on its full barrier (count 1) before they are issued and its arrival after them; Q goes
+    onto its block's first K tile's barrier. A partial tile (random here: the one holding a
+    sequence's last key) goes by cp.async instead, waited for before the arrival."""
+    s, qs = ring.stages, ring.q_stages
+    rng = random.Random(seed * 31 + 5)
+    in_flight = []
+
+    def tma(buf, readers, stage, what, barrier):
+        assert not readers[stage], f"TMA into a stage or slot a wgmma still reads ({what})"
+        buf[stage] = (what, False)
+        barrier.expect_tx(1)
+        ring.tma.append((buf, stage, barrier))
+
+    def cp_async(buf, readers, stage, what):
+        assert not readers[stage], f"copy into a stage a wgmma still reads ({what})"
+        buf[stage] = (what, False)
+        in_flight.append((buf, stage))
+
+    def land_copies():
+        for buf, stage in in_flight:
+            buf[stage] = (buf[stage][0], True)
+        in_flight.clear()
+
+    next_tile = next_q = 0
+    for tiles in (t for t in blocks if t > 0):
+        for j in range(tiles):
+            i = next_tile + j
+            partial = rng.random() < 0.3
+            for kind, buf, readers, full, empty in (
+                    ("K", ring.k, ring.k_readers, ring.full_k, ring.empty_k),
+                    ("V", ring.v, ring.v_readers, ring.full_v, ring.empty_v)):
+                if i >= s:
+                    yield from wait(empty[i % s], i // s - 1)
+                if partial:
+                    cp_async(buf, readers, i % s, i)
+                else:
+                    tma(buf, readers, i % s, i, full[i % s])
+                yield
+                q_after_arrive = kind == "K" and j == 0 and broken == "tma-q-after-arrive"
+                if kind == "K" and j == 0 and not q_after_arrive:
+                    if next_q >= qs:
+                        yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+                    tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
+                    yield
+                if partial and broken != "tma-partial-no-wait":
+                    land_copies()  # cp.async.wait_group 0, the proxy fence, the producers' barrier
+                full[i % s].arrive()
+                yield
+                land_copies()  # (broken: the copies land only after the arrival)
+                if q_after_arrive:
+                    if next_q >= qs:
+                        yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+                    tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
+        next_tile += tiles
+        next_q += 1
+
+
+def tma_engine(ring, producer_done, seed):
+    """Lands the TMA copies in flight in random order, each completing its bytes on its
+    barrier; runs until the producer is done and nothing is in flight."""
+    rng = random.Random(seed * 7 + 1)
+    while not (producer_done[0] and not ring.tma):
+        if not ring.tma or rng.random() < 0.5:
+            yield BLOCKED if not ring.tma else None
+            continue
+        buf, stage, barrier = ring.tma.pop(rng.randrange(len(ring.tma)))
+        buf[stage] = (buf[stage][0], True)
+        barrier.complete_tx(1)
+        yield
+
+
+def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
+    """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot.
+    own[b] is (front, back): how many of block b's key tiles this warpgroup passes over
+    (PassOver: none of its rows sees them) before its own tiles and after them, in visit order;
+    (0, 0) is the shipped kernel, which computes every tile of the block."""
     s, qs = ring.stages, ring.q_stages
 
     def read(buf, readers, i):
@@ -176,14 +281,33 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
     def holds_q(q):
         assert ring.q[q % qs] == (f"Q of block {q}", True), f"wg {wg}, block {q}: {ring.q[q % qs]}"
 
+    def take_turn(j, tiles):
+        if pingpong:
+            while not turns[wg].arrived:
+                yield BLOCKED
+            turns[wg].arrived = 0
+            if wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn":
+                turns[(wg + 1) % warpgroups].arrive()
+
+    def pass_over(i, j, tiles):
+        if broken != "pass-over-no-turn":
+            yield from take_turn(j, tiles)
+        for full, empty in ((ring.full_k, ring.empty_k), (ring.full_v, ring.empty_v)):
+            if broken != "pass-over-no-full-wait":
+                yield from wait(full[i % s], i // s)
+            empty[i % s].arrive()
+            yield
+
     first = q = 0
-    for tiles in (t for t in blocks if t > 0):
+    for tiles, (front, back) in zip((t for t in blocks if t > 0), own):
         if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
             turns[0].arrive()
-        for j in range(tiles):
+        for j in range(front):
+            yield from pass_over(first + j, j, tiles)
+        for j in range(front, tiles - back):
             i = first + j
             yield from wait(ring.full_k[i % s], i // s)
-            if j > 0:
+            if j > front:
                 yield from wait(ring.full_v[(i - 1) % s], (i - 1) // s)
             if pingpong:
                 while not turns[wg].arrived:
@@ -192,7 +316,7 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
             holds_q(q)                                # S = Q K(i)^T issued
             ring.q_readers[q % qs].add(wg)
             read(ring.k, ring.k_readers, i)
-            if j > 0:
+            if j > front:
                 read(ring.v, ring.v_readers, i - 1)   # O += P V(i - 1) issued
             if pingpong and (wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn"):
                 turns[(wg + 1) % warpgroups].arrive()
@@ -201,16 +325,19 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
             holds_q(q)
             done(ring.k_readers, ring.empty_k, i)     # wgmma wait: S done
             yield                                     # softmax
-            if j > 0:
+            if j > front:
                 done(ring.v_readers, ring.empty_v, i - 1)
-        last = first + tiles - 1
-        yield from wait(ring.full_v[last % s], last // s)
-        read(ring.v, ring.v_readers, last)
-        yield
-        if broken == "no-last-v-release":
-            ring.v_readers[last % s].discard(wg)
-        else:
-            done(ring.v_readers, ring.empty_v, last)
+        if front < tiles - back:
+            last = first + tiles - back - 1           # the last own tile's P V
+            yield from wait(ring.full_v[last % s], last // s)
+            read(ring.v, ring.v_readers, last)
+            yield
+            if broken == "no-last-v-release":
+                ring.v_readers[last % s].discard(wg)
+            else:
+                done(ring.v_readers, ring.empty_v, last)
+        for j in range(tiles - back, tiles):
+            yield from pass_over(first + j, j, tiles)
         holds_q(q)                                    # the epilogue: O through the Q slot
         yield
         holds_q(q)
@@ -220,14 +347,40 @@ def consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken):
         q += 1
 
 
-def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None):
+def own_tiles(blocks, warpgroups, seed, pass_over):
+    """Per warpgroup and block that sees keys: (front, back), the tiles passed over; random
+    when pass_over, including warpgroups that pass over every tile of a block."""
+    rng = random.Random(seed * 7919 + 17)
+    own = []
+    for _ in range(warpgroups):
+        ranges = []
+        for tiles in (t for t in blocks if t > 0):
+            front = rng.randint(0, tiles) if pass_over else 0
+            back = rng.randint(0, tiles - front) if pass_over else 0
+            ranges.append((front, back))
+        own.append(ranges)
+    return own
+
+
+def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None, pass_over=False,
+        tma=False):
     ring = Ring(stages, warpgroups, q_stages)
     turns = [TurnBarrier() for _ in range(warpgroups)]
-    agents = [producer(ring, blocks, broken)]
-    agents += [consumer(ring, blocks, wg, warpgroups, turns, pingpong, broken)
+    own = own_tiles(blocks, warpgroups, seed, pass_over)
+    if tma:
+        producer_done = [False]
+
+        def tma_producer_then_done():
+            yield from tma_producer(ring, blocks, seed, broken)
+            producer_done[0] = True
+
+        agents = [tma_producer_then_done(), tma_engine(ring, producer_done, seed)]
+    else:
+        agents = [producer(ring, blocks, broken)]
+    agents += [consumer(ring, blocks, own[wg], wg, warpgroups, turns, pingpong, broken)
                for wg in range(warpgroups)]
     schedule(agents, seed, f"forward: blocks {blocks} stages {stages}/{q_stages} "
-                           f"warpgroups {warpgroups}")
+                           f"warpgroups {warpgroups} own tiles {own}")
     assert not any(t.arrived for t in turns), "a turn left pending at exit"
 
 
@@ -241,8 +394,65 @@ def check(broken=None, seeds=60):
         for stages, q_stages in ((2, 1), (3, 1), (2, 2)):
             for warpgroups in (2, 3):
                 for pingpong in (False, True):
-                    for seed in range(seeds):
-                        run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken)
+                    for pass_over, tma in ((False, False), (True, False), (False, True),
+                                           (True, True)):
+                        for seed in range(seeds):
+                            run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken,
+                                pass_over or broken in BROKEN_PASS_OVER,
+                                tma or broken in BROKEN_TMA)
+
+
+def dq_consumer(ring, tiles, wg, broken):
+    """BwdSm90DqRunner (bwd_sm90_dq_kernel.cuh): per key tile i, with K(i) and V(i) landed,
+    S = Q K(i)^T, dP = dO V(i)^T and tile i-1's dQ += dS K(i-1) in flight together; V(i) is
+    released once dP is complete, K(i-1) once its dQ product is; the last tile's dQ follows."""
+    s = ring.stages
+
+    def read(buf, readers, i):
+        assert buf[i % s] == (i, True), f"wg {wg} reads stage {i % s} for tile {i}: {buf[i % s]}"
+        readers[i % s].add(wg)
+
+    def intact(buf, i, what):
+        assert buf[i % s] == (i, True), f"{what} stage of tile {i} overwritten under its wgmma"
+
+    def done(readers, empty, i):
+        readers[i % s].discard(wg)
+        empty[i % s].arrive()
+
+    for i in range(tiles):
+        yield from wait(ring.full_k[i % s], i // s)
+        yield from wait(ring.full_v[i % s], i // s)
+        assert ring.q[0] == ("Q of block 0", True), f"wg {wg}: Q and dO not landed"
+        read(ring.k, ring.k_readers, i)
+        read(ring.v, ring.v_readers, i)
+        if broken == "dq-early-k-release":  # broken: K(i) released with V(i), as in the forward
+            done(ring.k_readers, ring.empty_k, i)
+        yield                                        # S, dP and dQ(i - 1) run
+        intact(ring.v, i, "V")
+        if i > 0:
+            intact(ring.k, i - 1, "K (dQ)")
+        done(ring.v_readers, ring.empty_v, i)
+        if i > 0 and broken != "dq-early-k-release":
+            done(ring.k_readers, ring.empty_k, i - 1)
+        yield                                        # P, dS
+    if tiles:
+        yield                                        # the last tile's dQ
+        intact(ring.k, tiles - 1, "K (dQ)")
+        if broken != "dq-early-k-release":
+            done(ring.k_readers, ring.empty_k, tiles - 1)
+
+
+def run_dq(tiles, seed, broken=None):
+    ring = Ring(2, 2)
+    agents = [producer(ring, [tiles], broken, whole_tiles=broken != "dq-lazy-v")]
+    agents += [dq_consumer(ring, tiles, wg, broken) for wg in range(2)]
+    schedule(agents, seed, f"dQ kernel: tiles {tiles}")
+
+
+def check_dq(broken=None, seeds=60):
+    for tiles in range(1, 9):
+        for seed in range(seeds):
+            run_dq(tiles, seed, broken)
 
 
 class NamedBarrier:
@@ -435,15 +645,28 @@ def check_wide(broken=None, seeds=60):
             run_wide(tiles, seed, broken)
 
 
+# A warpgroup passing over tiles none of its rows see (tuning.h's
+# ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS) without its turn, or releasing a stage before its tile
+# landed.
+BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
+# The TMA producer (ATTN_FLASH_SM90_FWD_TMA) arriving before Q's bytes are expected, or before
+# a partial tile's cp.async copies landed.
+BROKEN_TMA = ("tma-q-after-arrive", "tma-partial-no-wait")
 BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn", "no-last-v-release",
-          "no-q-empty-wait", "q-wait-before-v")
+          "no-q-empty-wait", "q-wait-before-v") + BROKEN_PASS_OVER + BROKEN_TMA
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
 BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",
                "wide-no-empty-wait", "wide-early-release", "wide-no-epilogue-barrier")
+# The dQ kernel's producer publishing V(i) only after issuing K(i + 1), which waits for the
+# stage of K(i - 1) that the consumers hold until tile i landed (a deadlock), or its consumers
+# releasing K(i) before tile i's dQ product read it.
+BROKEN_DQ = ("dq-lazy-v", "dq-early-k-release")
 
 
 def checker(broken):
+    if broken in BROKEN_DQ:
+        return check_dq
     if broken in BROKEN_WIDE:
         return check_wide
     return check_backward if broken in BROKEN_BACKWARD else check
@@ -451,7 +674,7 @@ def checker(broken):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--broken", choices=BROKEN + BROKEN_BACKWARD + BROKEN_WIDE,
+    parser.add_argument("--broken", choices=BROKEN + BROKEN_BACKWARD + BROKEN_WIDE + BROKEN_DQ,
                         help="run one deliberately broken protocol (must fail)")
     args = parser.parse_args()
     if args.broken:
@@ -461,7 +684,8 @@ def main():
     check()
     check_backward()
     check_wide()
-    for broken in BROKEN + BROKEN_BACKWARD + BROKEN_WIDE:
+    check_dq()
+    for broken in BROKEN + BROKEN_BACKWARD + BROKEN_WIDE + BROKEN_DQ:
         try:
             checker(broken)(broken, seeds=20)
         except (AssertionError, Deadlock):

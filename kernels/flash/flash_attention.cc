@@ -208,7 +208,8 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
   if (!status.ok) return status;
 
   const FwdKernelArgs args = MakeGpuAttentionArgs(params);
-  const FwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k, target.device.multiprocessors};
+  const FwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k, target.device.multiprocessors,
+                     s.total_k};
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   if (!extras) return launch(args, grid, stream);
   const ExtrasKernelEntry* kernel = FindExact(kExtrasKernels, kernel_head_dim);

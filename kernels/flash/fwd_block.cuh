@@ -25,7 +25,23 @@ struct FwdBlock {
   int mask_below;    // tiles n < mask_below cross the left window edge
 };
 
-// All in int32: rows and keys are below kMaxSeqLen and windows at most kUnboundedWindow.
+// Key tiles [n_begin, n_end) that hold every key some row of a run of rows sees: the rows
+// whose diagonals (key aligned with the row) are first_diagonal .. last_diagonal. Empty
+// (n_begin >= n_end) when they see none. All in int32: rows and keys are below kMaxSeqLen and
+// windows at most kUnboundedWindow.
+struct KeyTiles {
+  int n_begin;
+  int n_end;
+};
+template <int kBlockN>
+__device__ __forceinline__ KeyTiles RowsKeyTiles(const FwdKernelArgs& args, int first_diagonal,
+                                                 int last_diagonal, int len_k) {
+  // Keys past the bottom row's right edge and before the top row's left edge are never seen.
+  const int key_end = min(len_k, last_diagonal + args.window_right + 1);
+  const int key_begin = max(0, first_diagonal - args.window_left);
+  return {min(key_begin, len_k) / kBlockN, key_end <= 0 ? 0 : (key_end + kBlockN - 1) / kBlockN};
+}
+
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ FwdBlock LocateBlock(const FwdKernelArgs& args, int m_block,
                                                 int len_q, int len_k) {
@@ -35,11 +51,9 @@ __device__ __forceinline__ FwdBlock LocateBlock(const FwdKernelArgs& args, int m
   b.len_k = len_k;
   b.diagonal = b.row_first + len_k - len_q;
   const int last_diagonal = b.diagonal + b.rows_valid - 1;  // the bottom row's
-  // Keys past the bottom row's right edge and before the top row's left edge are never seen.
-  const int key_end = min(len_k, last_diagonal + args.window_right + 1);
-  const int key_begin = max(0, b.diagonal - args.window_left);
-  b.n_end = key_end <= 0 ? 0 : (key_end + kBlockN - 1) / kBlockN;
-  b.n_begin = min(key_begin, len_k) / kBlockN;
+  const KeyTiles tiles = RowsKeyTiles<kBlockN>(args, b.diagonal, last_diagonal, len_k);
+  b.n_begin = tiles.n_begin;
+  b.n_end = tiles.n_end;
   // First key the top row does not see; tiles reaching it or the end of the keys need masking.
   const int top_hidden = b.diagonal + args.window_right + 1;
   b.mask_from = min(top_hidden <= 0 ? 0 : top_hidden / kBlockN, len_k / kBlockN);
@@ -59,6 +73,13 @@ struct FwdCta {
   Element* out;
   float* lse;
   int64_t kv_offset;
+  // The same places as tensor coordinates (what TMA loads take, in int32: its launcher refuses
+  // tensors of 2^31 rows or more): the block's first row of q and its head, the sequence's
+  // first key row of k and v and the kv head.
+  int q_row;
+  int head;
+  int k_row;
+  int kv_head;
 };
 
 // Locates query block m_block of (head, sequence batch). Returns false when the block starts
@@ -76,11 +97,31 @@ __device__ __forceinline__ bool LocateForwardBlock(const FwdKernelArgs& args, in
   const int64_t first_row = int64_t{q_begin} + cta.block.row_first;
   const int64_t head_offset = int64_t{head} * args.head_dim;
   const int64_t kv_head_offset = int64_t{head / args.head_group} * args.head_dim;
+  cta.q_row = static_cast<int>(first_row);
+  cta.head = head;
+  cta.k_row = k_begin;
+  cta.kv_head = head / args.head_group;
   cta.q = static_cast<const Element*>(args.q) + first_row * args.q_row_stride + head_offset;
   cta.out = static_cast<Element*>(args.out) + first_row * args.q_row_stride + head_offset;
   cta.lse = args.lse + head * args.total_q + first_row;
   cta.kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
   return true;
+}
+
+// The block's key tiles that rows [first_row, first_row + rows) of it see (a consumer
+// warpgroup's share of the block): inside the block's own, empty at the block's n_end when
+// those rows lie past the sequence or see no key.
+template <int kBlockN>
+__device__ __forceinline__ KeyTiles BlockRowsKeyTiles(const FwdKernelArgs& args,
+                                                      const FwdBlock& block, int first_row,
+                                                      int rows) {
+  const int last_row = min(first_row + rows, block.rows_valid) - 1;
+  if (last_row < first_row) return {block.n_end, block.n_end};
+  const KeyTiles tiles = RowsKeyTiles<kBlockN>(args, block.diagonal + first_row,
+                                               block.diagonal + last_row, block.len_k);
+  const int n_end = max(block.n_begin, min(tiles.n_end, block.n_end));
+  const int n_begin = min(max(tiles.n_begin, block.n_begin), n_end);
+  return {n_begin, n_end};
 }
 
 // Whether no row of the block sees any key (a window left of every key, or no keys at all).

@@ -30,16 +30,16 @@ inline KernelStatus ForwardLaunchStatus(const char* what) {
                              cudaGetErrorString(err));
 }
 
-// Launches `kernel` on one CTA per (query block, head, sequence), opting in to its dynamic
-// shared memory where it needs more than the default; `what` names it in errors. The sm80/sm75
-// and the Hopper forward launchers share it.
-template <typename Kernel, typename Args>
+// Launches `kernel` on one CTA per (query block, head, sequence) with `args` and any `more`
+// parameters, opting in to its dynamic shared memory where it needs more than the default;
+// `what` names it in errors. The sm80/sm75 and the Hopper forward launchers share it.
+template <typename Kernel, typename Args, typename... More>
 KernelStatus LaunchForwardGrid(Kernel kernel, const Args& args, const FwdGrid& grid,
                                int block_m, int threads, int smem_bytes, cudaStream_t stream,
-                               const char* what) {
+                               const char* what, const More&... more) {
   if (KernelStatus status = AllowForwardSmem(kernel, smem_bytes); !status.ok) return status;
   const dim3 blocks((grid.max_seqlen_q + block_m - 1) / block_m, args.num_heads, grid.batch);
-  kernel<<<blocks, threads, smem_bytes, stream>>>(args);
+  kernel<<<blocks, threads, smem_bytes, stream>>>(args, more...);
   return ForwardLaunchStatus(what);
 }
 

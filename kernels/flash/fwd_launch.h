@@ -17,6 +17,7 @@ struct FwdGrid {
   int max_seqlen_q;
   int max_seqlen_k;
   int multiprocessors;  // the device's SMs: the persistent Hopper forward's CTA count at most
+  int64_t total_k;      // key rows of k and v (the Hopper forward's tensor maps)
 };
 
 // Launches Arch's kernel for kHeadDim >= args.head_dim on `stream` and checks the launch. The

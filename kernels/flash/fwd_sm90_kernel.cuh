@@ -5,7 +5,8 @@
 // stages (fwd_sm90_ring.cuh) and a consumer warpgroup per 64 query rows (two or three) computes;
 // a CTA's next block's tiles load while its current one finishes. Tiles are in wgmma's
 // 128-byte-swizzled layout, filled with cp.async (zero-fill past the sequence and in the
-// head-dim padding, so varlen needs no tensor maps). Per key tile each consumer computes
+// head-dim padding, so varlen needs no tensor maps; tuning.h's ATTN_FLASH_SM90_FWD_TMA loads
+// them with TMA instead: fwd_sm90_tma_producer.cuh). Per key tile each consumer computes
 // S = Q K^T (wgmma, both operands from shared memory), masks and runs the online softmax in
 // registers, and adds P V (wgmma, P from registers, V N-major from shared memory); the P V of
 // one tile runs under the softmax of the next, and with the ping-pong schedule one consumer's
@@ -21,11 +22,14 @@
 #include "kernels/flash/fwd_block.cuh"
 #include "kernels/flash/fwd_row_tile.cuh"
 #include "kernels/flash/fwd_sm90_ring.cuh"
+#include "kernels/flash/fwd_sm90_tma_producer.cuh"
 #include "kernels/flash/fwd_sm90_traits.cuh"
 #include "kernels/flash/fwd_tile_io.cuh"
 #include "kernels/flash/ptx.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
+#include "kernels/flash/sm90_tensor_maps.h"
+#include "kernels/flash/tuning.h"
 
 namespace attnserve::kernels::flash {
 
@@ -65,7 +69,8 @@ class FwdSm90BlockRunner {
   // issues S(n) = Q K(n)^T and then O += P(n+1) V(n+1) on the tensor cores, waits for S(n)
   // only, and runs the softmax of tile n while P V still runs; O is rescaled once P V is done.
   // Each stage is handed back to the producer as soon as this warpgroup's wgmma reading it is
-  // complete.
+  // complete. With kSm90ForwardWarpgroupKeys, the block's key tiles that none of this
+  // warpgroup's rows see are passed over (PassOver), before and after its own.
   __device__ __forceinline__ void Run() {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -78,33 +83,43 @@ class FwdSm90BlockRunner {
       for (int e = 0; e < 4; ++e) o_[nt][e] = 0.0f;
     }
     uint32_t p[T::kPvSteps][4];  // P(n+1), the A operand of the P V in flight
-    // The last tile (no P V before it) is peeled off, so that whether a P V is in flight is
-    // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
-    // rescaled under a running P V and serializes every wgmma (C7515).
-    const int last = block_.n_end - 1;
     // The last warpgroup hands the first turn to warpgroup 0.
     if (warpgroup_ == T::kConsumerWarpgroups - 1) {
       ptx::NamedBarrierArrive<256>(kTurnBarrier);
     }
-    if (last >= block_.mask_from || last < block_.mask_below) {
-      Step<true, false>(last, first_tile_, p);
-    } else {
-      Step<false, false>(last, first_tile_, p);
+    int n = block_.n_end - 1;
+    int i = first_tile_;
+    KeyTiles own{block_.n_begin, block_.n_end};
+    if constexpr (kSm90ForwardWarpgroupKeys) {
+      own = BlockRowsKeyTiles<T::kBlockN>(args_, block_, warpgroup_ * 64, 64);
+      for (; n >= own.n_end; --n, ++i) PassOver(n, i);
     }
-    int i = first_tile_ + 1;
-    for (int n = last - 1; n >= block_.n_begin; --n, ++i) {
+    if (!kSm90ForwardWarpgroupKeys || own.n_begin < own.n_end) {
+      // The last tile (no P V before it) is peeled off, so that whether a P V is in flight is
+      // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
+      // rescaled under a running P V and serializes every wgmma (C7515).
       if (n >= block_.mask_from || n < block_.mask_below) {
-        Step<true, true>(n, i, p);
+        Step<true, false>(n, i, p);
       } else {
-        Step<false, true>(n, i, p);
+        Step<false, false>(n, i, p);
       }
+      for (--n, ++i; n >= own.n_begin; --n, ++i) {
+        if (n >= block_.mask_from || n < block_.mask_below) {
+          Step<true, true>(n, i, p);
+        } else {
+          Step<false, true>(n, i, p);
+        }
+      }
+      // The first key tile's P V.
+      ring_.WaitFull(Ring::kV, i - 1);
+      ptx::WgmmaFence();
+      IssuePV(p, ring_.V(i - 1));
+      ptx::WgmmaWait<0>(o_);
+      ring_.Release(Ring::kV, i - 1);  // the stage's next tile may be the next block's
     }
-    // The first key tile's P V.
-    ring_.WaitFull(Ring::kV, i - 1);
-    ptx::WgmmaFence();
-    IssuePV(p, ring_.V(i - 1));
-    ptx::WgmmaWait<0>(o_);
-    ring_.Release(Ring::kV, i - 1);  // the stage's next tile may be the next block's
+    if constexpr (kSm90ForwardWarpgroupKeys) {
+      for (; n >= block_.n_begin; --n, ++i) PassOver(n, i);
+    }
   }
 
   // Normalizes O, writes each warp's 16 rows through its own rows of the Q slot (no wgmma
@@ -125,6 +140,8 @@ class FwdSm90BlockRunner {
     }
     StoreWarpRowsThroughTile<T::kBlockM, T::kRowVecs>(q_smem_, o_, inv, out, args_.q_row_stride,
                                                       block_.rows_valid, vecs_valid_, warp, lane);
+    // The slot's next Q comes by TMA, an async-proxy write after these generic ones.
+    if constexpr (T::kTma) ptx::FenceProxyAsyncShared();
     ring_.ReleaseQ(q_index_);
   }
 
@@ -143,10 +160,7 @@ class FwdSm90BlockRunner {
     ptx::WgmmaFence();
     IssueScores(s, ring_.K(i));
     if constexpr (kPv) IssuePV(p, ring_.V(i - 1));
-    // The turn goes to the next warpgroup; the last one's final turn has no taker.
-    if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
-      ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
-    }
+    PassTurn(n);
     ptx::WgmmaWait<kPv ? 1 : 0>(s);
     ring_.Release(Ring::kK, i);
     if (args_.softcap) {
@@ -173,6 +187,26 @@ class FwdSm90BlockRunner {
     // P(n) as 16-bit A fragments, one per k16 step.
 #pragma unroll
     for (int kk = 0; kk < T::kPvSteps; ++kk) PackPStep<Element>(s, kk, p[kk]);
+  }
+
+  // Key tile n (load-order index i), which none of this warpgroup's rows see: its turn taken
+  // and passed on at once, and its K and V stages released once they landed (a release before
+  // the tile is there could complete the stage's previous phase for a warpgroup still reading
+  // it). Q has landed with the block's first K tile, before the epilogue writes O over it.
+  __device__ __forceinline__ void PassOver(int n, int i) {
+    ptx::NamedBarrierSync<256>(kTurnBarrier + warpgroup_);
+    PassTurn(n);
+    ring_.WaitFull(Ring::kK, i);
+    ring_.Release(Ring::kK, i);
+    ring_.WaitFull(Ring::kV, i);
+    ring_.Release(Ring::kV, i);
+  }
+
+  // The turn goes to the next warpgroup; the last one's final turn of the block has no taker.
+  __device__ __forceinline__ void PassTurn(int n) {
+    if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
+      ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
+    }
   }
 
   // S = Q K^T with the K tile at `k`, one committed group (the caller fences first).
@@ -239,9 +273,22 @@ class FwdSm90BlockRunner {
   float row_sum_[2];
 };
 
+// The producer of T's loads: TMA with the tensor maps, or cp.async.
+template <class T>
+__device__ __forceinline__ auto MakeFwdSm90Producer(const FwdKernelArgs& args,
+                                                    const FwdSm90Maps<T::kTma>& maps,
+                                                    const FwdSm90Ring<T>& ring) {
+  if constexpr (T::kTma) {
+    return FwdSm90TmaProducer<T>(args, maps, ring);
+  } else {
+    return FwdSm90Producer<T>(args, ring);
+  }
+}
+
 // One CTA per query block: this CTA's (BeginForwardCta).
 template <DType kDType, int kHeadDim>
-__device__ __forceinline__ void FlashForwardSm90BlockCta(const FwdKernelArgs& args) {
+__device__ __forceinline__ void FlashForwardSm90BlockCta(
+    const FwdKernelArgs& args, const FwdSm90Maps<Sm90ForwardTma(kHeadDim)>& maps) {
   using T = FwdSm90Traits<kDType, kHeadDim, false>;
   extern __shared__ __align__(16) unsigned char smem[];
   FwdCta<typename T::Element> cta;
@@ -251,7 +298,7 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(const FwdKernelArgs& ar
   RunSm90Roles<T>(
       ring,
       [&] {
-        FwdSm90Producer<T> producer(args, ring);
+        auto producer = MakeFwdSm90Producer<T>(args, maps, ring);
         producer.Block(cta);
         producer.Finish();
       },
@@ -265,15 +312,16 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(const FwdKernelArgs& ar
 // Persistent: this CTA's blocks one after another (ForEachForwardBlock), the Q slots and the
 // K/V ring's tile numbers running on from block to block.
 template <DType kDType, int kHeadDim>
-__device__ __forceinline__ void FlashForwardSm90PersistentCta(const FwdKernelArgs& args,
-                                                              const FwdSm90Grid& grid) {
+__device__ __forceinline__ void FlashForwardSm90PersistentCta(
+    const FwdKernelArgs& args, const FwdSm90Grid& grid,
+    const FwdSm90Maps<Sm90ForwardTma(kHeadDim)>& maps) {
   using T = FwdSm90Traits<kDType, kHeadDim, true>;
   extern __shared__ __align__(16) unsigned char smem[];
   const FwdSm90Ring<T> ring((ptx::SharedAddress(smem) + 1023u) & ~1023u);
   RunSm90Roles<T>(
       ring,
       [&] {
-        FwdSm90Producer<T> producer(args, ring);
+        auto producer = MakeFwdSm90Producer<T>(args, maps, ring);
         ForEachForwardBlock<T>(args, grid, [&](const auto& cta) { producer.Block(cta); });
         producer.Finish();
       },
@@ -296,9 +344,10 @@ __device__ __forceinline__ void FlashForwardSm90PersistentCta(const FwdKernelArg
 // other pass sees a trap, never launched.
 template <DType kDType, int kHeadDim>
 __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, false>::kThreads, 1)
-    FlashForwardSm90Kernel(const __grid_constant__ FwdKernelArgs args) {
+    FlashForwardSm90Kernel(const __grid_constant__ FwdKernelArgs args,
+                           const __grid_constant__ FwdSm90Maps<Sm90ForwardTma(kHeadDim)> maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  FlashForwardSm90BlockCta<kDType, kHeadDim>(args);
+  FlashForwardSm90BlockCta<kDType, kHeadDim>(args, maps);
 #else
   __trap();
 #endif
@@ -307,9 +356,10 @@ __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, false>::kThrea
 template <DType kDType, int kHeadDim>
 __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, true>::kThreads, 1)
     FlashForwardSm90PersistentKernel(const __grid_constant__ FwdKernelArgs args,
-                                     const FwdSm90Grid grid) {
+                                     const FwdSm90Grid grid,
+                                     const __grid_constant__ FwdSm90Maps<Sm90ForwardTma(kHeadDim)> maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  FlashForwardSm90PersistentCta<kDType, kHeadDim>(args, grid);
+  FlashForwardSm90PersistentCta<kDType, kHeadDim>(args, grid, maps);
 #else
   __trap();
 #endif

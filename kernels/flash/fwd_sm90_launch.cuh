@@ -11,6 +11,31 @@
 
 namespace attnserve::kernels::flash {
 
+// The tensor maps of T's loads (sm90_tensor_maps.h): q in boxes of a block's rows, k and v in
+// boxes of a key tile's; nothing without TMA, or without keys (no tile is ever loaded then).
+template <class T>
+KernelStatus MakeForwardSm90Maps(const FwdKernelArgs& args, const FwdGrid& grid,
+                                 FwdSm90Maps<T::kTma>& maps) {
+  if constexpr (T::kTma) {
+    maps = FwdSm90TmaMaps{};
+    if (grid.total_k == 0) return KernelStatus::Ok();
+    const int heads_k = args.num_heads / args.head_group;
+    KernelStatus status = EncodeHeadBlockMap(&maps.q, args.q, args.total_q, args.num_heads,
+                                             args.head_dim, args.q_row_stride, T::kBlockM, "q");
+    if (status.ok) {
+      status = EncodeHeadBlockMap(&maps.k, args.k, grid.total_k, heads_k, args.head_dim,
+                                  args.kv_row_stride, T::kBlockN, "k");
+    }
+    if (status.ok) {
+      status = EncodeHeadBlockMap(&maps.v, args.v, grid.total_k, heads_k, args.head_dim,
+                                  args.kv_row_stride, T::kBlockN, "v");
+    }
+    return status;
+  } else {
+    return KernelStatus::Ok();
+  }
+}
+
 // Persistent (Sm90ForwardPersistent): one CTA per SM at most (the kernel's registers and shared
 // memory allow one per SM), each running every gridDim.x-th query block.
 template <DType kDType, int kHeadDim>
@@ -28,9 +53,11 @@ KernelStatus LaunchForwardSm90Persistent(const FwdKernelArgs& args, const FwdGri
                                std::to_string(INT_MAX));
   }
   if (blocks == 0) return KernelStatus::Ok();
+  FwdSm90Maps<T::kTma> maps;
+  if (KernelStatus status = MakeForwardSm90Maps<T>(args, grid, maps); !status.ok) return status;
   const int ctas = static_cast<int>(std::min<int64_t>(blocks, std::max(grid.multiprocessors, 1)));
   kernel<<<ctas, T::kThreads, T::kSmemBytes, stream>>>(
-      args, FwdSm90Grid{m_blocks, static_cast<int>(blocks)});
+      args, FwdSm90Grid{m_blocks, static_cast<int>(blocks)}, maps);
   return ForwardLaunchStatus("sm90 persistent forward");
 }
 
@@ -41,8 +68,10 @@ KernelStatus LaunchForwardSm90(const FwdKernelArgs& args, const FwdGrid& grid,
     return LaunchForwardSm90Persistent<kDType, kHeadDim>(args, grid, stream);
   }
   using T = FwdSm90Traits<kDType, kHeadDim, false>;
+  FwdSm90Maps<T::kTma> maps;
+  if (KernelStatus status = MakeForwardSm90Maps<T>(args, grid, maps); !status.ok) return status;
   return LaunchForwardGrid(&FlashForwardSm90Kernel<kDType, kHeadDim>, args, grid, T::kBlockM,
-                           T::kThreads, T::kSmemBytes, stream, "sm90 forward");
+                           T::kThreads, T::kSmemBytes, stream, "sm90 forward", maps);
 }
 
 }  // namespace attnserve::kernels::flash

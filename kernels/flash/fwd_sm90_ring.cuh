@@ -41,9 +41,10 @@ class FwdSm90Ring : public Sm90StageBarriers<T::kStages, 2> {
         q_barriers_(tiles + T::kTileSmemBytes + KvBarriers::kBytes),
         tiles_(tiles) {}
 
-  // Thread 0 initializes every barrier; the caller then syncs the CTA (RunSm90Roles).
+  // Thread 0 initializes every barrier; the caller then syncs the CTA (RunSm90Roles). With TMA
+  // one producer thread arrives on a full barrier.
   __device__ __forceinline__ void Init(int producer_threads, int consumer_threads) const {
-    KvBarriers::Init(producer_threads, consumer_threads);
+    KvBarriers::Init(T::kTma ? 1 : producer_threads, consumer_threads);
     q_barriers_.Init(producer_threads, consumer_threads);
   }
 
@@ -90,6 +91,33 @@ __device__ __forceinline__ void ForEachForwardBlock(const FwdKernelArgs& args,
   }
 }
 
+// Key tile n of K or V into the stage at `smem` with cp.async from the producer's threads,
+// zero-filled past the sequence's keys (lands by their next wait).
+template <class T>
+__device__ __forceinline__ void LoadKeyTileAsync(uint32_t smem, const void* tensor,
+                                                 const FwdKernelArgs& args,
+                                                 const FwdCta<typename T::Element>& cta, int n) {
+  using Element = typename T::Element;
+  const int first_key = n * T::kBlockN;
+  const Element* src = static_cast<const Element*>(tensor) + cta.kv_offset +
+                       int64_t{first_key} * args.kv_row_stride;
+  LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kProducerThreads>(
+      smem, src, static_cast<int>(args.kv_row_stride), cta.block.len_k - first_key,
+      args.head_dim / T::kVecElems, ptx::FreshThreadIdx());
+}
+
+// Persistent: a block that sees no key gets its answer (out = 0, lse = +inf) from the producer's
+// threads, and the consumers skip it; returns whether it was one. (One CTA per block never gets
+// such a block: BeginForwardCta wrote it.)
+template <class T>
+__device__ __forceinline__ bool WroteKeylessBlock(const FwdKernelArgs& args,
+                                                  const FwdCta<typename T::Element>& cta) {
+  if (!T::kPersistent || !SeesNoKeys(cta.block)) return false;
+  WriteKeylessBlock<T::kBlockM, T::kRowVecs, T::kProducerThreads>(args, cta,
+                                                                  ptx::FreshThreadIdx());
+  return true;
+}
+
 // The producer warpgroup: per query block that sees keys, Q (and dO for the backward's dQ
 // kernel) with its first K tile, then K and V of every key tile into the ring; the answer of a
 // block that sees none. A stage is refilled once the consumers released its previous tile, a Q
@@ -116,18 +144,13 @@ class FwdSm90Producer {
   // (kWholeTiles) a tile's K and V are published together once both landed.
   static constexpr bool kWholeTiles = T::kLoadsDout;
   __device__ __forceinline__ void Block(const FwdCta<Element>& cta) {
-    // (One CTA per block never gets a block that sees no key: BeginForwardCta wrote it.)
-    if (T::kPersistent && SeesNoKeys(cta.block)) {
-      WriteKeylessBlock<T::kBlockM, T::kRowVecs, T::kProducerThreads>(args_, cta,
-                                                                      ptx::FreshThreadIdx());
-      return;
-    }
+    if (WroteKeylessBlock<T>(args_, cta)) return;
     const int tiles = cta.block.n_end - cta.block.n_begin;
     for (int j = 0; j < tiles; ++j) {
       const int i = next_tile_ + j;
       const int n = cta.block.n_end - 1 - j;
       if (i >= T::kStages) ring_.WaitEmpty(Ring::kK, i);
-      LoadKeys(ring_.K(i), args_.k, cta, n);
+      LoadKeyTileAsync<T>(ring_.K(i), args_.k, args_, cta, n);
       ptx::CommitAsyncGroup<Sm80>();
       if (!kWholeTiles && i > 0) {
         ptx::WaitAsyncGroups<Sm80, 1>();  // V(i - 1) landed, maybe the previous block's
@@ -149,7 +172,7 @@ class FwdSm90Producer {
         ptx::CommitAsyncGroup<Sm80>();
       }
       if (i >= T::kStages) ring_.WaitEmpty(Ring::kV, i);
-      LoadKeys(ring_.V(i), args_.v, cta, n);
+      LoadKeyTileAsync<T>(ring_.V(i), args_.v, args_, cta, n);
       ptx::CommitAsyncGroup<Sm80>();
       if constexpr (kWholeTiles) {
         ptx::WaitAsyncGroups<Sm80, 0>();
@@ -173,17 +196,6 @@ class FwdSm90Producer {
   }
 
  private:
-  // Key tile n of K or V into the stage at `smem`, zero-filled past the sequence's keys.
-  __device__ __forceinline__ void LoadKeys(uint32_t smem, const void* tensor,
-                                           const FwdCta<Element>& cta, int n) const {
-    const int first_key = n * T::kBlockN;
-    const Element* src = static_cast<const Element*>(tensor) + cta.kv_offset +
-                         int64_t{first_key} * args_.kv_row_stride;
-    LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kProducerThreads>(
-        smem, src, static_cast<int>(args_.kv_row_stride), cta.block.len_k - first_key,
-        args_.head_dim / T::kVecElems, ptx::FreshThreadIdx());
-  }
-
   const FwdKernelArgs& args_;
   const Ring& ring_;
   const Element* dout_;

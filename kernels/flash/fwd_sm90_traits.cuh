@@ -23,13 +23,20 @@ struct FwdSm90Traits {
   static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim, kPersistent);
   static constexpr int kStages = Sm90ForwardStages(kHeadDim, kPersistent);
   static constexpr int kQStages = Sm90ForwardQStages(kHeadDim, kPersistent);
+  // Loads by TMA (tuning.h's knob; sm90_tensor_maps.h) or by the producer's cp.async. With TMA
+  // one producer thread arrives on a full barrier, which also counts the bytes of its tile.
+  static constexpr bool kTma = Sm90ForwardTma(kHeadDim);
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   // setmaxnreg split of the CTA's register pool: the producer only computes addresses; the
-  // consumers get the rest (240 with two of them, 160 with three).
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
+  // consumers get the rest (240 with two of them, 160 with three). The persistent TMA producer
+  // (block walk, tensor coordinates and the partial tiles' cp.async) spilled 64-192 bytes at 24
+  // registers; at 40 it spills none and the two consumers' 232 suffice. With three consumers
+  // 40 would leave them 152 and serialize their wgmma (C7512).
+  static constexpr int kProducerRegisters =
+      kConsumerWarpgroups == 2 ? (kTma && kPersistent ? 40 : 24) : 32;
   static constexpr int kConsumerRegisters =
       ptx::ConsumerRegisters(kThreads, kProducerThreads, kProducerRegisters);
 

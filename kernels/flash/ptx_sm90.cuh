@@ -105,6 +105,28 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// Adds `bytes` to the transaction count the current phase of `bar` waits for: the phase then
+// completes only once its arrivals are in and that many bytes of asynchronous copies (TMA) that
+// signal it have landed. Issued before the copies it counts.
+__device__ __forceinline__ void MbarrierExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+
+// TMA: copies the box at coordinates (c0, c1, c2) (innermost first, in elements) of the 3-D
+// tensor map `map` (a kernel parameter or global memory, 64-byte aligned) into shared memory at
+// `smem` in the map's swizzle, and completes that many bytes of `bar`'s transaction count when
+// they have landed. Coordinates past the tensor read as zeros.
+__device__ __forceinline__ void TmaLoad3d(uint32_t smem, const void* map, int c0, int c1, int c2,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 // Warp specialization: a warpgroup gives registers back to the SM (producers) or takes them
 // (consumers); every thread of the warpgroup executes it. kRegs: a multiple of 8, 24-256.
 template <int kRegs>

@@ -40,6 +40,17 @@ class Sm90StageBarriers {
     ptx::FenceProxyAsyncShared();
     ptx::MbarrierArrive(Full(kind, i));
   }
+  // Producer (TMA): tile i's full phase also waits for `bytes` of copies that signal
+  // FullBarrier(kind, i); issued before them.
+  __device__ __forceinline__ void ExpectBytes(int kind, int i, uint32_t bytes) const {
+    ptx::MbarrierExpectTx(Full(kind, i), bytes);
+  }
+  __device__ __forceinline__ uint32_t FullBarrier(int kind, int i) const { return Full(kind, i); }
+  // Producer (TMA): this thread's arrival on tile i's full barrier, with no proxy fence (TMA
+  // writes are async-proxy writes, and their bytes complete the phase as they land).
+  __device__ __forceinline__ void Arrive(int kind, int i) const {
+    ptx::MbarrierArrive(Full(kind, i));
+  }
   // Producer: waits until the consumers released tile i - kStages, before refilling its stage.
   __device__ __forceinline__ void WaitEmpty(int kind, int i) const {
     ptx::MbarrierWait(Empty(kind, i), Parity(i) ^ 1);

@@ -111,6 +111,11 @@ constexpr int Sm90ForwardStages(int head_dim, bool persistent) {
   if (kSm90ForwardStagesOverride != 0 && head_dim <= 128) return kSm90ForwardStagesOverride;
   return head_dim == 128 && !persistent ? 3 : 2;
 }
+// TMA loads in the producer (fwd_sm90_tma_producer.cuh) where a benchmark build asks for them
+// (tuning.h), else cp.async from its 128 threads.
+constexpr bool Sm90ForwardTma(int head_dim) {
+  return kSm90ForwardTmaFrom > 0 && head_dim >= kSm90ForwardTmaFrom;
+}
 // Q slots: while the consumers finish one query block, a persistent CTA's producer loads the
 // next block's Q into a free slot. Two up to head dim 128; at 256 the K/V ring takes the room,
 // so the next Q waits for the block's epilogue (which writes O through its Q slot) while its
