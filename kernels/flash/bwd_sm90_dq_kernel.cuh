@@ -28,6 +28,7 @@
 #include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/sm90_stage_barriers.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
+#include "kernels/flash/sm90_tile_products.cuh"
 
 namespace attnserve::kernels::flash {
 
@@ -83,7 +84,7 @@ class BwdSm90DqRunner {
       }
     }
     ptx::WgmmaFence();
-    IssueDq(ds, ring_.K(i - 1));
+    IssueFragmentProducts<MmaDq, T::kBlockN>(dq_, ds, ring_.K(i - 1));
     ptx::WgmmaWait<0>(dq_);
     ring_.Release(Ring::kK, i - 1);
   }
@@ -109,9 +110,10 @@ class BwdSm90DqRunner {
     float s[T::kSTiles][4];
     float dp[T::kSTiles][4];
     ptx::WgmmaFence();
-    IssueScores(s, q, ring_.K(i));
-    IssueScores(dp, q + T::kQTileBytes, ring_.V(i));
-    if constexpr (kPrevDq) IssueDq(ds, ring_.K(i - 1));
+    IssueRowProducts<MmaScores, T::kBlockM, T::kBlockN, T::kScoreSteps>(s, q, ring_.K(i));
+    IssueRowProducts<MmaScores, T::kBlockM, T::kBlockN, T::kScoreSteps>(dp, q + T::kQTileBytes,
+                                                                        ring_.V(i));
+    if constexpr (kPrevDq) IssueFragmentProducts<MmaDq, T::kBlockN>(dq_, ds, ring_.K(i - 1));
     ptx::WgmmaWait<kPrevDq ? 2 : 1>(s);
     const bool softcap = args_.fwd.softcap;
     if (softcap) {
@@ -147,34 +149,6 @@ class BwdSm90DqRunner {
     }
 #pragma unroll
     for (int kk = 0; kk < T::kDqSteps; ++kk) PackPStep<Element>(dp, kk, ds[kk]);
-  }
-
-  // S = Q K^T or dP = dO V^T (rows at `rows`, the key tile at `keys`), one committed group
-  // (the caller fences first): the forward's S product.
-  __device__ __forceinline__ void IssueScores(float (&acc)[T::kSTiles][4], uint32_t rows,
-                                              uint32_t keys) {
-#pragma unroll
-    for (int kk = 0; kk < T::kScoreSteps; ++kk) {
-      // k16 step kk: head-dim block kk / 4, 32 bytes per step inside its 128-byte rows.
-      const uint32_t step = (kk % 4) * 32;
-      const uint64_t a =
-          ptx::MatrixDescriptor128B(rows + (kk / 4) * T::kBlockM * 128 + step, 16, 1024);
-      const uint64_t b =
-          ptx::MatrixDescriptor128B(keys + (kk / 4) * T::kBlockN * 128 + step, 16, 1024);
-      MmaScores::SS(acc, a, b, kk > 0);
-    }
-    ptx::WgmmaCommit();
-  }
-
-  // dQ += dS K with the K tile at `k` as the N-major B operand (the forward's P V), one
-  // committed group (the caller fences first).
-  __device__ __forceinline__ void IssueDq(const uint32_t (&ds)[T::kDqSteps][4], uint32_t k) {
-#pragma unroll
-    for (int kk = 0; kk < T::kDqSteps; ++kk) {
-      const uint64_t b = ptx::MatrixDescriptor128B(k + kk * 16 * 128, T::kBlockN * 128, 1024);
-      MmaDq::RS(dq_, ds[kk], b, 1);
-    }
-    ptx::WgmmaCommit();
   }
 
   const BwdKernelArgs& args_;

@@ -19,7 +19,7 @@ struct BwdSm90DqTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPersistent = false;  // one CTA per query block
   static constexpr bool kLoadsDout = true;    // the producer loads dO beside Q
-  static constexpr bool kTma = false;         // cp.async loads (the forward's at 64 / 128)
+  static constexpr bool kTma = false;         // the producer's cp.async loads
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 48;
   static constexpr int kStages = 2;
@@ -51,10 +51,8 @@ struct BwdSm90DqTraits {
   static_assert(kQTileBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
-  static_assert(kConsumerRegisters <= 256 &&
-                    kProducerRegisters * kProducerThreads +
-                            kConsumerRegisters * kConsumerThreads <=
-                        ptx::RegisterPool(kThreads),
+  static_assert(ptx::RegisterSplitFits(kThreads, kProducerThreads, kProducerRegisters,
+                                       kConsumerRegisters),
                 "the register split fits the CTA's register pool (ptx::RegisterPool)");
 };
 

@@ -47,7 +47,8 @@ struct BwdSm90WideTraits {
   // consumers have beside the producer (ptxas serialized the wgmma, C7512).
   static constexpr bool kDqBBehindGrad = kHeadDim == 256;
   // Whether this kernel computes dQ; at 256 with ATTN_FLASH_SM90_BWD_DQ_KERNEL the dQ kernel
-  // (bwd_sm90_dq_kernel.cuh) does instead, and this one only dK and dV.
+  // (bwd_sm90_dq_kernel.cuh) does instead, and this one only dK and dV (its dS^T tiles then go
+  // unused: the layout stays the shipped one while the knob is measured).
   static constexpr bool kFusedDq = !(kSm90BackwardDqKernel && kHeadDim == 256);
   static constexpr int kDqColsA = 64;
   static constexpr int kDqColsB = kHeadDim / 2 - 64;  // 64 or 32

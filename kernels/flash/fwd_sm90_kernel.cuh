@@ -29,6 +29,7 @@
 #include "kernels/flash/ptx_sm90.cuh"
 #include "kernels/flash/sm90_swizzled_tile.cuh"
 #include "kernels/flash/sm90_tensor_maps.h"
+#include "kernels/flash/sm90_tile_products.cuh"
 #include "kernels/flash/tuning.h"
 
 namespace attnserve::kernels::flash {
@@ -209,32 +210,15 @@ class FwdSm90BlockRunner {
     }
   }
 
-  // S = Q K^T with the K tile at `k`, one committed group (the caller fences first).
+  // S = Q K^T with the K tile at `k` (sm90_tile_products.cuh; the caller fences first).
   __device__ __forceinline__ void IssueScores(float (&s)[T::kSTiles][4], uint32_t k) {
-    const uint32_t q = q_smem_ + warpgroup_ * 64 * 128;
-#pragma unroll
-    for (int kk = 0; kk < T::kQkSteps; ++kk) {
-      // k16 step kk: head-dim block kk / 4, 32 bytes per step inside its 128-byte rows.
-      const uint32_t step = (kk % 4) * 32;
-      const uint64_t a = ptx::MatrixDescriptor128B(q + (kk / 4) * T::kBlockM * 128 + step, 16,
-                                                   1024);
-      const uint64_t b = ptx::MatrixDescriptor128B(k + (kk / 4) * T::kBlockN * 128 + step, 16,
-                                                   1024);
-      Mma::SS(s, a, b, kk > 0);
-    }
-    ptx::WgmmaCommit();
+    IssueRowProducts<Mma, T::kBlockM, T::kBlockN, T::kQkSteps>(s, q_smem_ + warpgroup_ * 64 * 128,
+                                                               k);
   }
 
-  // O += P V with the V tile at `v`, one committed group (the caller fences first). V is the
-  // N-major B operand: 64 head-dim columns per 128-byte row, key rows 128 bytes apart, head-dim
-  // blocks kBlockN * 128 bytes apart.
+  // O += P V with the V tile at `v` as the N-major operand (the caller fences first).
   __device__ __forceinline__ void IssuePV(const uint32_t (&p)[T::kPvSteps][4], uint32_t v) {
-#pragma unroll
-    for (int kk = 0; kk < T::kPvSteps; ++kk) {
-      const uint64_t b = ptx::MatrixDescriptor128B(v + kk * 16 * 128, T::kBlockN * 128, 1024);
-      MmaPv::RS(o_, p[kk], b, 1);
-    }
-    ptx::WgmmaCommit();
+    IssueFragmentProducts<MmaPv, T::kBlockN>(o_, p, v);
   }
 
   // Masks this warp's 16-row tile (fwd_row_tile.cuh) of key tile n.
@@ -285,10 +269,14 @@ __device__ __forceinline__ auto MakeFwdSm90Producer(const FwdKernelArgs& args,
   }
 }
 
+// The tensor maps a head dim's kernels take (none where they load by cp.async).
+template <int kHeadDim>
+using FwdSm90MapsAt = FwdSm90Maps<Sm90ForwardTma(kHeadDim)>;
+
 // One CTA per query block: this CTA's (BeginForwardCta).
 template <DType kDType, int kHeadDim>
 __device__ __forceinline__ void FlashForwardSm90BlockCta(
-    const FwdKernelArgs& args, const FwdSm90Maps<Sm90ForwardTma(kHeadDim)>& maps) {
+    const FwdKernelArgs& args, const FwdSm90MapsAt<kHeadDim>& maps) {
   using T = FwdSm90Traits<kDType, kHeadDim, false>;
   extern __shared__ __align__(16) unsigned char smem[];
   FwdCta<typename T::Element> cta;
@@ -314,7 +302,7 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(
 template <DType kDType, int kHeadDim>
 __device__ __forceinline__ void FlashForwardSm90PersistentCta(
     const FwdKernelArgs& args, const FwdSm90Grid& grid,
-    const FwdSm90Maps<Sm90ForwardTma(kHeadDim)>& maps) {
+    const FwdSm90MapsAt<kHeadDim>& maps) {
   using T = FwdSm90Traits<kDType, kHeadDim, true>;
   extern __shared__ __align__(16) unsigned char smem[];
   const FwdSm90Ring<T> ring((ptx::SharedAddress(smem) + 1023u) & ~1023u);
@@ -345,7 +333,7 @@ __device__ __forceinline__ void FlashForwardSm90PersistentCta(
 template <DType kDType, int kHeadDim>
 __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, false>::kThreads, 1)
     FlashForwardSm90Kernel(const __grid_constant__ FwdKernelArgs args,
-                           const __grid_constant__ FwdSm90Maps<Sm90ForwardTma(kHeadDim)> maps) {
+                           const __grid_constant__ FwdSm90MapsAt<kHeadDim> maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   FlashForwardSm90BlockCta<kDType, kHeadDim>(args, maps);
 #else
@@ -357,7 +345,7 @@ template <DType kDType, int kHeadDim>
 __global__ void __launch_bounds__(FwdSm90Traits<kDType, kHeadDim, true>::kThreads, 1)
     FlashForwardSm90PersistentKernel(const __grid_constant__ FwdKernelArgs args,
                                      const FwdSm90Grid grid,
-                                     const __grid_constant__ FwdSm90Maps<Sm90ForwardTma(kHeadDim)> maps) {
+                                     const __grid_constant__ FwdSm90MapsAt<kHeadDim> maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   FlashForwardSm90PersistentCta<kDType, kHeadDim>(args, grid, maps);
 #else

@@ -136,13 +136,14 @@ class FwdSm90Producer {
                                              const void* dout = nullptr)
       : args_(args), ring_(ring), dout_(static_cast<const Element*>(dout)) {}
 
-  // The thread index is read afresh wherever it is used (ptx::FreshThreadIdx): held through
-  // the loops it would spill under the producer's register cap.
   // V(i) is published once K(i + 1) is issued, so that one copy group stays in flight; but the
   // dQ kernel's consumers wait for K(i) and V(i) together while still reading K(i - 1) (its dQ
   // product runs behind tile i's scores), and K(i + 1) waits for that stage: a cycle. There
   // (kWholeTiles) a tile's K and V are published together once both landed.
   static constexpr bool kWholeTiles = T::kLoadsDout;
+
+  // The thread index is read afresh wherever it is used (ptx::FreshThreadIdx): held through
+  // the loops it would spill under the producer's register cap.
   __device__ __forceinline__ void Block(const FwdCta<Element>& cta) {
     if (WroteKeylessBlock<T>(args_, cta)) return;
     const int tiles = cta.block.n_end - cta.block.n_begin;

@@ -62,10 +62,8 @@ struct FwdSm90Traits {
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8 + 2 * kQStages * 8,
                 "shared memory layout");
-  static_assert(kConsumerRegisters <= 256 &&
-                    kProducerRegisters * kProducerThreads +
-                            kConsumerRegisters * kConsumerThreads <=
-                        ptx::RegisterPool(kThreads),
+  static_assert(ptx::RegisterSplitFits(kThreads, kProducerThreads, kProducerRegisters,
+                                       kConsumerRegisters),
                 "the register split fits the CTA's register pool (ptx::RegisterPool)");
 };
 

@@ -155,6 +155,14 @@ constexpr int ConsumerRegisters(int threads, int producer_threads, int producer_
   return (RegisterPool(threads) - producer_threads * producer_registers) /
          (threads - producer_threads) / 8 * 8;
 }
+// Whether such a split fits: setmaxnreg's 256 per thread, and the CTA's pool.
+constexpr bool RegisterSplitFits(int threads, int producer_threads, int producer_registers,
+                                 int consumer_registers) {
+  return consumer_registers <= 256 &&
+         producer_registers * producer_threads +
+                 consumer_registers * (threads - producer_threads) <=
+             RegisterPool(threads);
+}
 
 // Shared-memory matrix descriptor of wgmma with the 128-byte swizzle (layout type 1, bits
 // 62-63): start address, leading and stride byte offsets, each in 16-byte units (14 bits). The

@@ -37,9 +37,9 @@ inline constexpr bool kSm90ForwardWarpgroupKeys = ATTN_FLASH_SM90_FWD_WARPGROUP_
 // by one thread, tensor maps made on the host per launch (sm90_tensor_maps.h), each tile's bytes
 // counted on its full barrier, and cp.async only for the tile that holds a sequence's last key
 // where the keys end inside it (zero-filled rows: TMA would read the next sequence's there).
-// Measured 2026-11-27 at 64 (TMA everywhere; bench/RESULTS.md "Hopper forward: session 19's
+// Measured 2026-11-27 with TMA at every head dim (bench/RESULTS.md "Hopper forward: session 19's
 // knobs"): +3 to +11% at 256 on rows of 2048 keys or more, -1 to -18% at 64 and -7 to +1% at
-// 128. To ship at 256 once the GPU suite and compute-sanitizer pass on a build with 256.
+// 128. To ship at 256 once the GPU suite and compute-sanitizer pass on a build with =256.
 #ifndef ATTN_FLASH_SM90_FWD_TMA
 #define ATTN_FLASH_SM90_FWD_TMA 0
 #endif
