@@ -164,13 +164,16 @@ def check(counts, lifetimes, reports_expected, reports_received, limits):
                     torn = _sum(rows, phases, rpc, kinds={"data_close"}, codes={"CANCELLED"})
                     faulted = sum(device_refused[phase, rpc] for phase in phases)
                     unread = _sum(rows, phases, rpc, kinds={"unread"})
-                    # With a fault injected, a call its client abandoned (cancelled, past its
-                    # deadline, killed) may have been refused for the fault meanwhile.
-                    gone = abandoned if lifetime.get("fault") else 0
+                    # A call its client abandoned (cancelled, past its deadline, killed) may
+                    # have been refused meanwhile: for a fault injected into this lifetime, and
+                    # by the drain when the client gave up after the SIGTERM (seen once: a
+                    # Backward past its deadline, refused while draining).
+                    gone = abandoned if lifetime.get("fault") else _sum(
+                        rows, drain, rpc, kinds=ABANDONING_KINDS, codes=ABANDONED)
                     ok = got <= late + torn + faulted + unread + gone
                     rule = (f"server {got} <= client after SIGTERM {late} + torn {torn} + "
-                            f"refused for a device fault {faulted} + unread {unread}"
-                            + (f" + abandoned {gone}" if lifetime.get("fault") else ""))
+                            f"refused for a device fault {faulted} + unread {unread} + "
+                            f"abandoned {gone}")
                 else:
                     ok = got <= client and client - got <= late
                     rule = f"server {got}, client {client} (of which after SIGTERM {late})"

@@ -118,6 +118,17 @@ def test_seeded_defects_fail_their_checks():
     lifetimes = _lifetimes()
     lifetimes[1]["final_metrics"]["requests"]["Forward|UNAVAILABLE"] = 2
     assert _with(lifetimes=lifetimes) == {"L2 Forward: server and client agree on UNAVAILABLE"}
+    # A Backward its client gave up on after the SIGTERM, refused UNAVAILABLE by the drain: no
+    # defect; one more UNAVAILABLE than that is.
+    lifetimes = _lifetimes()
+    lifetimes[0]["final_metrics"]["requests"]["Backward|UNAVAILABLE"] = 1
+    late_deadline = {"outcome|L1drain|Backward|deadline|DEADLINE_EXCEEDED": 1,
+                     "issued|deadline": 1}
+    assert _with(late_deadline, lifetimes) == set()
+    lifetimes = _lifetimes()
+    lifetimes[0]["final_metrics"]["requests"]["Backward|UNAVAILABLE"] = 2
+    assert _with(late_deadline, lifetimes) == {
+        "L1 Backward: server and client agree on UNAVAILABLE"}
     # No context miss was ever counted: the resend path went untested.
     lifetimes = _lifetimes()
     for lifetime in lifetimes:
