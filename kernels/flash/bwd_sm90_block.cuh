@@ -261,28 +261,6 @@ class BwdSm90Block {
     }
   }
 
-  // Adds a dQ product (rows `row` and row + 8 of query tile `tile`, columns col0 + 8 t + {0, 1}
-  // of each 8-column tile t: the accumulator layout) into the float32 workspace, one v2
-  // reduction per row and tile. The sm80 kernels' lane pairs swap halves to make v4 reductions
-  // of half as many instructions, but their shuffles, selects and branches cost more issue slots
-  // than they save here (measured: +0-4% at head dims 64/128, bench/RESULTS.md "Hopper backward:
-  // fewer instructions per tile").
-  template <int kTiles>
-  __device__ __forceinline__ void AddDqPairs(const float (&dq)[kTiles][4], QueryTile tile,
-                                             int row, int col0) {
-    float* dst = args_.dq_accum + (int64_t{q_begin_} + tile.row0 + row) * f_.q_row_stride +
-                 int64_t{tile.head} * f_.head_dim + col0;
-    float* dst8 = dst + 8 * f_.q_row_stride;
-    const bool valid = row < len_q_ - tile.row0;
-    const bool valid8 = row + 8 < len_q_ - tile.row0;
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const bool col_valid = col0 + t * 8 < f_.head_dim;
-      ptx::AtomicAddPairIf(valid && col_valid, dst + t * 8, dq[t][0], dq[t][1]);
-      ptx::AtomicAddPairIf(valid8 && col_valid, dst8 + t * 8, dq[t][2], dq[t][3]);
-    }
-  }
-
   // dQ columns col0.. (64 queries x Mma's N) = dS K from the dS^T tile at ds_st, one committed
   // group: both operands MN-major, K's columns col0.. in head-dim block col0 / 64 at byte
   // (col0 % 64) * 2 of its rows (N = 32 starts mid-row at 64 bytes; the swizzle comes from the

@@ -10,6 +10,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/flash/fwd_traits.cuh"
 #include "kernels/flash/ptx_sm90.cuh"
+#include "kernels/flash/tile_config.h"
 
 namespace attnserve::kernels::flash {
 
@@ -51,6 +52,8 @@ struct BwdSm90DqTraits {
   static_assert(kQTileBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
+  static_assert(kSmemBytes <= Sm90BackwardSmemBytes(kHeadDim),
+                "the dispatcher checks the device against the dK/dV kernel's need, the larger");
   static_assert(ptx::RegisterSplitFits(kThreads, kProducerThreads, kProducerRegisters,
                                        kConsumerRegisters),
                 "the register split fits the CTA's register pool (ptx::RegisterPool)");

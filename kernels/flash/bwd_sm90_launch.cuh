@@ -1,10 +1,10 @@
 // Definition of LaunchBackwardSm90, included by the generated sm90 backward instantiation files
-// only: zero the float32 dQ workspace, the preprocess (D), the Hopper dK/dV kernel with atomic
-// dQ (bwd_sm90_kernel.cuh at head dims 64 / 128, bwd_sm90_wide_kernel.cuh at 192 / 256), the dQ
-// conversion (the sm80 path's preprocess, and its conversion kernel at 256 or the tile layout's
-// at 64 / 128 / 192, bwd_sm90_dq_tiles.cuh). Where the dK/dV kernel computes no dQ (256 with
-// ATTN_FLASH_SM90_BWD_DQ_KERNEL): the preprocess, the dK/dV kernel, then the dQ kernel
-// (bwd_sm90_dq_kernel.cuh), no workspace.
+// only. At 64 / 128 / 192: zero the float32 dQ workspace, the preprocess (D; the sm80 path's),
+// the Hopper dK/dV kernel adding dQ by tile (bwd_sm90_kernel.cuh at 64 / 128,
+// bwd_sm90_wide_kernel.cuh at 192), the tile layout's dQ conversion (bwd_sm90_dq_tiles.cuh). At
+// 256 (Sm90BackwardSeparateDq), where the dK/dV kernel computes no dQ: the preprocess, the dK/dV
+// kernel, then the dQ kernel (bwd_sm90_dq_kernel.cuh), no dQ workspace; both modes, since it is
+// deterministic.
 #pragma once
 
 #include <string>
@@ -41,27 +41,28 @@ KernelStatus LaunchBackwardDqSm90(const BwdKernelArgs& args, const BwdGrid& grid
   return KernelStatus::Ok();
 }
 
-// The atomic-dQ mode only: the dispatcher runs the deterministic mode on the sm80 path. T: the
-// dK/dV kernel's traits (kBlockN keys per CTA, kThreads, kSmemBytes).
+// Fused dQ (64 / 128 / 192): the atomic-dQ mode only, the dispatcher runs the deterministic mode
+// on the sm80 path there. Separate dQ (256): both modes. T: the dK/dV kernel's traits (kBlockN
+// keys per CTA, kThreads, kSmemBytes).
 template <class T, DType kDType>
 KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernelArgs& args,
                                     const BwdGrid& grid, cudaStream_t stream) {
   constexpr bool kFusedDq = T::kFusedDq;
-  if (kFusedDq && args.dq_accum == nullptr && args.fwd.total_q > 0) {
-    return KernelStatus::Error("flash: sm90 backward needs the dQ workspace (atomic mode)");
+  static_assert(!kFusedDq || T::kDqStageBytes > 0, "fused dQ is dQ by tile");
+  const int64_t pairs = args.fwd.total_q * args.fwd.num_heads;
+  const int64_t dq_elems = pairs * args.fwd.head_dim;
+  if constexpr (kFusedDq) {
+    if (args.dq_accum == nullptr && dq_elems > 0) {
+      return KernelStatus::Error("flash: sm90 backward needs the dQ workspace (atomic mode)");
+    }
   }
   cudaError_t err =
       cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) return BackwardSm90LaunchError("cudaFuncSetAttribute", err);
-  const int64_t pairs = args.fwd.total_q * args.fwd.num_heads;
-  const int64_t dq_elems = pairs * args.fwd.head_dim;
-  // The dQ workspace: laid out like dq, or by tile (bwd_sm90_dq_tiles.h).
-  constexpr bool kTileDq = T::kDqStageBytes > 0;
-  const int64_t workspace_floats =
-      kTileDq ? TileDqWorkspaceFloats(args.fwd.total_q, grid.batch, args.fwd.num_heads,
-                                      T::kHeadDim)
-              : dq_elems;
   if (kFusedDq && dq_elems > 0) {
+    // The dQ workspace, laid out by tile (bwd_sm90_dq_tiles.h).
+    const int64_t workspace_floats =
+        TileDqWorkspaceFloats(args.fwd.total_q, grid.batch, args.fwd.num_heads, T::kHeadDim);
     err = cudaMemsetAsync(args.dq_accum, 0, static_cast<size_t>(workspace_floats) * 4, stream);
     if (err != cudaSuccess) return BackwardSm90LaunchError("cudaMemsetAsync", err);
   }
@@ -81,23 +82,17 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
   }
   if constexpr (!kFusedDq) {
     return LaunchBackwardDqSm90<kDType, T::kHeadDim>(args, grid, stream);
-  }
-  if (dq_elems > 0) {
-    if constexpr (kTileDq) {
-      const dim3 blocks((grid.max_seqlen_q + kTileDqRows - 1) / kTileDqRows, args.fwd.num_heads,
-                        grid.batch);
+  } else {
+    if (dq_elems > 0) {
+      const dim3 blocks((grid.max_seqlen_q + kTileDqRows - 1) / kTileDqRows,
+                        args.fwd.num_heads, grid.batch);
       FlashBackwardConvertTileDqKernel<kDType, T::kHeadDim>
           <<<blocks, kTileDqConvertThreads, 0, stream>>>(args);
-    } else {
-      const int64_t blocks = (dq_elems / 8 + kConvertThreads - 1) / kConvertThreads;
-      FlashBackwardConvertDqKernel<kDType><<<static_cast<unsigned>(blocks), kConvertThreads, 0,
-                                             stream>>>(args.dq_accum, args.dq, dq_elems,
-                                                       args.grad_scale);
+      err = cudaGetLastError();
+      if (err != cudaSuccess) return BackwardSm90LaunchError("dQ conversion launch", err);
     }
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return BackwardSm90LaunchError("dQ conversion launch", err);
+    return KernelStatus::Ok();
   }
-  return KernelStatus::Ok();
 }
 
 template <DType kDType, int kHeadDim>

@@ -16,15 +16,16 @@
 //   ------ loop-top fence.proxy.async + consumer barrier (publishes tile it's dS^T) ------
 // Each tile's dQ products are issued in the next tile, straight behind its S^T / dP^T, so that
 // the tensor cores have them while consumer 0 computes P^T and consumer 1 waits for G (with
-// dQ at the end of its own tile they idled there, behind a barrier before dQ); the reductions
-// into the float32 dQ workspace (red.global.add.v2.f32) run under dV / dK. That takes two dS^T
+// dQ at the end of its own tile they idled there, behind a barrier before dQ); the bulk
+// reductions into the float32 dQ workspace (dQ by tile) run under dV / dK. That takes two dS^T
 // tiles; the last tile's dQ follows the loop. P^T and dS^T come out of the 64-key accumulators
 // in the RS A-fragment layout (keys as the M side, as in the hdim-64/128 kernel), so neither
 // product reads them from shared memory; the exchange tile keeps G in float32 (dS from P
 // rounded to 16 bits cost the sm80 role split 5-30x the dq error, NOTES.md "Backward at head
 // dims 192 and 256"). The masks, softcap, tile range, GQA sums and the dQ reductions are the
-// hdim-64/128 kernel's. Without T::kFusedDq (256 with ATTN_FLASH_SM90_BWD_DQ_KERNEL) no dQ
-// product, reduction or dS^T tile: the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ.
+// hdim-64/128 kernel's. The dQ work is head dim 192's (T::kFusedDq): at 256 this kernel
+// computes dK and dV only, with no dQ product, reduction or dS^T tile, and the dQ kernel
+// (bwd_sm90_dq_kernel.cuh) computes dQ.
 #pragma once
 
 #include <cmath>
@@ -50,9 +51,9 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   using Base::args_, Base::key_first_, Base::iters_, Base::k_smem_, Base::v_smem_,
       Base::ds_smem_;
   using Base::StageSmem, Base::FirstTile, Base::Next, Base::IssueScores, Base::IssueGrad,
-      Base::StoreKeyRows, Base::AddDqPairs, Base::barriers_;
+      Base::StoreKeyRows, Base::barriers_;
   using MmaDqA = ptx::Wgmma<Element, T::kDqColsA>;  // 64 queries x 64 columns
-  using MmaDqB = ptx::Wgmma<Element, T::kDqColsB>;  // 64 queries x 32 or 64 columns
+  using MmaDqB = ptx::Wgmma<Element, T::kDqColsB>;  // 64 queries x 32 columns (192)
   // Named barriers of the 256 consumer threads (0 is __syncthreads'): consumer 0 hands G to
   // consumer 1 on the first; both meet on the second.
   static constexpr int kExchangeBarrier = 1;
@@ -103,7 +104,7 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   // dV (consumer 0) or dK times softmax_scale (consumer 1) through the V or K buffer (each warp
   // its own 16 rows), then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
-    if constexpr (T::kTileDq) this->FinishDqPieces();
+    if constexpr (T::kFusedDq) this->FinishDqPieces();
     // No wgmma reads K or V any more (dQ of both consumers reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     const int tid = Sm90ConsumerThread<T>();
@@ -135,30 +136,24 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     float sc[T::kSTiles][4];
     float dq_a[T::kDqColsA / 8][4];
     float dq_b[T::kDqColsB / 8][4];
-    constexpr bool kDqBEarly = kDq && !T::kDqBBehindGrad;
     ptx::WgmmaFence();
     IssueScores(sc, warpgroup == 0 ? k_smem_ : v_smem_, warpgroup == 0 ? q_st : do_st);
-    if constexpr (kDq) IssueDq<MmaDqA>(dq_a, it - 1, T::DqColA(warpgroup));
-    if constexpr (kDqBEarly) IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
-    // In flight: S^T / dP^T (, dQ A (, dQ B) of it-1): wait for the scores only.
-    ptx::WgmmaWait<int{kDq} + int{kDqBEarly}>(sc);
+    if constexpr (kDq) {
+      IssueDq<MmaDqA>(dq_a, it - 1, T::DqColA(warpgroup));
+      IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
+    }
+    // In flight: S^T / dP^T (, dQ A, dQ B of it-1): wait for the scores only.
+    ptx::WgmmaWait<kDq ? 2 : 0>(sc);
 
     uint32_t a[T::kGradSteps][4];
     GradFragments<kSoftcap>(sc, a, it, tile.row0, tid, warpgroup);
     ptx::WgmmaFence();
     IssueGrad(grad_, a, warpgroup == 0 ? do_st : q_st);
     if constexpr (kDq) {
-      // In flight, in issue order: dQ A, dQ B (it-1), the gradient product (it); or with dQ B
-      // behind the gradient product (head dim 256), dQ A, the gradient product, dQ B. Either
-      // way the second-last wait completes dQ A.
-      if constexpr (!kDqBEarly) IssueDq<MmaDqB>(dq_b, it - 1, T::DqColB(warpgroup));
+      // In flight, in issue order: dQ A, dQ B (it-1), the gradient product (it).
       ptx::WgmmaWait<2>(dq_a);
-      AddDqA(dq_a, prev, warpgroup, warp, tid % 32);
-      if constexpr (kDqBEarly) {
-        ptx::WgmmaWait<1>(dq_b);
-      } else {
-        ptx::WgmmaWait<0>(dq_b);
-      }
+      AddDqA(dq_a, warpgroup, warp, tid % 32);
+      ptx::WgmmaWait<1>(dq_b);
       AddDqB(dq_b, prev, warpgroup, warp, tid % 32);
     }
     // The gradient product: the stage is released after this wait, and dK / dV are read after
@@ -208,31 +203,23 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
     IssueDq<MmaDqA>(dq_a, it, T::DqColA(warpgroup));
     IssueDq<MmaDqB>(dq_b, it, T::DqColB(warpgroup));
     ptx::WgmmaWait<1>(dq_a);
-    AddDqA(dq_a, tile, warpgroup, warp, group * 4 + quad_lane);
+    AddDqA(dq_a, warpgroup, warp, group * 4 + quad_lane);
     ptx::WgmmaWait<0>(dq_b);
     AddDqB(dq_b, tile, warpgroup, warp, group * 4 + quad_lane);
   }
 
-  // The two dQ products of query tile `tile` into the workspace: at 192 staged into the warp's
-  // piece (A's tiles first, then B's) and added with one bulk reduction once B is staged
-  // (BwdSm90Block's dQ by tile); at 256 one red.global.add.v2.f32 per element pair.
-  __device__ __forceinline__ void AddDqA(const float (&dq)[T::kDqColsA / 8][4], QueryTile tile,
-                                         int warpgroup, int warp, int lane) {
-    if constexpr (T::kTileDq) {
-      this->AwaitDqStaging(lane);
-      this->StageDqTiles(dq, 0, warpgroup * 4 + warp, lane);
-    } else {
-      AddDqPairs(dq, tile, warp * 16 + lane / 4, T::DqColA(warpgroup) + 2 * (lane % 4));
-    }
+  // The two dQ products of query tile `tile` into the workspace, staged into the warp's piece
+  // (A's tiles first, then B's) and added with one bulk reduction once B is staged
+  // (BwdSm90Block's dQ by tile).
+  __device__ __forceinline__ void AddDqA(const float (&dq)[T::kDqColsA / 8][4], int warpgroup,
+                                         int warp, int lane) {
+    this->AwaitDqStaging(lane);
+    this->StageDqTiles(dq, 0, warpgroup * 4 + warp, lane);
   }
   __device__ __forceinline__ void AddDqB(const float (&dq)[T::kDqColsB / 8][4], QueryTile tile,
                                          int warpgroup, int warp, int lane) {
-    if constexpr (T::kTileDq) {
-      this->StageDqTiles(dq, T::kDqColsA / 8, warpgroup * 4 + warp, lane);
-      this->ReduceDqPiece(tile, warpgroup * 4 + warp, lane);
-    } else {
-      AddDqPairs(dq, tile, warp * 16 + lane / 4, T::DqColB(warpgroup) + 2 * (lane % 4));
-    }
+    this->StageDqTiles(dq, T::kDqColsA / 8, warpgroup * 4 + warp, lane);
+    this->ReduceDqPiece(tile, warpgroup * 4 + warp, lane);
   }
 
   // Warpgroup 1: dS^T = G (dP^T - D) with G from the exchange tile: the A fragments of

@@ -36,27 +36,22 @@ struct BwdSm90WideTraits {
   static constexpr int kScoreSteps = kHeadDim / 16;  // k16 steps of S^T = K Q^T, dP^T = V dO^T
   static constexpr int kGradSteps = kBlockM / 16;    // k16 steps of dV += P^T dO, dK += dS^T Q
   static constexpr int kDqSteps = kBlockN / 16;      // k16 steps (keys) of dQ = dS K
-  // dQ = dS K (64 queries x head dim): each warpgroup half the head dim, as two products whose
-  // B operand (K, MN-major) starts at a 64-column block or 32 columns into one (the only
-  // mid-row start wgmma's swizzled descriptors allow: the product must end inside the block).
-  //   256: warpgroup w columns 128 w + [0, 64) and 128 w + [64, 128)
-  //   192: warpgroup 0 columns [0, 64) and [64, 96); warpgroup 1 [128, 192) and [96, 128)
-  // Each tile's dQ products are issued behind the next tile's S^T / dP^T (the kernel's Step). At
-  // 256 the second one goes behind the gradient product instead: dK or dV (128 floats), S^T or
-  // dP^T (32) and both dQ products (64) in flight at once do not fit the 240 registers the
-  // consumers have beside the producer (ptxas serialized the wgmma, C7512).
-  static constexpr bool kDqBBehindGrad = kHeadDim == 256;
-  // Whether this kernel computes dQ; at 256 with ATTN_FLASH_SM90_BWD_DQ_KERNEL the dQ kernel
-  // (bwd_sm90_dq_kernel.cuh) does instead, and this one only dK and dV (its dS^T tiles then go
-  // unused: the layout stays the shipped one while the knob is measured).
-  static constexpr bool kFusedDq = !(kSm90BackwardDqKernel && kHeadDim == 256);
+  // Whether this kernel computes dQ: at 192; at 256 the dQ kernel (bwd_sm90_dq_kernel.cuh) does
+  // (Sm90BackwardSeparateDq), and this one only dK and dV. Its dS^T tiles then go unused: the
+  // shared-memory layout is still the fused kernel's (NOTES.md "What is next").
+  static constexpr bool kFusedDq = !Sm90BackwardSeparateDq(kHeadDim);
+  // dQ = dS K at 192 (64 queries x head dim): each warpgroup half the head dim, as two products
+  // whose B operand (K, MN-major) starts at a 64-column block or 32 columns into one (the only
+  // mid-row start wgmma's swizzled descriptors allow: the product must end inside the block):
+  // warpgroup 0 columns [0, 64) and [64, 96); warpgroup 1 [128, 192) and [96, 128). Each tile's
+  // dQ products are issued behind the next tile's S^T / dP^T (the kernel's Step).
   static constexpr int kDqColsA = 64;
-  static constexpr int kDqColsB = kHeadDim / 2 - 64;  // 64 or 32
+  static constexpr int kDqColsB = kHeadDim / 2 - 64;  // 32 at 192
   __host__ __device__ static constexpr int DqColA(int warpgroup) {
     return warpgroup * 128;
   }
   __host__ __device__ static constexpr int DqColB(int warpgroup) {
-    return kHeadDim == 256 ? warpgroup * 128 + 64 : 64 + warpgroup * 32;
+    return 64 + warpgroup * 32;
   }
 
   // Tile it's dQ products are issued in tile it+1 behind its S^T / dP^T (the kernel's Step),
@@ -80,9 +75,7 @@ struct BwdSm90WideTraits {
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
   // dQ by tile at 192 (bwd_sm90_dq_tiles.h): each consumer warp stages its 16 rows of both dQ
-  // products (64 + 32 columns) for one bulk reduction; at 256 no room is left, and the kernel
-  // adds each element pair (red.global.add.v2.f32).
-  static constexpr bool kTileDq = kHeadDim == 192;
+  // products (64 + 32 columns) for one bulk reduction.
   static constexpr int kDqPieceBytes = 16 * (kHeadDim / 2) * 4;
   static constexpr int kDqStageBytes = Sm90BackwardDqStageBytes(kHeadDim);
   static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
@@ -90,7 +83,6 @@ struct BwdSm90WideTraits {
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kHeadDim == 192 || kHeadDim == 256, "the wide kernel: head dim 192 or 256");
   static_assert(kBlockN == 64 && kBlockM == 64, "one 64 x 64 score tile per warpgroup");
-  static_assert(kDqColsB == 32 || kDqColsB == 64, "dQ: wgmma N of 32 or 64");
   static_assert(2 * kBlockM <= kLoaderThreads, "lse and D of a tile: one float per thread");
   static_assert(kExchangeBytes == 128 * kSTiles * 16, "exchange: 32 floats per thread");
   static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
@@ -103,9 +95,9 @@ struct BwdSm90WideTraits {
   static_assert(kSmemBytes == 2 * kKvBytes + kStages * kStageBytes + kDsBuffers * kDsBytes +
                                    kExchangeBytes + kDqStageBytes + 1024,
                 "host and device agree");
-  static_assert(kDqStageBytes == (kTileDq ? (kConsumerThreads / 32) * kDqPieceBytes : 0),
+  static_assert(kDqStageBytes == (kFusedDq ? (kConsumerThreads / 32) * kDqPieceBytes : 0),
                 "dQ staging: one piece per consumer warp, at 192 only");
-  static_assert(!kTileDq || (TileDqColumn(kHeadDim, 1, 0) == DqColA(1) &&
+  static_assert(!kFusedDq || (TileDqColumn(kHeadDim, 1, 0) == DqColA(1) &&
                              TileDqColumn(kHeadDim, 1, kDqColsA / 8) == DqColB(1) &&
                              TileDqColumn(kHeadDim, 0, kDqColsA / 8) == DqColB(0)),
                 "the conversion kernel reads the pieces as the products stage them");

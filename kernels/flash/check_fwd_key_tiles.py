@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU check of the forward's key-tile ranges (fwd_block.cuh): LocateBlock's [n_begin, n_end)
-for a query block, and BlockRowsKeyTiles' for a consumer warpgroup's 64 rows of it (tuning.h's
-ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS), emulated in integers as the kernel computes them.
+for a query block, and BlockRowsKeyTiles' for a consumer warpgroup's 64 rows of it (the Hopper
+forward at head dim 64, Sm90ForwardWarpgroupKeys), emulated in integers as the kernel computes
+them.
 
 Over many sequence lengths, windows (causal, sliding, none) and the Hopper tiles, checks that
 - every key a row sees lies in a tile of its block's range and of its warpgroup's range;

@@ -133,28 +133,6 @@ def check_ds_tile_and_dq_operands(head_dim, block_m):
                     assert hw_swizzle(canonical) == stored, (wg, kk, n, k)
 
 
-def check_dq_reductions(dq_cols):
-    """AddDqPairs: each thread adds its two consecutive columns of rows r and r + 8 per 8-column
-    tile straight from the accumulator registers (one v2 reduction each)."""
-    tiles = dq_cols // 8
-    for warp in range(4):
-        written = {}
-        for lane in range(32):
-            regs = [[(16 * warp + lane // 4 + 8 * (e // 2), 8 * t + 2 * (lane % 4) + e % 2)
-                     for e in range(4)] for t in range(tiles)]
-            row = 16 * warp + lane // 4
-            col0 = 2 * (lane % 4)
-            for t in range(tiles):
-                for half, r in ((0, row), (1, row + 8)):
-                    values = regs[t][2 * half:2 * half + 2]
-                    for j, value in enumerate(values):
-                        target = (r, col0 + 8 * t + j)
-                        assert value == target, (lane, t, half, j, value)
-                        assert target not in written
-                        written[target] = True
-        assert len(written) == 16 * dq_cols
-
-
 def check_epilogue(head_dim, warps=8):
     row_vecs = head_dim // 8
     for warp in range(warps):
@@ -193,10 +171,9 @@ def check_flat_loader(rows, row_vecs, threads):
     assert len(seen) == rows * row_vecs
 
 
-def wide_dq_cols(head_dim, wg):
-    """BwdSm90WideTraits::DqColA / DqColB with their N."""
-    col_b = wg * 128 + 64 if head_dim == 256 else 64 + wg * 32
-    return [(wg * 128, 64), (col_b, head_dim // 2 - 64)]
+def wide_dq_cols(wg):
+    """BwdSm90WideTraits::DqColA / DqColB with their N (head dim 192, the fused dQ)."""
+    return [(wg * 128, 64), (64 + wg * 32, 32)]
 
 
 def check_wide(head_dim):
@@ -215,6 +192,13 @@ def check_wide(head_dim):
         for nt in range(block_m // 8):
             for e in range(4):
                 assert exchange[(nt * 128 + t) * 16 + 4 * e] == accumulator_coords(t, 4 * nt + e)
+    if head_dim == 192:  # the fused dQ (at 256 the dQ kernel computes it)
+        check_wide_dq(block_n, block_m, head_dim)
+    check_epilogue(head_dim, warps=4)
+    check_masks(block_m, block_n=block_n, warps=4)
+
+
+def check_wide_dq(block_n, block_m, head_dim):
     # dS^T tile: warpgroup 1 alone writes all 64 keys, SwizzledOffset<64>(key, nt), from the
     # start of its buffer (offsets from the first buffer; both 1024-byte aligned).
     ds_bytes = block_n * block_m * 2
@@ -231,7 +215,7 @@ def check_wide(head_dim):
     assert len(memory) == 2 * block_n * block_m
     covered = []
     for wg in range(2):
-        for col0, n_cols in wide_dq_cols(head_dim, wg):
+        for col0, n_cols in wide_dq_cols(wg):
             assert n_cols in (32, 64) and col0 % 64 + n_cols <= 64  # ends inside its block
             covered += range(col0, col0 + n_cols)
             for kk in range(block_n // 16):
@@ -249,10 +233,7 @@ def check_wide(head_dim):
                         key, col = kk * 16 + k, col0 + n
                         stored = swizzled_offset(block_n, key, col // 8) + (col % 8) * 2
                         assert hw_swizzle(canonical) == stored, (wg, col0, kk, n, k)
-            check_dq_reductions(n_cols)
     assert sorted(covered) == list(range(head_dim))
-    check_epilogue(head_dim, warps=4)
-    check_masks(block_m, block_n=block_n, warps=4)
 
 
 def visible(i, j, len_q, len_k, wl, wr):
@@ -361,8 +342,6 @@ def main():
     check_fragments(64)
     for head_dim in (64, 128):
         check_ds_tile_and_dq_operands(head_dim, 64)
-        check_dq_reductions(head_dim // 2)
-    check_dq_reductions(64)
     check_epilogue(64)
     check_epilogue(128)
     check_masks(64)

@@ -19,7 +19,7 @@ forward:
 - nothing deadlocks;
 and all of that also where a consumer passes over key tiles none of its rows see (before and
 after its own, or all of a block's), taking its turns and releasing their stages once landed.
-The same with the TMA producer (ATTN_FLASH_SM90_FWD_TMA): full barriers of one arrival that
+The same with the TMA producer (head dim 256): full barriers of one arrival that
 also wait for their tile's bytes, Q's bytes on its block's first K tile's barrier, copies
 landing in any order, and partial tiles by cp.async, landed before the arrival.
 In the backward at head dims 64/128: every consumer reads a stage that holds its tile, landed
@@ -27,7 +27,8 @@ and not overwritten; no consumer writes its dS^T rows into a buffer whose dQ pro
 consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
 drift); the epilogue overwrites K only after both consumers' last dQ; nothing deadlocks.
 In the backward at head dims 192/256 (bwd_sm90_wide_kernel.cuh: the same producer, consumer 0
-for S^T, P^T, dV and consumer 1 for dP^T, dS^T, dK, each issuing the previous tile's dQ): every
+for S^T, P^T, dV and consumer 1 for dP^T, dS^T, dK, each issuing the previous tile's dQ, which
+at 256 the dQ kernel computes instead, the same protocol less the dQ steps): every
 stage read (wgmma, lse, D) sees its tile, landed and not overwritten before the consumer releases
 the stage; mbarrier parities never alias; consumer 1 reads the exchange tile G only once it holds
 the current tile's, and consumer 0 never overwrites a G that consumer 1 has not read; barrier 1's
@@ -645,11 +646,10 @@ def check_wide(broken=None, seeds=60):
             run_wide(tiles, seed, broken)
 
 
-# A warpgroup passing over tiles none of its rows see (tuning.h's
-# ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS) without its turn, or releasing a stage before its tile
-# landed.
+# A warpgroup passing over tiles none of its rows see (the forward at head dim 64) without its
+# turn, or releasing a stage before its tile landed.
 BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
-# The TMA producer (ATTN_FLASH_SM90_FWD_TMA) arriving before Q's bytes are expected, or before
+# The TMA producer (the forward at head dim 256) arriving before Q's bytes are expected, or before
 # a partial tile's cp.async copies landed.
 BROKEN_TMA = ("tma-q-after-arrive", "tma-partial-no-wait")
 BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn", "no-last-v-release",

@@ -117,7 +117,8 @@ KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim
 
 // The Hopper rule's inputs as the dispatcher sees them: the target's capabilities and limit.
 Sm90Candidate Sm90CandidateOf(const Target& target, const ExecutionContext& ctx, bool backward,
-                              bool built, int smem, bool extras, bool deterministic) {
+                              int kernel_head_dim, bool built, int smem, bool extras,
+                              bool deterministic) {
   Sm90Candidate c;
   c.backward = backward;
   c.compute_capability = target.compute_capability;
@@ -127,6 +128,7 @@ Sm90Candidate Sm90CandidateOf(const Target& target, const ExecutionContext& ctx,
   c.shared_memory_limit = target.smem_limit;
   c.extras = extras;
   c.deterministic = deterministic;
+  c.kernel_deterministic = backward && Sm90BackwardSeparateDq(kernel_head_dim);
   c.disabled_paths = ctx.disabled_paths;
   return c;
 }
@@ -195,8 +197,9 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     // Hopper: the wgmma kernel where the rule the family's plan applies says so
     // (kernels/flash_sm90_rule.h); otherwise the sm80 kernel.
     const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
-    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/false, sm90 != nullptr,
-                                 Sm90ForwardSmemBytes(kernel_head_dim), extras, false))) {
+    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/false, kernel_head_dim,
+                                 sm90 != nullptr, Sm90ForwardSmemBytes(kernel_head_dim), extras,
+                                 false))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90ForwardSmemBytes(kernel_head_dim);
     }
@@ -257,10 +260,11 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper: the wgmma dK/dV kernel where the plan's rule says so (atomic-dQ mode only).
+    // Hopper: the wgmma kernels where the plan's rule says so (the atomic-dQ mode, and both
+    // modes at 256, whose dQ kernel takes no atomics).
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
-    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/true, sm90 != nullptr,
-                                 Sm90BackwardSmemBytes(kernel_head_dim), extras,
+    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/true, kernel_head_dim,
+                                 sm90 != nullptr, Sm90BackwardSmemBytes(kernel_head_dim), extras,
                                  params.deterministic))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);

@@ -25,10 +25,12 @@ size_t BackwardWorkspaceBytes(const BackwardParams& params);
 
 // FlashAttention-2's backward over the same packed layout: dq like q, dk/dv like k/v, from q, k,
 // v, out, dout and the forward's lse. Head dims: multiples of 8 up to 256 (the kernels need 119 KB
-// of shared memory per block at 192 and 150 KB at 256; a device that gives less gets an error). dK/dV of a GQA group are summed in fp32 registers (always deterministic). dQ: by
-// default FlashAttention-2's float32 atomics from the dK/dV kernel (run-to-run bits may differ);
-// with params.deterministic a separate dQ pass over the key blocks (bitwise reproducible, about
-// 1.4x the matrix work of the atomic scheme, no dQ workspace). Returns an error naming the size
+// of shared memory per block at 192 and 150 KB at 256; a device that gives less gets an error).
+// dK/dV of a GQA group are summed in fp32 registers (always deterministic). dQ: by default
+// FlashAttention-2's float32 atomics from the dK/dV kernel (run-to-run bits may differ); with
+// params.deterministic a separate dQ pass over the key blocks (bitwise reproducible, about 1.4x
+// the matrix work of the atomic scheme, no dQ workspace). On Hopper at head dims 200-256 dQ is
+// always such a pass (the sm90 dQ kernel), so both modes are bitwise reproducible there. Returns an error naming the size
 // when ctx.workspace is smaller than BackwardWorkspaceBytes(params). Asynchronous, like Forward.
 KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx);
 

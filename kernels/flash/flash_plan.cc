@@ -4,6 +4,7 @@
 // which kernels this build holds as the dispatcher's tables do.
 #include "kernels/family_plans.h"
 #include "kernels/flash/shared_memory.h"
+#include "kernels/flash/tile_config.h"
 #include "kernels/flash_sm90_rule.h"
 
 namespace attnserve::kernels::flash {
@@ -144,6 +145,7 @@ KernelPlan Plan(const PlanQuery& query) {
   sm90.shared_memory_limit = limit;
   sm90.extras = query.dropout || query.alibi;
   sm90.deterministic = query.deterministic;
+  sm90.kernel_deterministic = backward && Sm90BackwardSeparateDq(kernel_head_dim);
   sm90.disabled_paths = query.disabled_paths;
   if (RunsSm90(sm90)) {
     plan.code_path = Sm90::kName;

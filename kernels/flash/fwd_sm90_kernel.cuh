@@ -4,9 +4,9 @@
 // query block. A producer warpgroup streams Q, K and V into shared-memory slots and a ring of
 // stages (fwd_sm90_ring.cuh) and a consumer warpgroup per 64 query rows (two or three) computes;
 // a CTA's next block's tiles load while its current one finishes. Tiles are in wgmma's
-// 128-byte-swizzled layout, filled with cp.async (zero-fill past the sequence and in the
-// head-dim padding, so varlen needs no tensor maps; tuning.h's ATTN_FLASH_SM90_FWD_TMA loads
-// them with TMA instead: fwd_sm90_tma_producer.cuh). Per key tile each consumer computes
+// 128-byte-swizzled layout, filled with cp.async at head dims 64 / 128 (zero-fill past the
+// sequence and in the head-dim padding, so varlen needs no tensor maps) and by TMA at 256
+// (fwd_sm90_tma_producer.cuh; Sm90ForwardTma, tuning.h's ATTN_FLASH_SM90_FWD_TMA). Per key tile each consumer computes
 // S = Q K^T (wgmma, both operands from shared memory), masks and runs the online softmax in
 // registers, and adds P V (wgmma, P from registers, V N-major from shared memory); the P V of
 // one tile runs under the softmax of the next, and with the ping-pong schedule one consumer's
@@ -70,7 +70,7 @@ class FwdSm90BlockRunner {
   // issues S(n) = Q K(n)^T and then O += P(n+1) V(n+1) on the tensor cores, waits for S(n)
   // only, and runs the softmax of tile n while P V still runs; O is rescaled once P V is done.
   // Each stage is handed back to the producer as soon as this warpgroup's wgmma reading it is
-  // complete. With kSm90ForwardWarpgroupKeys, the block's key tiles that none of this
+  // complete. With T::kWarpgroupKeys (head dim 64), the block's key tiles that none of this
   // warpgroup's rows see are passed over (PassOver), before and after its own.
   __device__ __forceinline__ void Run() {
 #pragma unroll
@@ -91,11 +91,11 @@ class FwdSm90BlockRunner {
     int n = block_.n_end - 1;
     int i = first_tile_;
     KeyTiles own{block_.n_begin, block_.n_end};
-    if constexpr (kSm90ForwardWarpgroupKeys) {
+    if constexpr (T::kWarpgroupKeys) {
       own = BlockRowsKeyTiles<T::kBlockN>(args_, block_, warpgroup_ * 64, 64);
       for (; n >= own.n_end; --n, ++i) PassOver(n, i);
     }
-    if (!kSm90ForwardWarpgroupKeys || own.n_begin < own.n_end) {
+    if (!T::kWarpgroupKeys || own.n_begin < own.n_end) {
       // The last tile (no P V before it) is peeled off, so that whether a P V is in flight is
       // known at compile time everywhere: with a run-time flag ptxas cannot prove that O is not
       // rescaled under a running P V and serializes every wgmma (C7515).
@@ -118,7 +118,7 @@ class FwdSm90BlockRunner {
       ptx::WgmmaWait<0>(o_);
       ring_.Release(Ring::kV, i - 1);  // the stage's next tile may be the next block's
     }
-    if constexpr (kSm90ForwardWarpgroupKeys) {
+    if constexpr (T::kWarpgroupKeys) {
       for (; n >= block_.n_begin; --n, ++i) PassOver(n, i);
     }
   }

@@ -1,4 +1,4 @@
-// The Hopper forward's producer with TMA (tuning.h's ATTN_FLASH_SM90_FWD_TMA): the same ring,
+// The Hopper forward's producer with TMA (at 256: Sm90ForwardTma in tile_config.h): the same ring,
 // tile order and Q slots as FwdSm90Producer (fwd_sm90_ring.cuh), but one thread issues each
 // tile as TMA boxes of 64 head-dim columns (sm90_tensor_maps.h) and arrives on its full barrier
 // with the tile's bytes expected, so the phase completes as the bytes land; no copy groups to

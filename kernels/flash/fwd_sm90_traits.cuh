@@ -23,9 +23,11 @@ struct FwdSm90Traits {
   static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim, kPersistent);
   static constexpr int kStages = Sm90ForwardStages(kHeadDim, kPersistent);
   static constexpr int kQStages = Sm90ForwardQStages(kHeadDim, kPersistent);
-  // Loads by TMA (tuning.h's knob; sm90_tensor_maps.h) or by the producer's cp.async. With TMA
+  // Loads by TMA (at 256; sm90_tensor_maps.h) or by the producer's cp.async. With TMA
   // one producer thread arrives on a full barrier, which also counts the bytes of its tile.
   static constexpr bool kTma = Sm90ForwardTma(kHeadDim);
+  // Each consumer warpgroup computes only the key tiles its rows see (at 64).
+  static constexpr bool kWarpgroupKeys = Sm90ForwardWarpgroupKeys(kHeadDim);
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;

@@ -69,25 +69,6 @@ __device__ __forceinline__ void AtomicAddPair(float* addr, float a, float b) {
 #endif
 }
 
-// AtomicAddPair where `pred` holds, the predicate taken inside the asm: ptxas may still branch
-// around the reduction, but the address arithmetic stays unconditional (48 fewer instructions in
-// the hdim-64 Hopper backward than `if (pred) AtomicAddPair(...)`, whose 16 reductions per tile
-// each have their own bounds).
-__device__ __forceinline__ void AtomicAddPairIf(bool pred, float* addr, float a, float b) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %3, 0;\n"
-      "@p red.global.add.v2.f32 [%0], {%1, %2};\n"
-      "}\n" ::"l"(addr),
-      "f"(a), "f"(b), "r"(static_cast<int>(pred))
-      : "memory");
-#else
-  if (pred) AtomicAddPair(addr, a, b);
-#endif
-}
-
 // addr[0..3] += v (relaxed, no return value): one vector reduction; sm90+ only. addr is 16-byte
 // aligned.
 __device__ __forceinline__ void AtomicAddQuad(float* addr, float a, float b, float c, float d) {

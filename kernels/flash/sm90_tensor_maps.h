@@ -1,5 +1,5 @@
 // Tensor maps (TMA descriptors) of the Hopper forward's loads, made on the host for each launch
-// (tuning.h's ATTN_FLASH_SM90_FWD_TMA): q, k and v as [rows, heads, head_dim] tensors of 16-bit
+// (at head dim 256, Sm90ForwardTma): q, k and v as [rows, heads, head_dim] tensors of 16-bit
 // elements, each box one head's 64 columns of `box_rows` rows, 128-byte swizzled: exactly one
 // head-dim block of sm90_swizzled_tile.cuh's layout. Columns past head_dim and rows past the
 // tensor read as zeros; rows past one sequence read the next one's (the kernel loads the tile

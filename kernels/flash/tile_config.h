@@ -111,10 +111,16 @@ constexpr int Sm90ForwardStages(int head_dim, bool persistent) {
   if (kSm90ForwardStagesOverride != 0 && head_dim <= 128) return kSm90ForwardStagesOverride;
   return head_dim == 128 && !persistent ? 3 : 2;
 }
-// TMA loads in the producer (fwd_sm90_tma_producer.cuh) where a benchmark build asks for them
-// (tuning.h), else cp.async from its 128 threads.
+// TMA loads in the producer (fwd_sm90_tma_producer.cuh) at head dim 256, else cp.async from its
+// 128 threads; a benchmark build may move the bound (tuning.h's ATTN_FLASH_SM90_FWD_TMA).
 constexpr bool Sm90ForwardTma(int head_dim) {
   return kSm90ForwardTmaFrom > 0 && head_dim >= kSm90ForwardTmaFrom;
+}
+// Key tiles per consumer warpgroup (fwd_sm90_kernel.cuh's Run: a warpgroup passes over the block's
+// key tiles that none of its 64 rows see) at head dim 64; every warpgroup computes every tile of
+// its block above (tuning.h's ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS moves the bound).
+constexpr bool Sm90ForwardWarpgroupKeys(int head_dim) {
+  return head_dim <= kSm90ForwardWarpgroupKeysUpTo;
 }
 // Q slots: while the consumers finish one query block, a persistent CTA's producer loads the
 // next block's Q into a free slot. Two up to head dim 128; at 256 the K/V ring takes the room,
@@ -145,6 +151,14 @@ constexpr int Sm90ForwardSmemBytes(int head_dim) {
 //   role (S^T/P^T/dV and dP^T/dS^T/dK), since 128 keys would need 192-256 dK + dV floats per
 //   thread.
 inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 192, 256};
+// Head dim 256: dQ in a kernel of its own (bwd_sm90_dq_kernel.cuh: S and dP recomputed per
+// 128-row query block, dQ written once), and a dK/dV kernel without dQ. Measured +23 to +40% over
+// the wide kernel's float32 dQ atomics on every anchor row (bench/RESULTS.md "Hopper at 256: TMA
+// forward and the dQ kernel"), where the reductions took most of the time ("Why two tiles apart,
+// and where the time goes"). No atomics: the backward at 256 is deterministic in both modes. At
+// 64-192 dQ stays fused (dQ by tile): 7 products per tile pair instead of 5 would cost more than
+// the reductions do there.
+constexpr bool Sm90BackwardSeparateDq(int head_dim) { return head_dim == 256; }
 // Registers of the producer warpgroup (setmaxnreg; a multiple of 8); the consumers get the rest
 // of the CTA's pool: 240 at 24. At 32 the consumers would get 232, and at head dim 128 ptxas then
 // spills 56 bytes and serializes the wgmma (C7512); at 24 the producer spills a few bytes instead
@@ -182,7 +196,7 @@ constexpr int Sm90BackwardExchangeBytes(int head_dim) {
 inline constexpr int kSm90BackwardDsBuffers = 2;
 // Head dims 64 / 128 / 192 (dQ by tile): each consumer warp's staging of its 16 dQ rows of half
 // the head dim, float32, for its bulk reduction (bwd_sm90_dq_tiles.h); 16 / 32 / 48 KB. At 256
-// no room is left (the wide kernel adds its dQ per element pair there).
+// dQ is a kernel of its own (Sm90BackwardSeparateDq).
 constexpr int Sm90BackwardDqStageBytes(int head_dim) {
   return head_dim <= 192 ? Sm90BackwardBlockM(head_dim) * head_dim * 4 : 0;
 }

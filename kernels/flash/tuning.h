@@ -19,41 +19,32 @@ namespace attnserve::kernels::flash {
 #endif
 inline constexpr int kSm90ForwardStagesOverride = ATTN_FLASH_SM90_FWD_STAGES;
 
-// 1: each consumer warpgroup of the Hopper forward computes only the key tiles its own 64 rows
-// see (BlockRowsKeyTiles in fwd_block.cuh) and passes over the block's others, taking its
-// ping-pong turn and releasing their stages; 0 (shipped): every warpgroup computes every key
-// tile of its block, masking what its rows do not see. Measured 2026-11-27 (bench/RESULTS.md
-// "Hopper forward: session 19's knobs"): +4 to +6% on some causal and varlen rows at head dim
-// 64, -2 to -5% at 128 and 256, so not the default. What it saves: at head dim 64 (192-row
-// blocks, 128-key tiles) 32x512 causal computes 27 warpgroup tiles per (head, sequence) where
-// 20 hold a key some row sees; on longer rows the diagonal tiles of causal blocks.
+// N > 0: at head dims up to N each consumer warpgroup of the Hopper forward computes only the
+// key tiles its own 64 rows see (BlockRowsKeyTiles in fwd_block.cuh) and passes over the block's
+// others, taking its ping-pong turn and releasing their stages (Sm90ForwardWarpgroupKeys in
+// tile_config.h); 64 (shipped): at head dim 64 only; 0: every warpgroup computes every key tile
+// of its block, masking what its rows do not see. Measured at 64 in two rounds (bench/RESULTS.md
+// "Hopper forward: session 19's knobs", and "Hopper at 256: TMA forward and the dQ kernel", call
+// D): +6 to +11% on 32x512 and 8x2048 causal, +4% on the varlen causal row, within -1 to +3% on
+// the others; at 128 and 256 -1 to -5% (one round). What it saves: at head dim 64 (192-row
+// blocks, 128-key tiles) 32x512 causal computes 20 warpgroup tiles per (head, sequence) instead
+// of 27; on longer rows the diagonal tiles of causal blocks.
 #ifndef ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS
-#define ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS 0
+#define ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS 64
 #endif
-inline constexpr bool kSm90ForwardWarpgroupKeys = ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS != 0;
+inline constexpr int kSm90ForwardWarpgroupKeysUpTo = ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS;
 
 // N > 0: the Hopper forward's producer loads by TMA at head dims N and above (Sm90ForwardTma in
-// tile_config.h); 0 (shipped): cp.async from its 128 threads everywhere. TMA: Q, K and V tiles
-// by one thread, tensor maps made on the host per launch (sm90_tensor_maps.h), each tile's bytes
-// counted on its full barrier, and cp.async only for the tile that holds a sequence's last key
-// where the keys end inside it (zero-filled rows: TMA would read the next sequence's there).
-// Measured 2026-11-27 with TMA at every head dim (bench/RESULTS.md "Hopper forward: session 19's
-// knobs"): +3 to +11% at 256 on rows of 2048 keys or more, -1 to -18% at 64 and -7 to +1% at
-// 128. To ship at 256 once the GPU suite and compute-sanitizer pass on a build with =256.
+// tile_config.h); 256 (shipped): TMA at 256, cp.async from the producer's 128 threads below; 0:
+// cp.async everywhere. TMA: Q, K and V tiles by one thread, tensor maps made on the host per
+// launch (sm90_tensor_maps.h), each tile's bytes counted on its full barrier, and cp.async only
+// for the tile that holds a sequence's last key where the keys end inside it (zero-filled rows:
+// TMA would read the next sequence's there). Measured with TMA at every head dim on 2026-11-27
+// (bench/RESULTS.md "Hopper forward: session 19's knobs"): -1 to -18% at 64 and -7 to +1% at
+// 128; at 256, +3 to +12% on every anchor row ("Hopper at 256: TMA forward and the dQ kernel").
 #ifndef ATTN_FLASH_SM90_FWD_TMA
-#define ATTN_FLASH_SM90_FWD_TMA 0
+#define ATTN_FLASH_SM90_FWD_TMA 256
 #endif
 inline constexpr int kSm90ForwardTmaFrom = ATTN_FLASH_SM90_FWD_TMA;
-
-// 1: the Hopper backward at head dim 256 computes dQ in a kernel of its own
-// (bwd_sm90_dq_kernel.cuh: per 128-row query block, S and dP recomputed, dQ += dS K on wgmma,
-// written once), and its dK/dV kernel does no dQ work; 0 (shipped): the dK/dV kernel adds dQ
-// into a float32 workspace (red.global.add per element pair) that a conversion kernel rounds.
-// Not measured yet. Why it may pay: the dK/dV kernel ran 2.7x faster with its dQ reductions
-// skipped (bench/RESULTS.md "Why two tiles apart, and where the time goes").
-#ifndef ATTN_FLASH_SM90_BWD_DQ_KERNEL
-#define ATTN_FLASH_SM90_BWD_DQ_KERNEL 0
-#endif
-inline constexpr bool kSm90BackwardDqKernel = ATTN_FLASH_SM90_BWD_DQ_KERNEL != 0;
 
 }  // namespace attnserve::kernels::flash

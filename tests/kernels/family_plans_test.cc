@@ -92,7 +92,8 @@ TEST(FlashPlanTest, TuringAndAmpereRunTheirOwnPaths) {
 }
 
 // Hopper: the sm90 kernels where this build holds them, except for what only the sm80 kernels
-// do (dropout, ALiBi, the deterministic backward) or what the context switches off.
+// do (dropout, ALiBi, the deterministic backward below head dim 256) or what the context
+// switches off.
 TEST(FlashPlanTest, HopperRunsSm90WhereBuiltAndAllowed) {
   PlanQuery q = Query(kFwd, DType::kBFloat16, 128, 90, 227 * 1024);
 #if defined(ATTN_FLASH_SM90_HDIM_128)
@@ -115,6 +116,16 @@ TEST(FlashPlanTest, HopperRunsSm90WhereBuiltAndAllowed) {
 #endif
   backward.deterministic = true;
   EXPECT_EQ(flash::Plan(backward).code_path, "sm80");
+  // At 256 the Hopper backward's dQ kernel takes no atomics: both modes run it.
+  PlanQuery wide = Query(kBwd, DType::kBFloat16, 256, 90, 227 * 1024);
+  wide.deterministic = true;
+#if defined(ATTN_FLASH_SM90_BWD_HDIM_256)
+  EXPECT_EQ(flash::Plan(wide).code_path, "sm90");
+#else
+  EXPECT_EQ(flash::Plan(wide).code_path, "sm80");
+#endif
+  wide.alibi = true;
+  EXPECT_EQ(flash::Plan(wide).code_path, "sm80");
 }
 
 TEST(FlashPlanTest, PinMakesTheDispatcherRunThePlannedPath) {
