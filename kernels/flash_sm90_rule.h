@@ -19,7 +19,7 @@ struct Sm90Candidate {
   int shared_memory_limit = 0;   // bytes per block the device gives; 0: unknown, not checked
   bool extras = false;           // dropout or ALiBi: the sm80 kernels only
   bool deterministic = false;    // the deterministic backward keeps the sm80 dQ pass, except:
-  bool kernel_deterministic = false;  // the sm90 backward's dQ takes no atomics (head dim 256)
+  bool kernel_deterministic = false;  // the sm90 backward has a deterministic mode (no atomics)
   unsigned disabled_paths = 0;   // ExecutionContext::disabled_paths
 };
 

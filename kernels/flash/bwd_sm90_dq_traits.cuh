@@ -4,7 +4,9 @@
 // block's Q and dO:
 //   Q (128 rows) | dO (128 rows) | stage 0, 1: K (kBlockN rows) | stage 0, 1: V | mbarriers
 // every tile 128-byte swizzled for wgmma and 1 KB aligned. At head dim 256 that is 128 + 96 KB:
-// 48-key tiles are the most that two stages leave room for.
+// 48-key tiles are the most that two stages leave room for. At 64 / 128 (the deterministic mode
+// there with tuning.h's ATTN_FLASH_SM90_BWD_DETERMINISTIC) 64-key tiles: 32 + 32 / 64 + 64 KB, and dQ (32 / 64 floats per thread) beside S and dP
+// (32 each) fits the consumers' 240 registers.
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -22,7 +24,7 @@ struct BwdSm90DqTraits {
   static constexpr bool kLoadsDout = true;    // the producer loads dO beside Q
   static constexpr bool kTma = false;         // the producer's cp.async loads
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 48;
+  static constexpr int kBlockN = kHeadDim == 256 ? 48 : 64;
   static constexpr int kStages = 2;
   static constexpr int kQStages = 1;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
@@ -48,7 +50,8 @@ struct BwdSm90DqTraits {
   static constexpr int kSmemBytes = kTileSmemBytes + 1024 + 4 * kStages * 8 + 2 * kQStages * 8;
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
-  static_assert(kHeadDim == 256, "the dQ kernel serves the Hopper backward at head dim 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "the dQ kernel: head dim 256, and 64 / 128 (a deterministic mode's knob)");
   static_assert(kQTileBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");

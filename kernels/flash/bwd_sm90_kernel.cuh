@@ -17,11 +17,13 @@
 //                                        to the float32 dQ workspace by tile (one bulk
 //                                        reduction per warp, bwd_sm90_dq_tiles.h); at head
 //                                        dim 64 issued in the next tile (kDeferredDq)
-// (at 128 issued before dK, so that its reduction runs under dK). Only the
-// atomic-dQ mode exists here (the deterministic one stays on the sm80 path); the preprocess (D)
-// is the sm80 path's kernel. dK is scaled by softmax_scale at the end. One barrier per tile
-// among the consumers, before dQ (both warpgroups' dS^T rows); it keeps them within a tile of
-// each other, so two dS^T buffers (by tile parity) suffice.
+// (at 128 issued before dK, so that its reduction runs under dK). That is the atomic-dQ mode;
+// with tuning.h's ATTN_FLASH_SM90_BWD_DETERMINISTIC the deterministic mode instantiates it
+// without dQ (kFusedDq false): dK and dV only, and the dQ kernel (bwd_sm90_dq_kernel.cuh)
+// computes dQ. The preprocess (D) is the sm80 path's kernel. dK is scaled by softmax_scale at
+// the end. With dQ, one barrier per tile among the consumers, before dQ (both warpgroups' dS^T
+// rows); it keeps them within a tile of each other, so two dS^T buffers (by tile parity)
+// suffice.
 #pragma once
 
 #include <cmath>
@@ -48,9 +50,9 @@ __device__ __forceinline__ void PinRegisters(float (&regs)[kRows][kCols]) {
   }
 }
 
-template <DType kDType, int kHeadDim>
-class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> {
-  using T = BwdSm90Traits<kDType, kHeadDim>;
+template <DType kDType, int kHeadDim, bool kFusedDq>
+class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, kFusedDq>> {
+  using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq>;
   using Base = BwdSm90Block<T>;
   using typename Base::Element;
   using typename Base::MmaScores;
@@ -85,7 +87,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   // dK (times softmax_scale) and dV through the K and V buffers (each warp its own 16 rows),
   // then 16-byte stores of the rows that exist.
   __device__ __forceinline__ void Epilogue() {
-    this->FinishDqPieces();
+    if constexpr (kFusedDq) this->FinishDqPieces();
     // No wgmma reads K or V any more (dQ of both warpgroups reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     const int tid = Sm90ConsumerThread<T>();
@@ -197,12 +199,19 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
             ptx::PackPair<Element>(s[nt][2 * h] * (dp[nt][2 * h] - dsum[nt].x),
                                    s[nt][2 * h + 1] * (dp[nt][2 * h + 1] - dsum[nt].y));
         ds[nt / 2][(nt % 2) * 2 + h] = packed;
-        ptx::StoreShared32(
-            ds_st + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
+        if constexpr (kFusedDq) {
+          ptx::StoreShared32(
+              ds_st + SwizzledOffset<T::kBlockN>(key_row + 8 * h, nt) + quad_lane * 4, packed);
+        }
       }
     }
     const int piece = warpgroup * 4 + warp;
-    if constexpr (T::kDeferredDq) {
+    if constexpr (!kFusedDq) {
+      ptx::WgmmaFence();
+      IssueGrad(dk_, ds, q_st);
+      ptx::WgmmaWait<0>(dk_);
+      PinRegisters(dv_);
+    } else if constexpr (T::kDeferredDq) {
       ptx::WgmmaFence();
       IssueGrad(dk_, ds, q_st);
       if constexpr (kPrevDq) {
@@ -238,15 +247,16 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim>> 
   float dv_[T::kDTiles][4];
 };
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, bool kFusedDq>
 __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& args) {
   extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
   const DkDvCtaCoords cta = HeadsFirstDkDvCta(args.fwd);
-  BwdSm90BlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head, cta.n_block);
+  BwdSm90BlockRunner<kDType, kHeadDim, kFusedDq> runner(args, base, cta.batch, cta.kv_head,
+                                                        cta.n_block);
   if (!runner.Exists()) return;
-  RunSm90Roles<BwdSm90Traits<kDType, kHeadDim>>(
+  RunSm90Roles<BwdSm90Traits<kDType, kHeadDim, kFusedDq>>(
       runner.barriers(), [&] { runner.Produce(); },
       [&](int) {
         runner.Run();
@@ -256,11 +266,11 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& ar
 
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any
 // other pass sees a trap, never launched.
-template <DType kDType, int kHeadDim>
-__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim>::kThreads, 1)
+template <DType kDType, int kHeadDim, bool kFusedDq>
+__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kThreads, 1)
     FlashBackwardDkDvSm90Kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  FlashBackwardDkDvSm90Cta<kDType, kHeadDim>(args);
+  FlashBackwardDkDvSm90Cta<kDType, kHeadDim, kFusedDq>(args);
 #else
   __trap();
 #endif

@@ -1,10 +1,10 @@
 // Definition of LaunchBackwardSm90, included by the generated sm90 backward instantiation files
-// only. At 64 / 128 / 192: zero the float32 dQ workspace, the preprocess (D; the sm80 path's),
-// the Hopper dK/dV kernel adding dQ by tile (bwd_sm90_kernel.cuh at 64 / 128,
-// bwd_sm90_wide_kernel.cuh at 192), the tile layout's dQ conversion (bwd_sm90_dq_tiles.cuh). At
-// 256 (Sm90BackwardSeparateDq), where the dK/dV kernel computes no dQ: the preprocess, the dK/dV
-// kernel, then the dQ kernel (bwd_sm90_dq_kernel.cuh), no dQ workspace; both modes, since it is
-// deterministic.
+// only. The atomic-dQ mode at 64 / 128 / 192: zero the float32 dQ workspace, the preprocess (D;
+// the sm80 path's), the Hopper dK/dV kernel adding dQ by tile (bwd_sm90_kernel.cuh at 64 / 128,
+// bwd_sm90_wide_kernel.cuh at 192), the tile layout's dQ conversion (bwd_sm90_dq_tiles.cuh).
+// Both modes at 256 (Sm90BackwardSeparateDq; with ATTN_FLASH_SM90_BWD_DETERMINISTIC also the
+// deterministic mode at 64 / 128): the preprocess, the dK/dV kernel without dQ, then the dQ
+// kernel (bwd_sm90_dq_kernel.cuh), no dQ workspace.
 #pragma once
 
 #include <string>
@@ -41,9 +41,8 @@ KernelStatus LaunchBackwardDqSm90(const BwdKernelArgs& args, const BwdGrid& grid
   return KernelStatus::Ok();
 }
 
-// Fused dQ (64 / 128 / 192): the atomic-dQ mode only, the dispatcher runs the deterministic mode
-// on the sm80 path there. Separate dQ (256): both modes. T: the dK/dV kernel's traits (kBlockN
-// keys per CTA, kThreads, kSmemBytes).
+// T: the dK/dV kernel's traits (kBlockN keys per CTA, kThreads, kSmemBytes, kFusedDq: whether
+// it adds dQ into the workspace, or the dQ kernel runs after it).
 template <class T, DType kDType>
 KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernelArgs& args,
                                     const BwdGrid& grid, cudaStream_t stream) {
@@ -95,6 +94,9 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
   }
 }
 
+// At 64 / 128 with tuning.h's ATTN_FLASH_SM90_BWD_DETERMINISTIC and no dQ workspace (the
+// deterministic mode, Sm90BackwardDeterministic): the dK/dV kernel without dQ, then the dQ
+// kernel; otherwise the dK/dV kernel adding dQ by tile.
 template <DType kDType, int kHeadDim>
 KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
                                 cudaStream_t stream) {
@@ -102,8 +104,14 @@ KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
     return LaunchBackwardSm90With<BwdSm90WideTraits<kDType, kHeadDim>, kDType>(
         &FlashBackwardDkDvSm90WideKernel<kDType, kHeadDim>, args, grid, stream);
   } else {
-    return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim>, kDType>(
-        &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim>, args, grid, stream);
+    if constexpr (kSm90BackwardDeterministicNarrow) {
+      if (args.dq_accum == nullptr) {
+        return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, false>, kDType>(
+            &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, false>, args, grid, stream);
+      }
+    }
+    return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, true>, kDType>(
+        &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, true>, args, grid, stream);
   }
 }
 

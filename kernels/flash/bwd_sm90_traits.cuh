@@ -13,7 +13,9 @@
 
 namespace attnserve::kernels::flash {
 
-template <DType kDType, int kHeadDim_>
+// kFusedDq_: dQ summed here into the float32 workspace (the atomic-dQ mode); false: dK and dV
+// only, the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ (the deterministic mode).
+template <DType kDType, int kHeadDim_, bool kFusedDq_ = true>
 struct BwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
@@ -24,7 +26,7 @@ struct BwdSm90Traits {
   static constexpr int kConsumerThreads = kWarpgroups * 128;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
-  static constexpr bool kFusedDq = true;  // dQ summed here (no dQ kernel at 64 / 128)
+  static constexpr bool kFusedDq = kFusedDq_;
   // setmaxnreg split of the CTA's register pool (ptx::RegisterPool): the producer only computes
   // addresses; the consumers get the rest.
   static constexpr int kProducerRegisters = kSm90BackwardProducerRegisters;
@@ -46,7 +48,7 @@ struct BwdSm90Traits {
   // Head dim 64: tile it's dQ = dS K is issued in tile it+1 behind its S^T / dP^T, so the
   // tensor cores run it under the P^T math and its reduction runs under dV / dK. At 128 its 32
   // floats per thread beside S^T, dP^T, dK and dV would not fit the consumers' 240 registers.
-  static constexpr bool kDeferredDq = kHeadDim == 64;
+  static constexpr bool kDeferredDq = kFusedDq && kHeadDim == 64;
   // Head dim 64: a tile's lse and D are read into registers right after its S^T / dP^T are
   // issued, under the wgmma (32 floats; at 128 there is no room for them).
   static constexpr bool kEarlyVectors = kHeadDim == 64;

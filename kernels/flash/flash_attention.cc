@@ -128,7 +128,7 @@ Sm90Candidate Sm90CandidateOf(const Target& target, const ExecutionContext& ctx,
   c.shared_memory_limit = target.smem_limit;
   c.extras = extras;
   c.deterministic = deterministic;
-  c.kernel_deterministic = backward && Sm90BackwardSeparateDq(kernel_head_dim);
+  c.kernel_deterministic = backward && Sm90BackwardDeterministic(kernel_head_dim);
   c.disabled_paths = ctx.disabled_paths;
   return c;
 }
@@ -260,8 +260,8 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper: the wgmma kernels where the plan's rule says so (the atomic-dQ mode, and both
-    // modes at 256, whose dQ kernel takes no atomics).
+    // Hopper: the wgmma kernels where the plan's rule says so (the atomic-dQ mode, and the
+    // deterministic one where they have it: Sm90BackwardDeterministic).
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
     if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/true, kernel_head_dim,
                                  sm90 != nullptr, Sm90BackwardSmemBytes(kernel_head_dim), extras,

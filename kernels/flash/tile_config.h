@@ -159,6 +159,14 @@ inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 192, 256};
 // 64-192 dQ stays fused (dQ by tile): 7 products per tile pair instead of 5 would cost more than
 // the reductions do there.
 constexpr bool Sm90BackwardSeparateDq(int head_dim) { return head_dim == 256; }
+// Head dims whose deterministic mode runs the Hopper kernels: 256; with tuning.h's
+// ATTN_FLASH_SM90_BWD_DETERMINISTIC also 64 / 128, where the dK/dV kernel then computes no dQ
+// and the dQ kernel runs after it (bwd_sm90_launch.cuh). Elsewhere the sm80 kernels' (at 192 the
+// dQ kernel's producer would need whole rows per thread pass, which 24 vectors per row do not
+// give).
+constexpr bool Sm90BackwardDeterministic(int head_dim) {
+  return Sm90BackwardSeparateDq(head_dim) || (kSm90BackwardDeterministicNarrow && head_dim <= 128);
+}
 // Registers of the producer warpgroup (setmaxnreg; a multiple of 8); the consumers get the rest
 // of the CTA's pool: 240 at 24. At 32 the consumers would get 232, and at head dim 128 ptxas then
 // spills 56 bytes and serializes the wgmma (C7512); at 24 the producer spills a few bytes instead

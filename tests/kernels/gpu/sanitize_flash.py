@@ -2,7 +2,9 @@
 the whole GPU suite: the forward at every Hopper head dim (warp specialized and persistent:
 producer, consumers, mbarriers, ping-pong turns, Q slots and the K/V ring reused across the
 several query blocks each CTA runs) on a varlen batch, causal and not, and the backward (warp
-specialized too) at every Hopper head dim, causal. Run on the GPU machine as
+specialized too) at every Hopper head dim, causal, in both modes (the deterministic one runs the
+dQ kernel at 256, and at 64 / 128 with ATTN_FLASH_SM90_BWD_DETERMINISTIC). Run on the GPU
+machine as
 
   compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
   compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py
@@ -74,14 +76,17 @@ def main():
         dout = torch.randn_like(q)
         out, lse = LIB.forward(q, k, v, cu.cuda(), cu.cuda(), max(lens), max(lens), causal=True,
                                cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
-        grads = LIB.backward(dout, q, k, v, out, lse, cu.cuda(), cu.cuda(), max(lens), max(lens),
-                             causal=True, cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
         leaves = [t.float().requires_grad_() for t in (q, k, v)]
         attention(*leaves, lens, True).backward(dout.float())
-        for name, ours, leaf in zip("qkv", grads, leaves):
-            err = ((ours.float() - leaf.grad).norm() / leaf.grad.norm()).item()
-            print(f"backward hdim {head_dim} d{name}: relative error {err:.2e}")
-            assert err < 2e-2, err
+        for deterministic in (False, True):
+            grads = LIB.backward(dout, q, k, v, out, lse, cu.cuda(), cu.cuda(), max(lens),
+                                 max(lens), causal=True, deterministic=deterministic,
+                                 cu_seqlens_q_host=cu, cu_seqlens_k_host=cu)
+            for name, ours, leaf in zip("qkv", grads, leaves):
+                err = ((ours.float() - leaf.grad).norm() / leaf.grad.norm()).item()
+                print(f"backward hdim {head_dim} deterministic {deterministic} d{name}: "
+                      f"relative error {err:.2e}")
+                assert err < 2e-2, err
     torch.cuda.synchronize()
     print("sanitize_flash: done")
 
