@@ -5,8 +5,9 @@
 //   Q (128 rows) | dO (128 rows) | stage 0, 1: K (kBlockN rows) | stage 0, 1: V | mbarriers
 // every tile 128-byte swizzled for wgmma and 1 KB aligned. At head dim 256 that is 128 + 96 KB:
 // 48-key tiles are the most that two stages leave room for. At 64 / 128 (the deterministic mode
-// there with tuning.h's ATTN_FLASH_SM90_BWD_DETERMINISTIC) 64-key tiles: 32 + 32 / 64 + 64 KB, and dQ (32 / 64 floats per thread) beside S and dP
-// (32 each) fits the consumers' 240 registers.
+// there with tuning.h's ATTN_FLASH_SM90_BWD_DETERMINISTIC) 64-key tiles: 32 + 32 / 64 + 64 KB,
+// and dQ (32 / 64 floats per thread) beside S and dP (32 each) fits the consumers' 240
+// registers.
 #pragma once
 
 #include "kernels/attention_params.h"

@@ -6,13 +6,13 @@
 // a CTA's next block's tiles load while its current one finishes. Tiles are in wgmma's
 // 128-byte-swizzled layout, filled with cp.async at head dims 64 / 128 (zero-fill past the
 // sequence and in the head-dim padding, so varlen needs no tensor maps) and by TMA at 256
-// (fwd_sm90_tma_producer.cuh; Sm90ForwardTma, tuning.h's ATTN_FLASH_SM90_FWD_TMA). Per key tile each consumer computes
-// S = Q K^T (wgmma, both operands from shared memory), masks and runs the online softmax in
-// registers, and adds P V (wgmma, P from registers, V N-major from shared memory); the P V of
-// one tile runs under the softmax of the next, and with the ping-pong schedule one consumer's
-// GEMMs run under the other's softmax. Key tiles are visited last to first, with the sm80
-// kernel's block location (fwd_block.cuh) and row-tile math (masks, online softmax:
-// fwd_row_tile.cuh), so both paths see exactly the same keys.
+// (fwd_sm90_tma_producer.cuh; Sm90ForwardTma, tuning.h's ATTN_FLASH_SM90_FWD_TMA). Per key
+// tile each consumer computes S = Q K^T (wgmma, both operands from shared memory), masks and
+// runs the online softmax in registers, and adds P V (wgmma, P from registers, V N-major from
+// shared memory); the P V of one tile runs under the softmax of the next, and with the ping-pong
+// schedule one consumer's GEMMs run under the other's softmax. Key tiles are visited last to
+// first, with the sm80 kernel's block location (fwd_block.cuh) and row-tile math (masks, online
+// softmax: fwd_row_tile.cuh), so both paths see exactly the same keys.
 #pragma once
 
 #include <cmath>
