@@ -18,8 +18,6 @@ struct Sm90Candidate {
   int kernel_shared_memory = 0;  // bytes per block it needs
   int shared_memory_limit = 0;   // bytes per block the device gives; 0: unknown, not checked
   bool extras = false;           // dropout or ALiBi: the sm80 kernels only
-  bool deterministic = false;    // the deterministic backward keeps the sm80 dQ pass, except:
-  bool kernel_deterministic = false;  // the sm90 backward has a deterministic mode (no atomics)
   unsigned disabled_paths = 0;   // ExecutionContext::disabled_paths
 };
 
@@ -30,8 +28,7 @@ inline bool RunsSm90(const Sm90Candidate& c) {
   return c.kernel_built && c.compute_capability >= Sm90::kComputeCapability &&
          c.device_compute_capability / 10 == Sm90::kComputeCapability / 10 &&
          (c.shared_memory_limit <= 0 || c.kernel_shared_memory <= c.shared_memory_limit) &&
-         !c.extras && !(c.backward && c.deterministic && !c.kernel_deterministic) &&
-         (c.disabled_paths & bit) == 0;
+         !c.extras && (c.disabled_paths & bit) == 0;
 }
 
 }  // namespace attnserve::kernels::flash

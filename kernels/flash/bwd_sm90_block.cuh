@@ -5,8 +5,8 @@
 // the sequence) and handed to the consumer warpgroups on full / empty mbarriers
 // (sm90_stage_barriers.cuh), the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks,
 // exp2), the dQ reduction into the float32 workspace, and the dK / dV stores.
-// T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; kFlatLoads picks the loader, and
-// the loads run on the producer's threads [0, kLoaderThreads).
+// T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; the loads run on the producer's
+// threads [0, kLoaderThreads) (LoadSwizzledTileAsync picks whole rows or the flat order).
 #pragma once
 
 #include <cstdint>
@@ -412,13 +412,8 @@ class BwdSm90Block {
   template <int kRows>
   __device__ __forceinline__ void LoadRows(uint32_t smem, const Element* src, int row_stride,
                                            int rows_valid, int tid) {
-    if constexpr (T::kFlatLoads) {
-      LoadSwizzledFlatAsync<kRows, T::kRowVecs, T::kLoaderThreads>(
-          smem, src, row_stride, rows_valid, vecs_valid_, tid);
-    } else {
-      LoadSwizzledAsync<kRows, T::kRowVecs, T::kLoaderThreads>(smem, src, row_stride, rows_valid,
-                                                                vecs_valid_, tid);
-    }
+    LoadSwizzledTileAsync<kRows, T::kRowVecs, T::kLoaderThreads>(smem, src, row_stride,
+                                                                  rows_valid, vecs_valid_, tid);
   }
 };
 

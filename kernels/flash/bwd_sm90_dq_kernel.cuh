@@ -1,7 +1,6 @@
 // The Hopper (sm_90a) backward's dQ kernel (head dim 256 in both modes, Sm90BackwardSeparateDq
-// in tile_config.h; 64 and 128 in the deterministic mode with tuning.h's
-// ATTN_FLASH_SM90_BWD_DETERMINISTIC, Sm90BackwardDeterministic): one CTA
-// per (128-row query block, head, sequence), the forward's warp-specialized shape and block
+// in tile_config.h; 64 / 128 / 192 in the deterministic mode): one CTA per (128-row query
+// block, head, sequence), the forward's warp-specialized shape and block
 // geometry (fwd_block.cuh, the forward's producer and K/V ring: fwd_sm90_ring.cuh, with dO
 // loaded beside Q). Per key tile, last to first, each consumer warpgroup for its 64 query rows:
 //   S = Q K^T, dP = dO V^T (wgmma SS, both from shared memory, committed as two groups),

@@ -4,10 +4,10 @@
 // block's Q and dO:
 //   Q (128 rows) | dO (128 rows) | stage 0, 1: K (kBlockN rows) | stage 0, 1: V | mbarriers
 // every tile 128-byte swizzled for wgmma and 1 KB aligned. At head dim 256 that is 128 + 96 KB:
-// 48-key tiles are the most that two stages leave room for. At 64 / 128 (the deterministic mode
-// there with tuning.h's ATTN_FLASH_SM90_BWD_DETERMINISTIC) 64-key tiles: 32 + 32 / 64 + 64 KB,
-// and dQ (32 / 64 floats per thread) beside S and dP (32 each) fits the consumers' 240
-// registers.
+// 48-key tiles are the most that two stages leave room for. At 64 / 128 / 192 (the deterministic
+// mode there) 64-key tiles: 32 + 32 / 64 + 64 / 96 + 96 KB, and dQ (32 / 64 / 96 floats per
+// thread) beside S and dP (32 each) fits the consumers' 240 registers. At 192 the producer's
+// 128 threads load rows of 24 vectors in the flat order (LoadSwizzledTileAsync).
 #pragma once
 
 #include "kernels/attention_params.h"
@@ -51,8 +51,7 @@ struct BwdSm90DqTraits {
   static constexpr int kSmemBytes = kTileSmemBytes + 1024 + 4 * kStages * 8 + 2 * kQStages * 8;
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
-                "the dQ kernel: head dim 256, and 64 / 128 (a deterministic mode's knob)");
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "the dQ kernel: head dim 64-256");
   static_assert(kQTileBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");

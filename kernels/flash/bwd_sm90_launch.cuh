@@ -2,9 +2,8 @@
 // only. The atomic-dQ mode at 64 / 128 / 192: zero the float32 dQ workspace, the preprocess (D;
 // the sm80 path's), the Hopper dK/dV kernel adding dQ by tile (bwd_sm90_kernel.cuh at 64 / 128,
 // bwd_sm90_wide_kernel.cuh at 192), the tile layout's dQ conversion (bwd_sm90_dq_tiles.cuh).
-// Both modes at 256 (Sm90BackwardSeparateDq; with ATTN_FLASH_SM90_BWD_DETERMINISTIC also the
-// deterministic mode at 64 / 128): the preprocess, the dK/dV kernel without dQ, then the dQ
-// kernel (bwd_sm90_dq_kernel.cuh), no dQ workspace.
+// The deterministic mode, and both modes at 256 (Sm90BackwardSeparateDq): the preprocess, the
+// dK/dV kernel without dQ, then the dQ kernel (bwd_sm90_dq_kernel.cuh), no dQ workspace.
 #pragma once
 
 #include <string>
@@ -94,25 +93,31 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
   }
 }
 
-// At 64 / 128 with tuning.h's ATTN_FLASH_SM90_BWD_DETERMINISTIC and no dQ workspace (the
-// deterministic mode, Sm90BackwardDeterministic): the dK/dV kernel without dQ, then the dQ
-// kernel; otherwise the dK/dV kernel adding dQ by tile.
+// The dK/dV kernel (bwd_sm90_kernel.cuh at 64 / 128, bwd_sm90_wide_kernel.cuh at 192 / 256)
+// with dQ by tile (kFusedDq) or without dQ, and what completes dQ after it.
+template <DType kDType, int kHeadDim, bool kFusedDq>
+KernelStatus LaunchBackwardSm90Variant(const BwdKernelArgs& args, const BwdGrid& grid,
+                                       cudaStream_t stream) {
+  if constexpr (kHeadDim > 128) {
+    return LaunchBackwardSm90With<BwdSm90WideTraits<kDType, kHeadDim, kFusedDq>, kDType>(
+        &FlashBackwardDkDvSm90WideKernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
+  } else {
+    return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, kFusedDq>, kDType>(
+        &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
+  }
+}
+
+// dQ by tile where Backward passes a dQ workspace (the atomic mode below 256); the deterministic
+// mode (no workspace) and head dim 256 run the dK/dV kernel without dQ and then the dQ kernel.
 template <DType kDType, int kHeadDim>
 KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
                                 cudaStream_t stream) {
-  if constexpr (kHeadDim > 128) {
-    return LaunchBackwardSm90With<BwdSm90WideTraits<kDType, kHeadDim>, kDType>(
-        &FlashBackwardDkDvSm90WideKernel<kDType, kHeadDim>, args, grid, stream);
-  } else {
-    if constexpr (kSm90BackwardDeterministicNarrow) {
-      if (args.dq_accum == nullptr) {
-        return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, false>, kDType>(
-            &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, false>, args, grid, stream);
-      }
+  if constexpr (!Sm90BackwardSeparateDq(kHeadDim)) {
+    if (args.dq_accum != nullptr) {
+      return LaunchBackwardSm90Variant<kDType, kHeadDim, true>(args, grid, stream);
     }
-    return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, true>, kDType>(
-        &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, true>, args, grid, stream);
   }
+  return LaunchBackwardSm90Variant<kDType, kHeadDim, false>(args, grid, stream);
 }
 
 }  // namespace attnserve::kernels::flash

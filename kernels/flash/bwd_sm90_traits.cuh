@@ -61,7 +61,6 @@ struct BwdSm90Traits {
   static constexpr int kStages = 2;
   // Unmasked key blocks start one query tile apart (BwdSm90Block; 2 measured no better here).
   static constexpr int kStartTileStride = 1;
-  static constexpr bool kFlatLoads = false;  // whole rows per thread pass (LoadSwizzledAsync)
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDsBuffers = kSm90BackwardDsBuffers;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);  // none here

@@ -23,9 +23,9 @@
 // product reads them from shared memory; the exchange tile keeps G in float32 (dS from P
 // rounded to 16 bits cost the sm80 role split 5-30x the dq error, NOTES.md "Backward at head
 // dims 192 and 256"). The masks, softcap, tile range, GQA sums and the dQ reductions are the
-// hdim-64/128 kernel's. The dQ work is head dim 192's (T::kFusedDq): at 256 this kernel
-// computes dK and dV only, with no dQ product, reduction or dS^T tile, and the dQ kernel
-// (bwd_sm90_dq_kernel.cuh) computes dQ.
+// hdim-64/128 kernel's. The dQ work is the atomic mode's at 192 (kFusedDq): at 256, and in the
+// deterministic mode at 192, this kernel computes dK and dV only, with no dQ product, reduction
+// or dS^T tile, and the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ.
 #pragma once
 
 #include <cmath>
@@ -40,9 +40,10 @@
 
 namespace attnserve::kernels::flash {
 
-template <DType kDType, int kHeadDim>
-class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHeadDim>> {
-  using T = BwdSm90WideTraits<kDType, kHeadDim>;
+template <DType kDType, int kHeadDim, bool kFusedDq>
+class BwdSm90WideBlockRunner
+    : public BwdSm90Block<BwdSm90WideTraits<kDType, kHeadDim, kFusedDq>> {
+  using T = BwdSm90WideTraits<kDType, kHeadDim, kFusedDq>;
   using Base = BwdSm90Block<T>;
   using typename Base::Element;
   using typename Base::MmaScores;
@@ -277,16 +278,16 @@ class BwdSm90WideBlockRunner : public BwdSm90Block<BwdSm90WideTraits<kDType, kHe
   float grad_[T::kDTiles][4];  // dV (consumer 0) or dK (consumer 1), unscaled
 };
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, bool kFusedDq>
 __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs& args) {
   extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
   const DkDvCtaCoords cta = HeadsFirstDkDvCta(args.fwd);
-  BwdSm90WideBlockRunner<kDType, kHeadDim> runner(args, base, cta.batch, cta.kv_head,
-                                                  cta.n_block);
+  BwdSm90WideBlockRunner<kDType, kHeadDim, kFusedDq> runner(args, base, cta.batch, cta.kv_head,
+                                                            cta.n_block);
   if (!runner.Exists()) return;
-  RunSm90Roles<BwdSm90WideTraits<kDType, kHeadDim>>(
+  RunSm90Roles<BwdSm90WideTraits<kDType, kHeadDim, kFusedDq>>(
       runner.barriers(), [&] { runner.Produce(); },
       [&](int) {
         runner.Run();
@@ -297,11 +298,11 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90WideCta(const BwdKernelArgs
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any
 // other pass sees a trap, never launched. The name contains "FlashBackwardDkDvSm90" (the GPU
 // test checks that prefix in the profiler's kernel list).
-template <DType kDType, int kHeadDim>
-__global__ void __launch_bounds__(BwdSm90WideTraits<kDType, kHeadDim>::kThreads, 1)
+template <DType kDType, int kHeadDim, bool kFusedDq>
+__global__ void __launch_bounds__(BwdSm90WideTraits<kDType, kHeadDim, kFusedDq>::kThreads, 1)
     FlashBackwardDkDvSm90WideKernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  FlashBackwardDkDvSm90WideCta<kDType, kHeadDim>(args);
+  FlashBackwardDkDvSm90WideCta<kDType, kHeadDim, kFusedDq>(args);
 #else
   __trap();
 #endif

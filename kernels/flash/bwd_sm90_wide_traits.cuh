@@ -15,7 +15,10 @@
 
 namespace attnserve::kernels::flash {
 
-template <DType kDType, int kHeadDim_>
+// kFusedDq_: dQ summed here into the float32 workspace by tile (the atomic-dQ mode at 192); false:
+// dK and dV only, and the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ (both modes at 256,
+// where dQ by tile has no room; the deterministic mode at 192).
+template <DType kDType, int kHeadDim_, bool kFusedDq_ = !Sm90BackwardSeparateDq(kHeadDim_)>
 struct BwdSm90WideTraits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
@@ -36,10 +39,9 @@ struct BwdSm90WideTraits {
   static constexpr int kScoreSteps = kHeadDim / 16;  // k16 steps of S^T = K Q^T, dP^T = V dO^T
   static constexpr int kGradSteps = kBlockM / 16;    // k16 steps of dV += P^T dO, dK += dS^T Q
   static constexpr int kDqSteps = kBlockN / 16;      // k16 steps (keys) of dQ = dS K
-  // Whether this kernel computes dQ: at 192; at 256 the dQ kernel (bwd_sm90_dq_kernel.cuh) does
-  // (Sm90BackwardSeparateDq), and this one only dK and dV. Its dS^T tiles then go unused: the
-  // shared-memory layout is still the fused kernel's (NOTES.md "What is next").
-  static constexpr bool kFusedDq = !Sm90BackwardSeparateDq(kHeadDim);
+  // Without dQ the dS^T tiles (and at 192 the dQ staging) go unused: the shared-memory layout
+  // is still the fused kernel's (NOTES.md "What is next").
+  static constexpr bool kFusedDq = kFusedDq_;
   // dQ = dS K at 192 (64 queries x head dim): each warpgroup half the head dim, as two products
   // whose B operand (K, MN-major) starts at a 64-column block or 32 columns into one (the only
   // mid-row start wgmma's swizzled descriptors allow: the product must end inside the block):
@@ -69,9 +71,6 @@ struct BwdSm90WideTraits {
   // rows: 1x16384 non-causal lost 5% on average, up to 10% (bench/RESULTS.md "Hopper backward,
   // warp specialized at head dims 192/256").
   static constexpr int kStartTileStride = 2;
-  // 128 loader threads take whole rows of 32 vectors at 256 (LoadSwizzledAsync), not of 24 at
-  // 192 (LoadSwizzledFlatAsync).
-  static constexpr bool kFlatLoads = kLoaderThreads % kRowVecs != 0;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);
   // dQ by tile at 192 (bwd_sm90_dq_tiles.h): each consumer warp stages its 16 rows of both dQ
@@ -95,8 +94,9 @@ struct BwdSm90WideTraits {
   static_assert(kSmemBytes == 2 * kKvBytes + kStages * kStageBytes + kDsBuffers * kDsBytes +
                                    kExchangeBytes + kDqStageBytes + 1024,
                 "host and device agree");
-  static_assert(kDqStageBytes == (kFusedDq ? (kConsumerThreads / 32) * kDqPieceBytes : 0),
+  static_assert(kDqStageBytes == (kHeadDim == 192 ? (kConsumerThreads / 32) * kDqPieceBytes : 0),
                 "dQ staging: one piece per consumer warp, at 192 only");
+  static_assert(!kFusedDq || kDqStageBytes > 0, "dQ by tile: at 192 only");
   static_assert(!kFusedDq || (TileDqColumn(kHeadDim, 1, 0) == DqColA(1) &&
                              TileDqColumn(kHeadDim, 1, kDqColsA / 8) == DqColB(1) &&
                              TileDqColumn(kHeadDim, 0, kDqColsA / 8) == DqColB(0)),

@@ -22,9 +22,8 @@ after its own, or all of a block's), taking its turns and releasing their stages
 The same with the TMA producer (head dim 256): full barriers of one arrival that
 also wait for their tile's bytes, Q's bytes on its block's first K tile's barrier, copies
 landing in any order, and partial tiles by cp.async, landed before the arrival.
-In the backward at head dims 64/128 (with dQ; the kernel without dQ of the
-ATTN_FLASH_SM90_BWD_DETERMINISTIC knob runs the same stage protocol less the dS^T buffers and
-the barrier before dQ): every consumer reads a stage that holds its tile, landed and not
+In the backward at head dims 64/128 (with dQ; the deterministic mode's kernel without dQ runs
+the same stage protocol less the dS^T buffers and the barrier before dQ): every consumer reads a stage that holds its tile, landed and not
 overwritten; no consumer writes its dS^T rows into a buffer whose dQ product the other
 consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
 drift); the epilogue overwrites K only after both consumers' last dQ; nothing deadlocks.

@@ -117,8 +117,7 @@ KernelStatus SelectTarget(const ExecutionContext& ctx, DType dtype, int head_dim
 
 // The Hopper rule's inputs as the dispatcher sees them: the target's capabilities and limit.
 Sm90Candidate Sm90CandidateOf(const Target& target, const ExecutionContext& ctx, bool backward,
-                              int kernel_head_dim, bool built, int smem, bool extras,
-                              bool deterministic) {
+                              bool built, int smem, bool extras) {
   Sm90Candidate c;
   c.backward = backward;
   c.compute_capability = target.compute_capability;
@@ -127,8 +126,6 @@ Sm90Candidate Sm90CandidateOf(const Target& target, const ExecutionContext& ctx,
   c.kernel_shared_memory = smem;
   c.shared_memory_limit = target.smem_limit;
   c.extras = extras;
-  c.deterministic = deterministic;
-  c.kernel_deterministic = backward && Sm90BackwardDeterministic(kernel_head_dim);
   c.disabled_paths = ctx.disabled_paths;
   return c;
 }
@@ -197,9 +194,8 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
     // Hopper: the wgmma kernel where the rule the family's plan applies says so
     // (kernels/flash_sm90_rule.h); otherwise the sm80 kernel.
     const KernelEntry* sm90 = FindSm90Kernel(kernel_head_dim);
-    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/false, kernel_head_dim,
-                                 sm90 != nullptr, Sm90ForwardSmemBytes(kernel_head_dim), extras,
-                                 false))) {
+    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/false, sm90 != nullptr,
+                                 Sm90ForwardSmemBytes(kernel_head_dim), extras))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90ForwardSmemBytes(kernel_head_dim);
     }
@@ -260,12 +256,10 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     launch = s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16;
     kernel_head_dim = kernel->head_dim;
     smem = BackwardSmemBytes<Sm80>(kernel_head_dim);
-    // Hopper: the wgmma kernels where the plan's rule says so (the atomic-dQ mode, and the
-    // deterministic one where they have it: Sm90BackwardDeterministic).
+    // Hopper: the wgmma kernels where the plan's rule says so, in both modes.
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
-    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/true, kernel_head_dim,
-                                 sm90 != nullptr, Sm90BackwardSmemBytes(kernel_head_dim), extras,
-                                 params.deterministic))) {
+    if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/true, sm90 != nullptr,
+                                 Sm90BackwardSmemBytes(kernel_head_dim), extras))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);
     }

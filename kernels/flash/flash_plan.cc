@@ -144,8 +144,6 @@ KernelPlan Plan(const PlanQuery& query) {
                                                  : Sm90ForwardSmemBytes(kernel_head_dim);
   sm90.shared_memory_limit = limit;
   sm90.extras = query.dropout || query.alibi;
-  sm90.deterministic = query.deterministic;
-  sm90.kernel_deterministic = backward && Sm90BackwardDeterministic(kernel_head_dim);
   sm90.disabled_paths = query.disabled_paths;
   if (RunsSm90(sm90)) {
     plan.code_path = Sm90::kName;

@@ -101,7 +101,7 @@ __device__ __forceinline__ void LoadKeyTileAsync(uint32_t smem, const void* tens
   const int first_key = n * T::kBlockN;
   const Element* src = static_cast<const Element*>(tensor) + cta.kv_offset +
                        int64_t{first_key} * args.kv_row_stride;
-  LoadSwizzledAsync<T::kBlockN, T::kRowVecs, T::kProducerThreads>(
+  LoadSwizzledTileAsync<T::kBlockN, T::kRowVecs, T::kProducerThreads>(
       smem, src, static_cast<int>(args.kv_row_stride), cta.block.len_k - first_key,
       args.head_dim / T::kVecElems, ptx::FreshThreadIdx());
 }
@@ -160,11 +160,11 @@ class FwdSm90Producer {
       if (j == 0) {
         // Only now: the consumers release the slot after the previous block's last V tile.
         if (next_q_ >= T::kQStages) ring_.WaitQEmpty(next_q_);
-        LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
+        LoadSwizzledTileAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
             ring_.Q(next_q_), cta.q, static_cast<int>(args_.q_row_stride), cta.block.rows_valid,
             args_.head_dim / T::kVecElems, ptx::FreshThreadIdx());
         if constexpr (T::kLoadsDout) {
-          LoadSwizzledAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
+          LoadSwizzledTileAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
               ring_.Q(next_q_) + T::kQTileBytes,
               dout_ + (cta.q - static_cast<const Element*>(args_.q)),
               static_cast<int>(args_.q_row_stride), cta.block.rows_valid,

@@ -98,6 +98,22 @@ __device__ __forceinline__ void LoadSwizzledFlatAsync(uint32_t smem, const Eleme
   }
 }
 
+// The loader for kRows x kRowVecs tiles from kThreads threads: whole rows per thread pass
+// (LoadSwizzledAsync) where kThreads is a multiple of the row's vectors, the flat order
+// (LoadSwizzledFlatAsync) where it is not (128 threads, 24 vectors at head dim 192).
+template <int kRows, int kRowVecs, int kThreads, typename Element>
+__device__ __forceinline__ void LoadSwizzledTileAsync(uint32_t smem, const Element* src,
+                                                      int row_stride, int rows_valid,
+                                                      int vecs_valid, int tid) {
+  if constexpr (kThreads % kRowVecs == 0) {
+    LoadSwizzledAsync<kRows, kRowVecs, kThreads>(smem, src, row_stride, rows_valid, vecs_valid,
+                                                 tid);
+  } else {
+    LoadSwizzledFlatAsync<kRows, kRowVecs, kThreads>(smem, src, row_stride, rows_valid,
+                                                     vecs_valid, tid);
+  }
+}
+
 // A consumer warp's 16 rows of a wgmma accumulator (64 rows per warpgroup; this thread's rows
 // group and group + 8 of the warp's, scaled by scale[0] and scale[1]) rounded to 16 bits into
 // the warp's own rows of the swizzled kRows-row tile at `tile`, which no wgmma reads any more,

@@ -156,17 +156,10 @@ inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 192, 256};
 // the wide kernel's float32 dQ atomics on every anchor row (bench/RESULTS.md "Hopper at 256: TMA
 // forward and the dQ kernel"), where the reductions took most of the time ("Why two tiles apart,
 // and where the time goes"). No atomics: the backward at 256 is deterministic in both modes. At
-// 64-192 dQ stays fused (dQ by tile): 7 products per tile pair instead of 5 would cost more than
-// the reductions do there.
+// 64-192 the atomic mode keeps dQ fused (dQ by tile): 7 products per tile pair instead of 5 would
+// cost more than the reductions do there; the deterministic mode there runs the dK/dV kernel
+// without dQ and then the dQ kernel (bwd_sm90_launch.cuh).
 constexpr bool Sm90BackwardSeparateDq(int head_dim) { return head_dim == 256; }
-// Head dims whose deterministic mode runs the Hopper kernels: 256; with tuning.h's
-// ATTN_FLASH_SM90_BWD_DETERMINISTIC also 64 / 128, where the dK/dV kernel then computes no dQ
-// and the dQ kernel runs after it (bwd_sm90_launch.cuh). Elsewhere the sm80 kernels' (at 192 the
-// dQ kernel's producer would need whole rows per thread pass, which 24 vectors per row do not
-// give).
-constexpr bool Sm90BackwardDeterministic(int head_dim) {
-  return Sm90BackwardSeparateDq(head_dim) || (kSm90BackwardDeterministicNarrow && head_dim <= 128);
-}
 // Registers of the producer warpgroup (setmaxnreg; a multiple of 8); the consumers get the rest
 // of the CTA's pool: 240 at 24. At 32 the consumers would get 232, and at head dim 128 ptxas then
 // spills 56 bytes and serializes the wgmma (C7512); at 24 the producer spills a few bytes instead

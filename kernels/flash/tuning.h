@@ -47,18 +47,4 @@ inline constexpr int kSm90ForwardWarpgroupKeysUpTo = ATTN_FLASH_SM90_FWD_WARPGRO
 #endif
 inline constexpr int kSm90ForwardTmaFrom = ATTN_FLASH_SM90_FWD_TMA;
 
-// 1: the Hopper backward's deterministic mode at head dims 64 / 128 runs the dK/dV kernel without
-// dQ (BwdSm90Traits' kFusedDq false) and then the dQ kernel (bwd_sm90_dq_kernel.cuh, 64-key
-// tiles there), as at 256 (Sm90BackwardDeterministic in tile_config.h); 0 (shipped): the sm80
-// kernels' deterministic mode there. Measured 2026-11-27 (bench/RESULTS.md "Hopper at 256: TMA
-// forward and the dQ kernel", call E): 1.03-1.12x FA2's non-deterministic backward at 64 and
-// 1.17-1.35x at 128, where the sm80 deterministic mode runs 0.70-0.95x / 0.64-0.93x; smoke run,
-// racecheck and synccheck clean. Not shipped: on that build the backward suite stopped on its
-// 25th case (test_head_dims[full-256-fp16], at 256 where the knob changes nothing; the same case
-// passed without it) until killed at 130 s. To find before it ships.
-#ifndef ATTN_FLASH_SM90_BWD_DETERMINISTIC
-#define ATTN_FLASH_SM90_BWD_DETERMINISTIC 0
-#endif
-inline constexpr bool kSm90BackwardDeterministicNarrow = ATTN_FLASH_SM90_BWD_DETERMINISTIC != 0;
-
 }  // namespace attnserve::kernels::flash

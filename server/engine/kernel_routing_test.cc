@@ -242,14 +242,16 @@ TEST(KernelRouting, RoutesCarryTheFamilysCodePath) {
   EXPECT_EQ(route(86, Direction::kBackward, DType::kBFloat16, 128).Name(), "fallback/sm80");
   EXPECT_EQ(route(70, Direction::kForward, DType::kFloat16, 64).Name(), "fallback/sm70-wmma");
   EXPECT_EQ(route(90, Direction::kForward, DType::kFloat32, 512).Name(), "cublas/gemm");
-  // Hopper: sm90 or sm80 as the flash plan says for this build; the deterministic backward and
-  // dropout always take the sm80 kernels.
+  // Hopper: sm90 or sm80 as the flash plan says for this build, the backward's deterministic
+  // mode on the same path as its atomic one; dropout always takes the sm80 kernels.
   const Route hopper = route(90, Direction::kForward, DType::kBFloat16, 128);
   EXPECT_EQ(hopper.family, "flash");
   EXPECT_TRUE(hopper.code_path == "sm90" || hopper.code_path == "sm80") << hopper.code_path;
-  RouteQuery deterministic{90, Direction::kBackward, DType::kFloat16, 128, SharedMemoryOf(90)};
-  deterministic.deterministic = true;
-  EXPECT_EQ(ChooseRoute(deterministic, kAllFamilies).Name(), "flash/sm80");
+  RouteQuery backward{90, Direction::kBackward, DType::kFloat16, 128, SharedMemoryOf(90)};
+  const Route atomic = ChooseRoute(backward, kAllFamilies);
+  EXPECT_EQ(atomic.family, "flash");
+  backward.deterministic = true;
+  EXPECT_EQ(ChooseRoute(backward, kAllFamilies).code_path, atomic.code_path);
   RouteQuery dropout{90, Direction::kForward, DType::kFloat16, 128, SharedMemoryOf(90), true};
   EXPECT_EQ(ChooseRoute(dropout, kAllFamilies).Name(), "flash/sm80");
   // An older architecture emulated on a Hopper GPU plans that architecture's path.

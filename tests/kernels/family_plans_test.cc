@@ -91,9 +91,8 @@ TEST(FlashPlanTest, TuringAndAmpereRunTheirOwnPaths) {
   EXPECT_EQ(flash::Plan(emulated).code_path, "sm80");
 }
 
-// Hopper: the sm90 kernels where this build holds them, except for what only the sm80 kernels
-// do (dropout, ALiBi, the deterministic backward below head dim 256) or what the context
-// switches off.
+// Hopper: the sm90 kernels where this build holds them (the backward in both modes), except for
+// what only the sm80 kernels do (dropout, ALiBi) or what the context switches off.
 TEST(FlashPlanTest, HopperRunsSm90WhereBuiltAndAllowed) {
   PlanQuery q = Query(kFwd, DType::kBFloat16, 128, 90, 227 * 1024);
 #if defined(ATTN_FLASH_SM90_HDIM_128)
@@ -110,22 +109,25 @@ TEST(FlashPlanTest, HopperRunsSm90WhereBuiltAndAllowed) {
   PlanQuery newer = q;  // sm_90a code does not run on later architectures
   newer.compute_capability = newer.device_compute_capability = 100;
   EXPECT_EQ(flash::Plan(newer).code_path, "sm80");
-  PlanQuery backward = Query(kBwd, DType::kFloat16, 128, 90, 227 * 1024);
+  // The deterministic mode runs the Hopper dK/dV kernel without dQ and then the dQ kernel.
+  for (const bool deterministic : {false, true}) {
+    PlanQuery backward = Query(kBwd, DType::kFloat16, 128, 90, 227 * 1024);
+    backward.deterministic = deterministic;
 #if defined(ATTN_FLASH_SM90_BWD_HDIM_128)
-  EXPECT_EQ(flash::Plan(backward).code_path, "sm90");
-#endif
-  backward.deterministic = true;
-  EXPECT_EQ(flash::Plan(backward).code_path, "sm80");
-  // At 256 the Hopper backward's dQ kernel takes no atomics: both modes run it.
-  PlanQuery wide = Query(kBwd, DType::kBFloat16, 256, 90, 227 * 1024);
-  wide.deterministic = true;
-#if defined(ATTN_FLASH_SM90_BWD_HDIM_256)
-  EXPECT_EQ(flash::Plan(wide).code_path, "sm90");
+    EXPECT_EQ(flash::Plan(backward).code_path, "sm90") << deterministic;
 #else
-  EXPECT_EQ(flash::Plan(wide).code_path, "sm80");
+    EXPECT_EQ(flash::Plan(backward).code_path, "sm80") << deterministic;
 #endif
-  wide.alibi = true;
-  EXPECT_EQ(flash::Plan(wide).code_path, "sm80");
+    PlanQuery wide = Query(kBwd, DType::kBFloat16, 256, 90, 227 * 1024);
+    wide.deterministic = deterministic;
+#if defined(ATTN_FLASH_SM90_BWD_HDIM_256)
+    EXPECT_EQ(flash::Plan(wide).code_path, "sm90") << deterministic;
+#else
+    EXPECT_EQ(flash::Plan(wide).code_path, "sm80") << deterministic;
+#endif
+    wide.alibi = true;
+    EXPECT_EQ(flash::Plan(wide).code_path, "sm80") << deterministic;
+  }
 }
 
 TEST(FlashPlanTest, PinMakesTheDispatcherRunThePlannedPath) {

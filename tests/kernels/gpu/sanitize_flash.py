@@ -2,8 +2,8 @@
 the whole GPU suite: the forward at every Hopper head dim (warp specialized and persistent:
 producer, consumers, mbarriers, ping-pong turns, Q slots and the K/V ring reused across the
 several query blocks each CTA runs) on a varlen batch, causal and not, and the backward (warp
-specialized too) at every Hopper head dim, causal, in both modes (the deterministic one runs the
-dQ kernel at 256, and at 64 / 128 with ATTN_FLASH_SM90_BWD_DETERMINISTIC). Run on the GPU
+specialized too) at every Hopper head dim, causal, in both modes (the deterministic one, and at
+256 both, run the dK/dV kernel without dQ and then the dQ kernel). Run on the GPU
 machine as
 
   compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/kernels/gpu/sanitize_flash.py

@@ -8,11 +8,11 @@ plus a small floor, under an absolute cap. Rows that see no key (lse = +inf) and
 sees get exactly zero gradients. Deterministic mode is bitwise reproducible. On a GPU newer
 than sm80 every case also runs the sm80 code path as an A100 would (compute_capability 80:
 163 KB of shared memory per block, so the narrow dK/dV kernel instead of the wide one: 4 warps
-at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU the device path runs the
-Hopper (wgmma) dK/dV kernels (head dims 64 / 128: bwd_sm90_kernel.cuh, 192 / 256:
-bwd_sm90_wide_kernel.cuh; the atomic mode, and at 256, where the dQ kernel bwd_sm90_dq_kernel.cuh
-takes no atomics, both modes; the deterministic mode below 256 is the sm80 kernels'), so every case
-also runs with PATH_SM90_BACKWARD disabled, the sm80 kernels on the same device, and
+at head dims up to 128, one stage instead of two at 192/256). On a 9.x GPU the device path runs
+the Hopper (wgmma) dK/dV kernels (head dims 64 / 128: bwd_sm90_kernel.cuh, 192 / 256:
+bwd_sm90_wide_kernel.cuh) in both modes: in the atomic mode below 256 adding dQ by tile, in the
+deterministic mode and at 256 without dQ, followed by the dQ kernel (bwd_sm90_dq_kernel.cuh). So
+every case also runs with PATH_SM90_BACKWARD disabled, the sm80 kernels on the same device, and
 test_sm90_backward_runs checks which kernels ran.
 Needs torch with CUDA and a built libattn_capi.so; skipped otherwise. Seed: $ATTN_TEST_SEED.
 """
@@ -78,12 +78,6 @@ def seen_rows_and_keys(q, k, cu_q, cu_k, opts):
     return rows, keys
 
 
-def separate_dq(q):
-    """Head dims served by the 256 instantiation: on Hopper its dQ kernel runs in both modes, so
-    the sm80 kernels' deterministic mode needs a run of its own there."""
-    return q.shape[-1] > 192
-
-
 def check(request, q, k, v, cu_q, cu_k, opts):
     out, lse = run_flash(q, k, v, cu_q, cu_k, opts)
     seed = (int(os.environ["ATTN_TEST_SEED"]) + zlib.crc32(request.node.nodeid.encode()) + 1)
@@ -94,8 +88,6 @@ def check(request, q, k, v, cu_q, cu_k, opts):
     rows, keys = seen_rows_and_keys(q, k, cu_q, cu_k, opts)
     for path, lib in BACKWARD_LIBS:
         for deterministic in (False, True):
-            if deterministic and lib is SM80_ON_HOPPER[1] and not separate_dq(q):
-                continue  # the device path's deterministic mode is this one, tested above
             if DEVICE_ATOMIC_ONLY and (deterministic or path != "device"):
                 continue
             grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
@@ -197,8 +189,6 @@ def test_non_finite_neighbour_stays_out(request, head_dim, mask):
     keep = (keep_q, keep_k, keep_k)
     for path, lib in BACKWARD_LIBS:
         for deterministic in (False, True):
-            if deterministic and lib is SM80_ON_HOPPER[1] and not separate_dq(q):
-                continue
             if DEVICE_ATOMIC_ONLY and (deterministic or path != "device"):
                 continue
             grads = run_backward(q, k, v, out, lse, dout, cu_q, cu_k, opts, deterministic, lib)
@@ -220,20 +210,24 @@ def test_deterministic_bitwise(request, head_dim):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("head_dim", [64, 256])
-def test_no_keys_anywhere(request, head_dim):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("head_dim", [64, 192, 256])
+def test_no_keys_anywhere(request, head_dim, deterministic):
     q, k, v, cu_q, cu_k = make_inputs(request, [3, 200], [0, 0], 2, 1, head_dim, torch.float16)
     out, lse = run_flash(q, k, v, cu_q, cu_k, Options())
-    dq, dk, dv = run_backward(q, k, v, out, lse, torch.randn_like(q), cu_q, cu_k, Options())
+    dq, dk, dv = run_backward(q, k, v, out, lse, torch.randn_like(q), cu_q, cu_k, Options(),
+                              deterministic)
     assert (dq == 0).all() and dk.numel() == 0 and dv.numel() == 0
 
 
-@pytest.mark.parametrize("head_dim", [64, 256])
-def test_no_queries_anywhere(request, head_dim):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("head_dim", [64, 192, 256])
+def test_no_queries_anywhere(request, head_dim, deterministic):
     q, k, v, cu_q, cu_k = make_inputs(request, [0, 0], [70, 5], 2, 1, head_dim, torch.bfloat16)
     out = torch.empty_like(q)
     lse = torch.empty(2, 0, device="cuda")
-    dq, dk, dv = run_backward(q, k, v, out, lse, torch.empty_like(q), cu_q, cu_k, Options())
+    dq, dk, dv = run_backward(q, k, v, out, lse, torch.empty_like(q), cu_q, cu_k, Options(),
+                              deterministic)
     assert (dk == 0).all() and (dv == 0).all()
 
 
@@ -283,8 +277,9 @@ def test_error_workspace_too_small():
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_sm90_backward_runs(head_dim):
     """On a 9.x GPU the wgmma dK/dV kernel is the one that runs (when this build has it: sm_90 in
-    CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS), at 256 with the dQ kernel and
-    in the deterministic mode too, and disabling PATH_SM90_BACKWARD switches it off."""
+    CMAKE_CUDA_ARCHITECTURES and the head dim in ATTN_HEAD_DIMS), in both modes, with the dQ
+    kernel in the deterministic mode and at 256 in both, and disabling PATH_SM90_BACKWARD switches
+    it off."""
     from torch.profiler import ProfilerActivity, profile
 
     kwargs = _backward_call(head_dim=head_dim)
@@ -299,12 +294,11 @@ def test_sm90_backward_runs(head_dim):
 
     wide = head_dim > 128
     expected = "FlashBackwardDkDvSm90WideKernel" if wide else "FlashBackwardDkDvSm90Kernel"
-    names = kernels_run(LIB)
-    assert any(expected in name for name in names), names
-    dq_kernel = head_dim == 256
-    assert any("FlashBackwardDqSm90" in name for name in names) == dq_kernel, names
-    names = kernels_run(LIB, deterministic=True)
-    assert any("Sm90" in name for name in names) == dq_kernel, names
+    for deterministic in (False, True):
+        names = kernels_run(LIB, deterministic)
+        assert any(expected in name for name in names), names
+        dq_kernel = deterministic or head_dim == 256
+        assert any("FlashBackwardDqSm90" in name for name in names) == dq_kernel, names
     names = kernels_run(SM80_ON_HOPPER[1])
     assert not any("Sm90" in name for name in names), names
     assert any("FlashBackwardDkDv" in name for name in names), names
