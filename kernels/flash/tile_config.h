@@ -82,7 +82,9 @@ constexpr int Sm90ForwardBlockN(int head_dim, bool persistent) {
   // measured against 64 (H100, bf16, bench/RESULTS.md "Hopper forward at 256: 80-key tiles with
   // one CTA per block"): +3 to +6% on every anchor row of 2048 keys or more, -3 to -10% on
   // 32x512, where 512 keys fill 6.4 tiles. So 64-key tiles (193 KB, S 32 floats) when
-  // persistent (up to 1024 keys).
+  // persistent (up to 1024 keys). At 128, 176- or 160-key tiles (FlashAttention-3's without a
+  // causal mask) with two stages lost 3-6% on 8x2048 against three 128-key stages and moved the
+  // longer rows by -1 to +1% ("Hopper forward at 128: 176- and 160-key tiles").
   if (head_dim <= 128) return 128;
   return persistent ? 64 : 80;
 }
