@@ -2,6 +2,9 @@
 # End-to-end on the GPU machine, in one go: start the servers built here (carried in
 # .gpu-bundle/, see make_gpu_bundle.sh) with --devices=auto, check one with attnctl, run the
 # Python client's GPU tests against them, stop them with SIGTERM. Logs go to $OUT when set.
+# Arguments, if any, replace the test selection (default tests/gpu: 101 tests, about 5 minutes on
+# an H100, test_launch_split_gpu.py 4.5 of them), e.g.
+#   scripts/gpu_e2e.sh tests/gpu/test_server_gpu.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/attnserve-gpu-e2e}"
@@ -56,7 +59,7 @@ ATTNSERVE_GPU_TARGET=localhost:8001 ATTNSERVE_GPU_EMULATED_TARGET=localhost:8011
   ATTNSERVE_GPU_SHM_TARGET=localhost:8051 ATTNSERVE_GPU_SHM_HTTP=http://127.0.0.1:8050 \
   ATTNSERVE_GPU_HTTP=http://127.0.0.1:8000 ATTNSERVE_GPU_SPLIT_TARGET=localhost:8061 \
   ATTNSERVE_GPU_SPLIT_HTTP=http://127.0.0.1:8060 \
-  python3 -m pytest -q -p no:cacheprovider tests/gpu \
+  python3 -m pytest -q -p no:cacheprovider "${@:-tests/gpu}" \
   2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())" \
   | grep -E '^attnserve_(requests_total|device_info|compute_duration_seconds_count|device_memory)' || true
