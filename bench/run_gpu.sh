@@ -18,8 +18,8 @@
 # kernels/flash/tuning.h) and adds NAME as columns of the backward benchmark;
 # --fwd-variant NAME=FLAGS (repeatable) the same for a forward knob: its build (also in
 # build-gpu-bwd-NAME/) becomes columns of the forward benchmark.
-# --bwd-atomic-only times the atomic-dQ mode only (no NAME-det columns: the deterministic mode
-# runs the sm80 kernels, which the --bwd-variant flags of the Hopper kernels do not change).
+# --bwd-atomic-only times the atomic-dQ mode only (no NAME-det columns), for a variant of the
+# dQ work that only the atomic mode does (dQ by tile in the dK/dV kernel).
 # --bwd-variant-tests EXPR runs, after the benchmarks, the --tests PATH cases selected by
 # pytest -k EXPR against each --bwd-variant and --fwd-variant build (all at once, the backward
 # tests in the device path's atomic mode only, each within $VARIANT_TEST_TIMEOUT seconds if

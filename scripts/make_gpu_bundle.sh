@@ -6,9 +6,9 @@
 #
 #   scripts/make_gpu_bundle.sh [BUILD_DIR]   (default: build)
 # A build of every head dim for the H100 alone (cmake -S . -B build-full
-# -DCMAKE_CUDA_ARCHITECTURES=90) bundles to about 64 MB; the binaries are stripped of symbols,
-# as the device's carry is limited (64 MiB with the working tree; a gzipped tarball of the
-# bundle is about half).
+# -DCMAKE_CUDA_ARCHITECTURES=90) bundles to about 61 MB with its binaries stripped of symbols,
+# as they are here: the device's carry is limited (64 MiB with the working tree; a gzipped
+# tarball of the bundle is about half).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}

@@ -19,10 +19,10 @@
 //                                        dim 64 issued in the next tile (kDeferredDq)
 // (at 128 issued before dK, so that its reduction runs under dK). That is the atomic-dQ mode;
 // the deterministic mode instantiates it without dQ (kFusedDq false): dK and dV only, and the
-// dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ. The preprocess (D) is the sm80 path's kernel. dK is scaled by softmax_scale at
-// the end. With dQ, one barrier per tile among the consumers, before dQ (both warpgroups' dS^T
-// rows); it keeps them within a tile of each other, so two dS^T buffers (by tile parity)
-// suffice.
+// dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ. The preprocess (D) is the sm80 path's kernel.
+// dK is scaled by softmax_scale at the end. With dQ, one barrier per tile among the consumers,
+// before dQ (both warpgroups' dS^T rows); it keeps them within a tile of each other, so two dS^T
+// buffers (by tile parity) suffice.
 #pragma once
 
 #include <cmath>

@@ -41,7 +41,8 @@ KernelStatus LaunchBackwardDqSm90(const BwdKernelArgs& args, const BwdGrid& grid
 }
 
 // T: the dK/dV kernel's traits (kBlockN keys per CTA, kThreads, kSmemBytes, kFusedDq: whether
-// it adds dQ into the workspace, or the dQ kernel runs after it).
+// it adds dQ into the workspace, which LaunchBackwardSm90 picks only with one, or the dQ kernel
+// runs after it).
 template <class T, DType kDType>
 KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernelArgs& args,
                                     const BwdGrid& grid, cudaStream_t stream) {
@@ -49,11 +50,6 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
   static_assert(!kFusedDq || T::kDqStageBytes > 0, "fused dQ is dQ by tile");
   const int64_t pairs = args.fwd.total_q * args.fwd.num_heads;
   const int64_t dq_elems = pairs * args.fwd.head_dim;
-  if constexpr (kFusedDq) {
-    if (args.dq_accum == nullptr && dq_elems > 0) {
-      return KernelStatus::Error("flash: sm90 backward needs the dQ workspace (atomic mode)");
-    }
-  }
   cudaError_t err =
       cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) return BackwardSm90LaunchError("cudaFuncSetAttribute", err);

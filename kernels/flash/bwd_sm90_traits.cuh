@@ -15,7 +15,7 @@ namespace attnserve::kernels::flash {
 
 // kFusedDq_: dQ summed here into the float32 workspace (the atomic-dQ mode); false: dK and dV
 // only, the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ (the deterministic mode).
-template <DType kDType, int kHeadDim_, bool kFusedDq_ = true>
+template <DType kDType, int kHeadDim_, bool kFusedDq_>
 struct BwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;

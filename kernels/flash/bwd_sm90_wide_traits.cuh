@@ -18,7 +18,7 @@ namespace attnserve::kernels::flash {
 // kFusedDq_: dQ summed here into the float32 workspace by tile (the atomic-dQ mode at 192); false:
 // dK and dV only, and the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ (both modes at 256,
 // where dQ by tile has no room; the deterministic mode at 192).
-template <DType kDType, int kHeadDim_, bool kFusedDq_ = !Sm90BackwardSeparateDq(kHeadDim_)>
+template <DType kDType, int kHeadDim_, bool kFusedDq_>
 struct BwdSm90WideTraits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;

@@ -23,20 +23,21 @@ The same with the TMA producer (head dim 256): full barriers of one arrival that
 also wait for their tile's bytes, Q's bytes on its block's first K tile's barrier, copies
 landing in any order, and partial tiles by cp.async, landed before the arrival.
 In the backward at head dims 64/128 (with dQ; the deterministic mode's kernel without dQ runs
-the same stage protocol less the dS^T buffers and the barrier before dQ): every consumer reads a stage that holds its tile, landed and not
-overwritten; no consumer writes its dS^T rows into a buffer whose dQ product the other
-consumer still reads (two buffers by tile parity, the consumers' barrier before dQ bounding their
-drift); the epilogue overwrites K only after both consumers' last dQ; nothing deadlocks.
+the same stage protocol less the dS^T buffers and the barrier before dQ): every consumer reads
+a stage that holds its tile, landed and not overwritten; no consumer writes its dS^T rows into
+a buffer whose dQ product the other consumer still reads (two buffers by tile parity, the
+consumers' barrier before dQ bounding their drift); the epilogue overwrites K only after both
+consumers' last dQ; nothing deadlocks.
 In the backward at head dims 192/256 (bwd_sm90_wide_kernel.cuh: the same producer, consumer 0
 for S^T, P^T, dV and consumer 1 for dP^T, dS^T, dK, each issuing the previous tile's dQ, which
-at 256 the dQ kernel computes instead, the same protocol less the dQ steps): every
-stage read (wgmma, lse, D) sees its tile, landed and not overwritten before the consumer releases
-the stage; mbarrier parities never alias; consumer 1 reads the exchange tile G only once it holds
-the current tile's, and consumer 0 never overwrites a G that consumer 1 has not read; barrier 1's
-arrive never lands twice in one phase, nor stays pending at exit; dS^T is never written into a
-buffer that a dQ product still reads, and every dQ reads its tile's dS^T, written and fenced;
-the epilogue overwrites K only after both consumers' last dQ, and V after consumer 1's last
-dP^T; nothing deadlocks.
+at 256 and in the deterministic mode the dQ kernel computes instead, the same protocol less the
+dQ steps): every stage read (wgmma, lse, D) sees its tile, landed and not overwritten before the
+consumer releases the stage; mbarrier parities never alias; consumer 1 reads the exchange tile
+G only once it holds the current tile's, and consumer 0 never overwrites a G that consumer 1 has
+not read; barrier 1's arrive never lands twice in one phase, nor stays pending at exit; dS^T is
+never written into a buffer that a dQ product still reads, and every dQ reads its tile's dS^T,
+written and fenced; the epilogue overwrites K only after both consumers' last dQ, and V after
+consumer 1's last dP^T; nothing deadlocks.
 In the backward's dQ kernel (bwd_sm90_dq_kernel.cuh: the forward's producer with whole tiles
 published, each consumer holding K(i - 1) for its dQ product while it waits for tile i): every
 read sees its tile, landed and not overwritten before its release; nothing deadlocks.
