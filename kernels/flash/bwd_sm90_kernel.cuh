@@ -38,17 +38,6 @@
 
 namespace attnserve::kernels::flash {
 
-// Keeps the compiler from moving reads of wgmma accumulators above the wait that completed them
-// (ptx::WgmmaWait pins one array; dK and dV are read after the last wait of the loop).
-template <int kRows, int kCols>
-__device__ __forceinline__ void PinRegisters(float (&regs)[kRows][kCols]) {
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-#pragma unroll
-    for (int j = 0; j < kCols; ++j) asm volatile("" : "+f"(regs[i][j])::"memory");
-  }
-}
-
 template <DType kDType, int kHeadDim, bool kFusedDq>
 class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, kFusedDq>> {
   using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq>;
@@ -209,7 +198,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, k
       ptx::WgmmaFence();
       IssueGrad(dk_, ds, q_st);
       ptx::WgmmaWait<0>(dk_);
-      PinRegisters(dv_);
+      ptx::PinRegisters(dv_);  // dV is read after the loop's last wait
     } else if constexpr (T::kDeferredDq) {
       ptx::WgmmaFence();
       IssueGrad(dk_, ds, q_st);
@@ -219,7 +208,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, k
         AddDqPiece(dq, prev, piece, tid % 32);
       }
       ptx::WgmmaWait<0>(dk_);
-      PinRegisters(dv_);
+      ptx::PinRegisters(dv_);
     } else {
       // dQ = dS K once both warpgroups' dS^T rows are in shared memory, issued before dK so
       // that its staging and reduction run under dK.
@@ -230,7 +219,7 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, k
       ptx::WgmmaWait<1>(dq);
       AddDqPiece(dq, tile, piece, tid % 32);
       ptx::WgmmaWait<0>(dk_);
-      PinRegisters(dv_);
+      ptx::PinRegisters(dv_);
     }
   }
 

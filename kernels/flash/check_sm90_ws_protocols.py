@@ -14,8 +14,9 @@ forward:
   after publishing the previous block's last V tile, which the slot's release waits on);
 - mbarrier parity waits never alias: a waiter is never a whole phase behind (the parity would
   then read as not completed, or as completed a phase early);
-- the ping-pong turns alternate strictly (no bar.arrive lands on a barrier phase that already
-  holds one, which would complete it without its owner) and none is left pending at exit;
+- the ping-pong turns alternate strictly, from block to block of a persistent CTA (no bar.arrive
+  lands on a barrier phase that already holds one, which would complete it without its owner)
+  and none is left pending at exit;
 - nothing deadlocks;
 and all of that also where a consumer passes over key tiles none of its rows see (before and
 after its own, or all of a block's), taking its turns and releasing their stages once landed.
@@ -284,17 +285,16 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
     def holds_q(q):
         assert ring.q[q % qs] == (f"Q of block {q}", True), f"wg {wg}, block {q}: {ring.q[q % qs]}"
 
-    def take_turn(j, tiles):
+    def take_turn():
         if pingpong:
             while not turns[wg].arrived:
                 yield BLOCKED
             turns[wg].arrived = 0
-            if wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn":
-                turns[(wg + 1) % warpgroups].arrive()
+            turns[(wg + 1) % warpgroups].arrive()
 
-    def pass_over(i, j, tiles):
+    def pass_over(i):
         if broken != "pass-over-no-turn":
-            yield from take_turn(j, tiles)
+            yield from take_turn()
         for full, empty in ((ring.full_k, ring.empty_k), (ring.full_v, ring.empty_v)):
             if broken != "pass-over-no-full-wait":
                 yield from wait(full[i % s], i // s)
@@ -302,11 +302,13 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             yield
 
     first = q = 0
+    if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
+        turns[0].arrive()                             # StartTurns
     for tiles, (front, back) in zip((t for t in blocks if t > 0), own):
-        if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
+        if pingpong and wg == warpgroups - 1 and q > 0 and broken == "first-turn-per-block":
             turns[0].arrive()
         for j in range(front):
-            yield from pass_over(first + j, j, tiles)
+            yield from pass_over(first + j)
         for j in range(front, tiles - back):
             i = first + j
             yield from wait(ring.full_k[i % s], i // s)
@@ -321,7 +323,7 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             read(ring.k, ring.k_readers, i)
             if j > front:
                 read(ring.v, ring.v_readers, i - 1)   # O += P V(i - 1) issued
-            if pingpong and (wg < warpgroups - 1 or j < tiles - 1 or broken == "extra-turn"):
+            if pingpong:
                 turns[(wg + 1) % warpgroups].arrive()
             yield                                     # the GEMMs run
             assert ring.k[i % s] == (i, True), f"K stage of tile {i} overwritten under its wgmma"
@@ -340,7 +342,7 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             else:
                 done(ring.v_readers, ring.empty_v, last)
         for j in range(tiles - back, tiles):
-            yield from pass_over(first + j, j, tiles)
+            yield from pass_over(first + j)
         holds_q(q)                                    # the epilogue: O through the Q slot
         yield
         holds_q(q)
@@ -348,6 +350,10 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
         ring.empty_q[q % qs].arrive()
         first += tiles
         q += 1
+    if pingpong and wg == 0 and broken != "no-end-turn":
+        while not turns[0].arrived:                   # EndTurns: the last pass taken
+            yield BLOCKED
+        turns[0].arrived = 0
 
 
 def own_tiles(blocks, warpgroups, seed, pass_over):
@@ -654,7 +660,8 @@ BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
 # The TMA producer (the forward at head dim 256) arriving before Q's bytes are expected, or before
 # a partial tile's cp.async copies landed.
 BROKEN_TMA = ("tma-q-after-arrive", "tma-partial-no-wait")
-BROKEN = ("no-empty-wait", "early-full", "extra-turn", "no-first-turn", "no-last-v-release",
+BROKEN = ("no-empty-wait", "early-full", "first-turn-per-block", "no-first-turn", "no-end-turn",
+          "no-last-v-release",
           "no-q-empty-wait", "q-wait-before-v") + BROKEN_PASS_OVER + BROKEN_TMA
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")

@@ -9,10 +9,12 @@
 // (fwd_sm90_tma_producer.cuh; Sm90ForwardTma, tuning.h's ATTN_FLASH_SM90_FWD_TMA). Per key
 // tile each consumer computes S = Q K^T (wgmma, both operands from shared memory), masks and
 // runs the online softmax in registers, and adds P V (wgmma, P from registers, V N-major from
-// shared memory); the P V of one tile runs under the softmax of the next, and with the ping-pong
-// schedule one consumer's GEMMs run under the other's softmax. Key tiles are visited last to
-// first, with the sm80 kernel's block location (fwd_block.cuh) and row-tile math (masks, online
-// softmax: fwd_row_tile.cuh), so both paths see exactly the same keys.
+// shared memory); at head dims 128 (one CTA per block) and 256 the P V of one tile runs under
+// the softmax of the next (Sm90ForwardSoftmaxUnderPv), and with the ping-pong schedule, whose
+// turns run on from block to block, one consumer's GEMMs run under the other's softmax and
+// epilogue. Key tiles are visited last to first, with the sm80 kernel's block location
+// (fwd_block.cuh) and row-tile math (masks, online softmax: fwd_row_tile.cuh), so both paths see
+// exactly the same keys.
 #pragma once
 
 #include <cmath>
@@ -51,6 +53,16 @@ class FwdSm90BlockRunner {
   using MmaPv = ptx::Wgmma<Element, kHeadDim>;    // O += P V: 64 x kHeadDim per warpgroup
 
  public:
+  // The turns run on from block to block: the last warpgroup hands the CTA's first to
+  // warpgroup 0, which takes the last one's final pass once the CTA's blocks are done, so that
+  // no arrival is left on a barrier when the CTA exits.
+  __device__ __forceinline__ static void StartTurns(int warpgroup) {
+    if (warpgroup == T::kConsumerWarpgroups - 1) ptx::NamedBarrierArrive<256>(kTurnBarrier);
+  }
+  __device__ __forceinline__ static void EndTurns(int warpgroup) {
+    if (warpgroup == 0) ptx::NamedBarrierSync<256>(kTurnBarrier);
+  }
+
   // The block is the CTA's q_index-th that sees keys (its Q slot); its key tiles have load-order
   // numbers from first_tile on.
   __device__ __forceinline__ FwdSm90BlockRunner(const FwdKernelArgs& args, const FwdBlock& block,
@@ -66,9 +78,10 @@ class FwdSm90BlockRunner {
     vecs_valid_ = args.head_dim / T::kVecElems;
   }
 
-  // Software-pipelined over key tiles (FlashAttention-3's intra-warpgroup overlap): iteration n
-  // issues S(n) = Q K(n)^T and then O += P(n+1) V(n+1) on the tensor cores, waits for S(n)
-  // only, and runs the softmax of tile n while P V still runs; O is rescaled once P V is done.
+  // Software-pipelined over key tiles: iteration n issues S(n) = Q K(n)^T and then
+  // O += P(n+1) V(n+1) on the tensor cores, waits for S(n) only, and runs the softmax of tile n,
+  // under the P V where T::kSoftmaxUnderPv (FlashAttention-3's intra-warpgroup overlap); O is
+  // rescaled once P V is done.
   // Each stage is handed back to the producer as soon as this warpgroup's wgmma reading it is
   // complete. With T::kWarpgroupKeys (head dim 64), the block's key tiles that none of this
   // warpgroup's rows see are passed over (PassOver), before and after its own.
@@ -84,10 +97,6 @@ class FwdSm90BlockRunner {
       for (int e = 0; e < 4; ++e) o_[nt][e] = 0.0f;
     }
     uint32_t p[T::kPvSteps][4];  // P(n+1), the A operand of the P V in flight
-    // The last warpgroup hands the first turn to warpgroup 0.
-    if (warpgroup_ == T::kConsumerWarpgroups - 1) {
-      ptx::NamedBarrierArrive<256>(kTurnBarrier);
-    }
     int n = block_.n_end - 1;
     int i = first_tile_;
     KeyTiles own{block_.n_begin, block_.n_end};
@@ -161,7 +170,7 @@ class FwdSm90BlockRunner {
     ptx::WgmmaFence();
     IssueScores(s, ring_.K(i));
     if constexpr (kPv) IssuePV(p, ring_.V(i - 1));
-    PassTurn(n);
+    PassTurn();
     ptx::WgmmaWait<kPv ? 1 : 0>(s);
     ring_.Release(Ring::kK, i);
     if (args_.softcap) {
@@ -174,20 +183,38 @@ class FwdSm90BlockRunner {
     if constexpr (kMask) ApplyMask(s, n);
     float correction[2];
     const bool any_new_max = UpdateSoftmax(s, correction);
-    if constexpr (kPv) {
-      ptx::WgmmaWait<0>(o_);
-      ring_.Release(Ring::kV, i - 1);
-    }
-    if (__any_sync(0xffffffffu, any_new_max)) {
-#pragma unroll
-      for (int nt = 0; nt < T::kOTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_[nt][e] *= correction[e / 2];
+    if constexpr (kPv && T::kSoftmaxUnderPv) {
+      // ptxas schedules a wgmma wait early in its basic block, above independent arithmetic
+      // (the softmax waited for the P V that way), so the softmax is pinned above a branch and
+      // the wait is in both of its arms. Every warp of the warpgroup must run the same wait
+      // (.aligned): the branch is on a launch argument.
+      ptx::PinRegisters(s);
+      if (args_.softcap) {
+        WaitPV(i);
+      } else {
+        WaitPV(i);
       }
+    } else if constexpr (kPv) {
+      WaitPV(i);
     }
+    if (__any_sync(0xffffffffu, any_new_max)) RescaleO(correction);
     // P(n) as 16-bit A fragments, one per k16 step.
 #pragma unroll
     for (int kk = 0; kk < T::kPvSteps; ++kk) PackPStep<Element>(s, kk, p[kk]);
+  }
+
+  // The P V of tile i - 1 done: its V stage goes back to the producer.
+  __device__ __forceinline__ void WaitPV(int i) {
+    ptx::WgmmaWait<0>(o_);
+    ring_.Release(Ring::kV, i - 1);
+  }
+
+  __device__ __forceinline__ void RescaleO(const float (&correction)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < T::kOTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_[nt][e] *= correction[e / 2];
+    }
   }
 
   // Key tile n (load-order index i), which none of this warpgroup's rows see: its turn taken
@@ -196,18 +223,17 @@ class FwdSm90BlockRunner {
   // it). Q has landed with the block's first K tile, before the epilogue writes O over it.
   __device__ __forceinline__ void PassOver(int n, int i) {
     ptx::NamedBarrierSync<256>(kTurnBarrier + warpgroup_);
-    PassTurn(n);
+    PassTurn();
     ring_.WaitFull(Ring::kK, i);
     ring_.Release(Ring::kK, i);
     ring_.WaitFull(Ring::kV, i);
     ring_.Release(Ring::kV, i);
   }
 
-  // The turn goes to the next warpgroup; the last one's final turn of the block has no taker.
-  __device__ __forceinline__ void PassTurn(int n) {
-    if (warpgroup_ < T::kConsumerWarpgroups - 1 || n > block_.n_begin) {
-      ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
-    }
+  // The turn goes to the next warpgroup, the last one's to warpgroup 0, also at the end of a
+  // block: its next block's first GEMMs then run under the others' last softmax and epilogue.
+  __device__ __forceinline__ void PassTurn() {
+    ptx::NamedBarrierArrive<256>(kTurnBarrier + (warpgroup_ + 1) % T::kConsumerWarpgroups);
   }
 
   // S = Q K^T with the K tile at `k` (sm90_tile_products.cuh; the caller fences first).
@@ -291,9 +317,12 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(
         producer.Finish();
       },
       [&](int consumer) {
-        FwdSm90BlockRunner<kDType, kHeadDim, false> runner(args, cta.block, ring, consumer, 0, 0);
+        using Runner = FwdSm90BlockRunner<kDType, kHeadDim, false>;
+        Runner::StartTurns(consumer);
+        Runner runner(args, cta.block, ring, consumer, 0, 0);
         runner.Run();
         runner.Epilogue(cta.out, cta.lse);
+        Runner::EndTurns(consumer);
       });
 }
 
@@ -314,17 +343,19 @@ __device__ __forceinline__ void FlashForwardSm90PersistentCta(
         producer.Finish();
       },
       [&](int consumer) {
+        using Runner = FwdSm90BlockRunner<kDType, kHeadDim, true>;
         int q_index = 0;
         int first_tile = 0;
+        Runner::StartTurns(consumer);
         ForEachForwardBlock<T>(args, grid, [&](const auto& cta) {
           if (SeesNoKeys(cta.block)) return;  // the producer writes its answer
-          FwdSm90BlockRunner<kDType, kHeadDim, true> runner(args, cta.block, ring, consumer,
-                                                            q_index, first_tile);
+          Runner runner(args, cta.block, ring, consumer, q_index, first_tile);
           runner.Run();
           runner.Epilogue(cta.out, cta.lse);
           ++q_index;
           first_tile += cta.block.n_end - cta.block.n_begin;
         });
+        Runner::EndTurns(consumer);
       });
 }
 

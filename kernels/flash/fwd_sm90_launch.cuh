@@ -64,7 +64,7 @@ KernelStatus LaunchForwardSm90Persistent(const FwdKernelArgs& args, const FwdGri
 template <DType kDType, int kHeadDim>
 KernelStatus LaunchForwardSm90(const FwdKernelArgs& args, const FwdGrid& grid,
                                cudaStream_t stream) {
-  if (Sm90ForwardPersistent(grid.max_seqlen_k)) {
+  if (Sm90ForwardPersistent(kHeadDim, grid.max_seqlen_k)) {
     return LaunchForwardSm90Persistent<kDType, kHeadDim>(args, grid, stream);
   }
   using T = FwdSm90Traits<kDType, kHeadDim, false>;

@@ -21,17 +21,24 @@ __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
+// Makes the compiler treat `regs` as read and rewritten here, in the order of the volatile asm
+// statements: what computes them stays above this point, what reads them below it.
+template <int kRows, int kCols>
+__device__ __forceinline__ void PinRegisters(float (&regs)[kRows][kCols]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) asm volatile("" : "+f"(regs[i][j])::"memory");
+  }
+}
+
 // Waits until at most kPending committed wgmma groups of this warpgroup are in flight. The
 // accumulators of every completed group may be read afterwards; `regs` lists them so the
 // compiler cannot move their uses above the wait.
 template <int kPending, int kRows, int kCols>
 __device__ __forceinline__ void WgmmaWait(float (&regs)[kRows][kCols]) {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-#pragma unroll
-    for (int j = 0; j < kCols; ++j) asm volatile("" : "+f"(regs[i][j])::"memory");
-  }
+  PinRegisters(regs);
 }
 
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async once waited for)

@@ -97,9 +97,17 @@ constexpr int Sm90ForwardBlockN(int head_dim, bool persistent) {
 // 1x16384 and 27% on the hdim-64 mixed-length batch: the static round-robin leaves CTAs with
 // unequal work where blocks carry many key tiles, which the hardware's scheduling of one CTA
 // per block evens out.
-inline constexpr int kSm90ForwardPersistentMaxKeys = 1024;
-constexpr bool Sm90ForwardPersistent(int max_seqlen_k) {
-  return max_seqlen_k <= kSm90ForwardPersistentMaxKeys;
+// With the ping-pong turns running on from block to block (fwd_sm90_kernel.cuh), persistent up
+// to 2048 keys beat one CTA per block on 8x2048 by 3 to 4% at head dim 64 and 2 to 3% at 128;
+// at 128 it was within 1.5% once the one-CTA-per-block kernel ran the softmax under P V, which
+// the persistent one does not there (Sm90ForwardSoftmaxUnderPv), and at 256 it lost 14% on
+// 8x2048 causal (bench/RESULTS.md "Hopper forward: turns across blocks, the softmax under P V").
+constexpr int Sm90ForwardPersistentMaxKeys(int head_dim) {
+  if (kSm90ForwardPersistentMaxKeysOverride > 0) return kSm90ForwardPersistentMaxKeysOverride;
+  return head_dim <= 64 ? 2048 : 1024;
+}
+constexpr bool Sm90ForwardPersistent(int head_dim, int max_seqlen_k) {
+  return max_seqlen_k <= Sm90ForwardPersistentMaxKeys(head_dim);
 }
 // Stages of the K/V ring between the producer warpgroup and the consumers. One CTA per block,
 // measured (H100, bf16, bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is
@@ -139,6 +147,15 @@ constexpr int Sm90ForwardSmemBytes(int head_dim, bool persistent) {
              head_dim * 2 +
          1024 + 32 * Sm90ForwardStages(head_dim, persistent) +
          16 * Sm90ForwardQStages(head_dim, persistent);
+}
+// Whether a consumer warpgroup's softmax of one key tile runs while its P V of the tile before
+// is on the tensor cores (FlashAttention-3's intra-warpgroup overlap; fwd_sm90_kernel.cuh's Step),
+// or after it. Measured against after (H100, bf16, bench/RESULTS.md "Hopper forward: turns across
+// blocks, the softmax under P V"): +3 to +6% on every anchor row at 256; at 128 +1 to +5% on
+// rows of 2048 keys or more but -3 to -5% on 32x512 (the persistent kernel); at 64 (three
+// consumer warpgroups of 160 registers) -3 to -19%.
+constexpr bool Sm90ForwardSoftmaxUnderPv(int head_dim, bool persistent) {
+  return head_dim == 256 || (head_dim == 128 && !persistent);
 }
 // What the Hopper forward may need at head_dim, whichever schedule the lengths choose.
 constexpr int Sm90ForwardSmemBytes(int head_dim) {

@@ -47,4 +47,15 @@ inline constexpr int kSm90ForwardWarpgroupKeysUpTo = ATTN_FLASH_SM90_FWD_WARPGRO
 #endif
 inline constexpr int kSm90ForwardTmaFrom = ATTN_FLASH_SM90_FWD_TMA;
 
+// N > 0: the Hopper forward runs persistent CTAs up to N keys (max_seqlen_k) at every head dim
+// (Sm90ForwardPersistentMaxKeys in tile_config.h); 0 (shipped): 2048 at head dim 64, 1024 above.
+// 2048 measured at 128 (bench/RESULTS.md "Hopper forward: turns across blocks, the softmax under
+// P V"): +2 to +3% on 8x2048 before the one-CTA-per-block kernel ran the softmax under P V,
+// within 1.5% after.
+#ifndef ATTN_FLASH_SM90_FWD_PERSISTENT_MAX_KEYS
+#define ATTN_FLASH_SM90_FWD_PERSISTENT_MAX_KEYS 0
+#endif
+inline constexpr int kSm90ForwardPersistentMaxKeysOverride =
+    ATTN_FLASH_SM90_FWD_PERSISTENT_MAX_KEYS;
+
 }  // namespace attnserve::kernels::flash

@@ -303,9 +303,10 @@ def _forward_kernels(lib, head_dim, max_seqlen_k):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_sm90_forward_choice(head_dim):
     """Hopper: the wgmma forward runs whatever the lengths (when this build has it: sm_90
-    targeted, the head dim in ATTN_HEAD_DIMS), persistent up to 1024 keys and one CTA per query
-    block beyond (kernels/flash/tile_config.h, Sm90ForwardPersistent); disabling
-    PATH_SM90_FORWARD switches it off."""
+    targeted, the head dim in ATTN_HEAD_DIMS), persistent up to 2048 keys at head dim 64 and 1024
+    above, one CTA per query block beyond (kernels/flash/tile_config.h, Sm90ForwardPersistent);
+    disabling PATH_SM90_FORWARD switches it off."""
+    bound = 2048 if head_dim == 64 else 1024
     def sm90_kernels(lib, max_seqlen_k):
         names = _forward_kernels(lib, head_dim, max_seqlen_k)
         assert any("FlashForward" in name for name in names), names
@@ -313,7 +314,8 @@ def test_sm90_forward_choice(head_dim):
                 if any(kernel in name for name in names)}
 
     assert sm90_kernels(LIB, 1000) == {"FlashForwardSm90PersistentKernel"}
-    assert sm90_kernels(LIB, 1025) == {"FlashForwardSm90Kernel"}
+    assert sm90_kernels(LIB, bound) == {"FlashForwardSm90PersistentKernel"}
+    assert sm90_kernels(LIB, bound + 1) == {"FlashForwardSm90Kernel"}
     assert sm90_kernels(LIB, 8192) == {"FlashForwardSm90Kernel"}
     assert not sm90_kernels(SM80_ON_HOPPER, 1000)
     assert not sm90_kernels(SM80_ON_HOPPER, 8192)
