@@ -151,7 +151,7 @@ constexpr int Sm90ForwardSmemBytes(int head_dim, bool persistent) {
 // Whether a consumer warpgroup's softmax of one key tile runs while its P V of the tile before
 // is on the tensor cores (FlashAttention-3's intra-warpgroup overlap; fwd_sm90_kernel.cuh's Step),
 // or after it. Measured against after (H100, bf16, bench/RESULTS.md "Hopper forward: turns across
-// blocks, the softmax under P V"): +3 to +6% on every anchor row at 256; at 128 +1 to +5% on
+// blocks, the softmax under P V"): +4 to +6% at 256 (0% on 32x512 causal); at 128 +1 to +5% on
 // rows of 2048 keys or more but -3 to -5% on 32x512 (the persistent kernel); at 64 (three
 // consumer warpgroups of 160 registers) -3 to -19%.
 constexpr bool Sm90ForwardSoftmaxUnderPv(int head_dim, bool persistent) {

@@ -307,6 +307,7 @@ def test_sm90_forward_choice(head_dim):
     above, one CTA per query block beyond (kernels/flash/tile_config.h, Sm90ForwardPersistent);
     disabling PATH_SM90_FORWARD switches it off."""
     bound = 2048 if head_dim == 64 else 1024
+
     def sm90_kernels(lib, max_seqlen_k):
         names = _forward_kernels(lib, head_dim, max_seqlen_k)
         assert any("FlashForward" in name for name in names), names
