@@ -285,12 +285,19 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
     def holds_q(q):
         assert ring.q[q % qs] == (f"Q of block {q}", True), f"wg {wg}, block {q}: {ring.q[q % qs]}"
 
-    def take_turn():
+    def wait_turn():
         if pingpong:
             while not turns[wg].arrived:
                 yield BLOCKED
             turns[wg].arrived = 0
+
+    def pass_turn():
+        if pingpong:
             turns[(wg + 1) % warpgroups].arrive()
+
+    def take_turn():
+        yield from wait_turn()
+        pass_turn()
 
     def pass_over(i):
         if broken != "pass-over-no-turn":
@@ -314,17 +321,13 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             yield from wait(ring.full_k[i % s], i // s)
             if j > front:
                 yield from wait(ring.full_v[(i - 1) % s], (i - 1) // s)
-            if pingpong:
-                while not turns[wg].arrived:
-                    yield BLOCKED
-                turns[wg].arrived = 0
+            yield from wait_turn()
             holds_q(q)                                # S = Q K(i)^T issued
             ring.q_readers[q % qs].add(wg)
             read(ring.k, ring.k_readers, i)
             if j > front:
                 read(ring.v, ring.v_readers, i - 1)   # O += P V(i - 1) issued
-            if pingpong:
-                turns[(wg + 1) % warpgroups].arrive()
+            pass_turn()
             yield                                     # the GEMMs run
             assert ring.k[i % s] == (i, True), f"K stage of tile {i} overwritten under its wgmma"
             holds_q(q)
@@ -350,10 +353,8 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
         ring.empty_q[q % qs].arrive()
         first += tiles
         q += 1
-    if pingpong and wg == 0 and broken != "no-end-turn":
-        while not turns[0].arrived:                   # EndTurns: the last pass taken
-            yield BLOCKED
-        turns[0].arrived = 0
+    if wg == 0 and broken != "no-end-turn":
+        yield from wait_turn()                        # EndTurns: the last pass taken
 
 
 def own_tiles(blocks, warpgroups, seed, pass_over):

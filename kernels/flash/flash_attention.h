@@ -29,9 +29,10 @@ size_t BackwardWorkspaceBytes(const BackwardParams& params);
 // dK/dV of a GQA group are summed in fp32 registers (always deterministic). dQ: by default
 // FlashAttention-2's float32 atomics from the dK/dV kernel (run-to-run bits may differ); with
 // params.deterministic a separate dQ pass over the key blocks (bitwise reproducible, about 1.4x
-// the matrix work of the atomic scheme, no dQ workspace; on Hopper the sm90 dQ kernel). On Hopper
-// at head dims 200-256 dQ is always such a pass, so both modes are bitwise reproducible there. Returns
-// an error naming the size when ctx.workspace is smaller than BackwardWorkspaceBytes(params).
+// the matrix work of the atomic scheme, no dQ workspace; on Hopper the sm90 dQ kernel). On
+// Hopper at head dims 200-256 dQ is always such a pass, so both modes are bitwise reproducible
+// there. Returns an error naming the size when ctx.workspace is smaller than
+// BackwardWorkspaceBytes(params).
 // Asynchronous, like Forward.
 KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx);
 

@@ -102,6 +102,7 @@ constexpr int Sm90ForwardBlockN(int head_dim, bool persistent) {
 // at 128 it was within 1.5% once the one-CTA-per-block kernel ran the softmax under P V, which
 // the persistent one does not there (Sm90ForwardSoftmaxUnderPv), and at 256 it lost 14% on
 // 8x2048 causal (bench/RESULTS.md "Hopper forward: turns across blocks, the softmax under P V").
+// A benchmark build may set one bound for every head dim (tuning.h).
 constexpr int Sm90ForwardPersistentMaxKeys(int head_dim) {
   if (kSm90ForwardPersistentMaxKeysOverride > 0) return kSm90ForwardPersistentMaxKeysOverride;
   return head_dim <= 64 ? 2048 : 1024;
