@@ -132,12 +132,19 @@ class FwdSm90BlockRunner {
     }
   }
 
-  // Normalizes O, writes each warp's 16 rows through its own rows of the Q slot (no wgmma
-  // reads them any more) with 16-byte stores, and their lse; then hands the slot back.
-  __device__ __forceinline__ void Epilogue(Element* out, float* lse) {
+  // Normalizes O and writes each warp's 16 rows through its own rows of the Q slot (no wgmma
+  // reads them any more): with a TMA store where they lie inside the sequence (T::kTmaStore),
+  // else with the warp's 16-byte stores; and their lse. Then hands the slot back.
+  template <class Maps>
+  __device__ __forceinline__ void Epilogue(const FwdCta<Element>& cta, const Maps& maps) {
     const int tid = Sm90ConsumerThread<T>();
     const int warp = tid / 32;
     const int lane = tid % 32;
+    // Where out and lse go, from the block's row and head: two registers held through the key
+    // tiles rather than cta.out's and cta.lse's four (at head dim 64 the three consumer
+    // warpgroups' 160 registers spilled with them beside the TMA store's coordinates).
+    const int64_t first_row = cta.q_row;
+    float* lse = args_.lse + int64_t{cta.head} * args_.total_q + first_row;
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -148,14 +155,43 @@ class FwdSm90BlockRunner {
         lse[row] = RowLse(sum, row_max_[h], args_.lse_scale);
       }
     }
-    StoreWarpRowsThroughTile<T::kBlockM, T::kRowVecs>(q_smem_, o_, inv, out, args_.q_row_stride,
-                                                      block_.rows_valid, vecs_valid_, warp, lane);
+    if (T::kTmaStore && (warp + 1) * 16 <= block_.rows_valid) {
+      WriteWarpRowsToTile<T::kBlockM, Element>(q_smem_, o_, inv, warp, lane);
+      // The TMA store reads the rows through the async proxy.
+      ptx::FenceProxyAsyncShared();
+      __syncwarp();
+      if constexpr (T::kTmaStore) {
+        if (lane == 0) StoreWarpRowsByTma(cta, maps, warp);
+      }
+      __syncwarp();
+    } else {
+      Element* out = static_cast<Element*>(args_.out) + first_row * args_.q_row_stride +
+                     int64_t{cta.head} * args_.head_dim;
+      StoreWarpRowsThroughTile<T::kBlockM, T::kRowVecs>(q_smem_, o_, inv, out,
+                                                        args_.q_row_stride, block_.rows_valid,
+                                                        vecs_valid_, warp, lane);
+    }
     // The slot's next Q comes by TMA, an async-proxy write after these generic ones.
     if constexpr (T::kTma) ptx::FenceProxyAsyncShared();
     ring_.ReleaseQ(q_index_);
   }
 
  private:
+  // One box per 64 head-dim columns of the warp's 16 rows, from the Q slot to out; returns once
+  // the boxes have been read (the slot may be refilled then). Columns past head_dim are not
+  // written.
+  template <class Maps>
+  __device__ __forceinline__ void StoreWarpRowsByTma(const FwdCta<Element>& cta, const Maps& maps,
+                                                     int warp) {
+#pragma unroll
+    for (int b = 0; b < kHeadDim / 64; ++b) {
+      ptx::TmaStore3d(&maps.out, b * 64, cta.head, cta.q_row + warp * 16,
+                      q_smem_ + b * T::kBlockM * 128 + warp * 16 * 128);
+    }
+    ptx::BulkCommitGroup();
+    ptx::BulkWaitGroupRead<0>();
+  }
+
   // Key tile n (load-order index i): S(n) and (unless n is the last tile) P(n+1) V(n+1) on the
   // tensor cores, the softmax of S(n) under the P V, then O rescaled and P(n) packed for the
   // next iteration.
@@ -286,18 +322,18 @@ class FwdSm90BlockRunner {
 // The producer of T's loads: TMA with the tensor maps, or cp.async.
 template <class T>
 __device__ __forceinline__ auto MakeFwdSm90Producer(const FwdKernelArgs& args,
-                                                    const FwdSm90Maps<T::kTma>& maps,
+                                                    const FwdSm90Maps<T::kTma, T::kTmaStore>& maps,
                                                     const FwdSm90Ring<T>& ring) {
   if constexpr (T::kTma) {
-    return FwdSm90TmaProducer<T>(args, maps, ring);
+    return FwdSm90TmaProducer<T>(args, maps.loads, ring);
   } else {
     return FwdSm90Producer<T>(args, ring);
   }
 }
 
-// The tensor maps a head dim's kernels take (none where they load by cp.async).
+// The tensor maps a head dim's kernels take.
 template <int kHeadDim>
-using FwdSm90MapsAt = FwdSm90Maps<Sm90ForwardTma(kHeadDim)>;
+using FwdSm90MapsAt = FwdSm90Maps<Sm90ForwardTma(kHeadDim), Sm90ForwardTmaStore(kHeadDim)>;
 
 // One CTA per query block: this CTA's (BeginForwardCta).
 template <DType kDType, int kHeadDim>
@@ -321,7 +357,7 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(
         Runner::StartTurns(consumer);
         Runner runner(args, cta.block, ring, consumer, 0, 0);
         runner.Run();
-        runner.Epilogue(cta.out, cta.lse);
+        runner.Epilogue(cta, maps);
         Runner::EndTurns(consumer);
       });
 }
@@ -351,7 +387,7 @@ __device__ __forceinline__ void FlashForwardSm90PersistentCta(
           if (SeesNoKeys(cta.block)) return;  // the producer writes its answer
           Runner runner(args, cta.block, ring, consumer, q_index, first_tile);
           runner.Run();
-          runner.Epilogue(cta.out, cta.lse);
+          runner.Epilogue(cta, maps);
           ++q_index;
           first_tile += cta.block.n_end - cta.block.n_begin;
         });

@@ -11,29 +11,33 @@
 
 namespace attnserve::kernels::flash {
 
-// The tensor maps of T's loads (sm90_tensor_maps.h): q in boxes of a block's rows, k and v in
-// boxes of a key tile's; nothing without TMA, or without keys (no tile is ever loaded then).
+// The tensor maps of T's loads and stores (sm90_tensor_maps.h): q in boxes of a block's rows, k
+// and v in boxes of a key tile's, out in boxes of a warp's 16 rows; none without keys (no tile
+// is ever loaded or stored by TMA then).
 template <class T>
 KernelStatus MakeForwardSm90Maps(const FwdKernelArgs& args, const FwdGrid& grid,
-                                 FwdSm90Maps<T::kTma>& maps) {
+                                 FwdSm90Maps<T::kTma, T::kTmaStore>& maps) {
+  maps = {};
+  if (grid.total_k == 0) return KernelStatus::Ok();
   if constexpr (T::kTma) {
-    maps = FwdSm90TmaMaps{};
-    if (grid.total_k == 0) return KernelStatus::Ok();
     const int heads_k = args.num_heads / args.head_group;
-    KernelStatus status = EncodeHeadBlockMap(&maps.q, args.q, args.total_q, args.num_heads,
+    KernelStatus status = EncodeHeadBlockMap(&maps.loads.q, args.q, args.total_q, args.num_heads,
                                              args.head_dim, args.q_row_stride, T::kBlockM, "q");
     if (status.ok) {
-      status = EncodeHeadBlockMap(&maps.k, args.k, grid.total_k, heads_k, args.head_dim,
+      status = EncodeHeadBlockMap(&maps.loads.k, args.k, grid.total_k, heads_k, args.head_dim,
                                   args.kv_row_stride, T::kBlockN, "k");
     }
     if (status.ok) {
-      status = EncodeHeadBlockMap(&maps.v, args.v, grid.total_k, heads_k, args.head_dim,
+      status = EncodeHeadBlockMap(&maps.loads.v, args.v, grid.total_k, heads_k, args.head_dim,
                                   args.kv_row_stride, T::kBlockN, "v");
     }
-    return status;
-  } else {
-    return KernelStatus::Ok();
+    if (!status.ok) return status;
   }
+  if constexpr (T::kTmaStore) {
+    return EncodeHeadBlockMap(&maps.out, args.out, args.total_q, args.num_heads, args.head_dim,
+                              args.q_row_stride, 16, "out");
+  }
+  return KernelStatus::Ok();
 }
 
 // Persistent (Sm90ForwardPersistent): one CTA per SM at most (the kernel's registers and shared
@@ -53,7 +57,7 @@ KernelStatus LaunchForwardSm90Persistent(const FwdKernelArgs& args, const FwdGri
                                std::to_string(INT_MAX));
   }
   if (blocks == 0) return KernelStatus::Ok();
-  FwdSm90Maps<T::kTma> maps;
+  FwdSm90Maps<T::kTma, T::kTmaStore> maps;
   if (KernelStatus status = MakeForwardSm90Maps<T>(args, grid, maps); !status.ok) return status;
   const int ctas = static_cast<int>(std::min<int64_t>(blocks, std::max(grid.multiprocessors, 1)));
   kernel<<<ctas, T::kThreads, T::kSmemBytes, stream>>>(
@@ -68,7 +72,7 @@ KernelStatus LaunchForwardSm90(const FwdKernelArgs& args, const FwdGrid& grid,
     return LaunchForwardSm90Persistent<kDType, kHeadDim>(args, grid, stream);
   }
   using T = FwdSm90Traits<kDType, kHeadDim, false>;
-  FwdSm90Maps<T::kTma> maps;
+  FwdSm90Maps<T::kTma, T::kTmaStore> maps;
   if (KernelStatus status = MakeForwardSm90Maps<T>(args, grid, maps); !status.ok) return status;
   return LaunchForwardGrid(&FlashForwardSm90Kernel<kDType, kHeadDim>, args, grid, T::kBlockM,
                            T::kThreads, T::kSmemBytes, stream, "sm90 forward", maps);

@@ -26,6 +26,8 @@ struct FwdSm90Traits {
   // Loads by TMA (at 256; sm90_tensor_maps.h) or by the producer's cp.async. With TMA
   // one producer thread arrives on a full barrier, which also counts the bytes of its tile.
   static constexpr bool kTma = Sm90ForwardTma(kHeadDim);
+  // O stored by TMA where a warp's rows lie inside the sequence (out's tensor map).
+  static constexpr bool kTmaStore = Sm90ForwardTmaStore(kHeadDim);
   // The softmax of a key tile under the P V of the tile before (Sm90ForwardSoftmaxUnderPv).
   static constexpr bool kSoftmaxUnderPv = Sm90ForwardSoftmaxUnderPv(kHeadDim, kPersistent);
   // Each consumer warpgroup computes only the key tiles its rows see (at 64).

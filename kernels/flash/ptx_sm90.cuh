@@ -134,6 +134,16 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t smem, const void* map, int c0
       : "memory");
 }
 
+// TMA: copies shared memory at `smem`, laid out in the map's swizzle, into the box at coordinates
+// (c0, c1, c2) of the 3-D tensor map `map`, as one operation of this thread's current bulk
+// group (BulkCommitGroup, BulkWaitGroupRead). Elements past the tensor are not written.
+__device__ __forceinline__ void TmaStore3d(const void* map, int c0, int c1, int c2,
+                                           uint32_t smem) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem)
+               : "memory");
+}
+
 // Warp specialization: a warpgroup gives registers back to the SM (producers) or takes them
 // (consumers); every thread of the warpgroup executes it. kRegs: a multiple of 8, 24-256.
 template <int kRegs>

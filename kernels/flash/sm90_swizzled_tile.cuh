@@ -116,16 +116,11 @@ __device__ __forceinline__ void LoadSwizzledTileAsync(uint32_t smem, const Eleme
 
 // A consumer warp's 16 rows of a wgmma accumulator (64 rows per warpgroup; this thread's rows
 // group and group + 8 of the warp's, scaled by scale[0] and scale[1]) rounded to 16 bits into
-// the warp's own rows of the swizzled kRows-row tile at `tile`, which no wgmma reads any more,
-// then copied to dst (the tile's row 0; rows below rows_valid, vectors below vecs_valid) with
-// 16-byte stores. `warp` counts the consumer warps (rows 16 warp..).
-template <int kRows, int kRowVecs, int kTiles, typename Element>
-__device__ __forceinline__ void StoreWarpRowsThroughTile(uint32_t tile,
-                                                         const float (&acc)[kTiles][4],
-                                                         const float (&scale)[2], Element* dst,
-                                                         int64_t row_stride, int rows_valid,
-                                                         int vecs_valid, int warp, int lane) {
-  constexpr int kVecElems = 16 / sizeof(Element);
+// the warp's own rows of the swizzled kRows-row tile at `tile`, which no wgmma reads any more.
+// `warp` counts the consumer warps (rows 16 warp..).
+template <int kRows, typename Element, int kTiles>
+__device__ __forceinline__ void WriteWarpRowsToTile(uint32_t tile, const float (&acc)[kTiles][4],
+                                                    const float (&scale)[2], int warp, int lane) {
   const int group = lane / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -137,6 +132,18 @@ __device__ __forceinline__ void StoreWarpRowsThroughTile(uint32_t tile,
       ptx::StoreShared32(tile + SwizzledOffset<kRows>(row, nt) + (lane % 4) * 4, packed);
     }
   }
+}
+
+// The warp's rows written to the tile (WriteWarpRowsToTile), then copied to dst (the tile's row
+// 0; rows below rows_valid, vectors below vecs_valid) with 16-byte stores.
+template <int kRows, int kRowVecs, int kTiles, typename Element>
+__device__ __forceinline__ void StoreWarpRowsThroughTile(uint32_t tile,
+                                                         const float (&acc)[kTiles][4],
+                                                         const float (&scale)[2], Element* dst,
+                                                         int64_t row_stride, int rows_valid,
+                                                         int vecs_valid, int warp, int lane) {
+  constexpr int kVecElems = 16 / sizeof(Element);
+  WriteWarpRowsToTile<kRows, Element>(tile, acc, scale, warp, lane);
   __syncwarp();
   constexpr int kPerLane = 16 * kRowVecs / 32;
 #pragma unroll

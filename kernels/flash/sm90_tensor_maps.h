@@ -1,10 +1,12 @@
-// Tensor maps (TMA descriptors) of the Hopper forward's loads, made on the host for each launch
-// (at head dim 256, Sm90ForwardTma): q, k and v as [rows, heads, head_dim] tensors of 16-bit
-// elements, each box one head's 64 columns of `box_rows` rows, 128-byte swizzled: exactly one
-// head-dim block of sm90_swizzled_tile.cuh's layout. Columns past head_dim and rows past the
-// tensor read as zeros; rows past one sequence read the next one's (the kernel loads the tile
-// holding a sequence's last key with cp.async instead). The driver's encoder is found through
-// the runtime (cudaGetDriverEntryPointByVersion), so nothing links libcuda.
+// Tensor maps (TMA descriptors) of the Hopper forward's loads and stores, made on the host for
+// each launch (loads at head dim 256, Sm90ForwardTma; stores of O, Sm90ForwardTmaStore): q, k, v
+// and out as [rows, heads, head_dim] tensors of 16-bit elements, each box one head's 64 columns
+// of `box_rows` rows, 128-byte swizzled: exactly one head-dim block of sm90_swizzled_tile.cuh's
+// layout. Columns past head_dim and rows past the tensor read as zeros and are not written;
+// rows past one sequence are the next one's (the kernel loads the tile holding a sequence's last
+// key with cp.async instead, and stores rows that cross a sequence's end without TMA). The
+// driver's encoder is found through the runtime (cudaGetDriverEntryPointByVersion), so nothing
+// links libcuda.
 #pragma once
 
 #include <cuda.h>
@@ -26,10 +28,13 @@ struct FwdSm90TmaMaps {
   CUtensorMap v;
 };
 struct FwdSm90NoMaps {};
-// What the Hopper forward kernels get beside their arguments: the tensor maps when they load
-// with TMA, else nothing.
-template <bool kTma>
-using FwdSm90Maps = std::conditional_t<kTma, FwdSm90TmaMaps, FwdSm90NoMaps>;
+// What the Hopper forward kernels get beside their arguments: the load maps when they load with
+// TMA, and out's map (boxes of one warp's 16 rows) when they store O with TMA.
+template <bool kTmaLoads, bool kTmaStore>
+struct FwdSm90Maps {
+  std::conditional_t<kTmaLoads, FwdSm90TmaMaps, FwdSm90NoMaps> loads;
+  std::conditional_t<kTmaStore, CUtensorMap, FwdSm90NoMaps> out;
+};
 
 // The driver's cuTensorMapEncodeTiled, or null when the driver does not offer it.
 inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {

@@ -127,6 +127,17 @@ constexpr int Sm90ForwardStages(int head_dim, bool persistent) {
 constexpr bool Sm90ForwardTma(int head_dim) {
   return kSm90ForwardTmaFrom > 0 && head_dim >= kSm90ForwardTmaFrom;
 }
+// O stored by TMA (fwd_sm90_kernel.cuh's Epilogue) at 128 and 256: each consumer warp writes its
+// 16 rows into the Q slot as before, and one lane stores them with a TMA box per 64 head-dim
+// columns instead of the warp's 16-byte loads and stores; a warp whose rows cross the sequence's
+// end stores them the old way (a box would write the next sequence's rows). Measured against
+// the 16-byte stores (H100, bf16, bench/RESULTS.md "Hopper forward: O stored by TMA"): +1 to +2%
+// on 8x2048 at 128 and 256 and on 32x512 non-causal at 256, -1% on 32x512 causal at 256, within
+// 2% elsewhere; at 64 -8 to -13% on 8x2048 and up to -9% on 32x512 (persistent, three consumer
+// warpgroups). tuning.h's ATTN_FLASH_SM90_FWD_TMA_STORE moves the bound.
+constexpr bool Sm90ForwardTmaStore(int head_dim) {
+  return kSm90ForwardTmaStoreFrom > 0 && head_dim >= kSm90ForwardTmaStoreFrom;
+}
 // Key tiles per consumer warpgroup (fwd_sm90_kernel.cuh's Run: a warpgroup passes over the block's
 // key tiles that none of its 64 rows see) at head dim 64; every warpgroup computes every tile of
 // its block above (tuning.h's ATTN_FLASH_SM90_FWD_WARPGROUP_KEYS moves the bound).

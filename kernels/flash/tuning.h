@@ -47,6 +47,18 @@ inline constexpr int kSm90ForwardWarpgroupKeysUpTo = ATTN_FLASH_SM90_FWD_WARPGRO
 #endif
 inline constexpr int kSm90ForwardTmaFrom = ATTN_FLASH_SM90_FWD_TMA;
 
+// N > 0: the Hopper forward's consumer warps store O by TMA at head dims N and above, one box of
+// 16 rows per warp and 64-column head-dim block where the warp's rows lie inside the sequence
+// (Sm90ForwardTmaStore in tile_config.h); 128 (shipped); 0: every row through the Q slot with
+// the warp's 16-byte stores at every head dim. Measured on 2026-11-27 (bench/RESULTS.md "Hopper
+// forward: O stored by TMA"): +1 to +2% on 8x2048 at 128 and 256 and on 32x512 non-causal at
+// 256, -1% on 32x512 causal at 256, within 2% elsewhere; at 64 -8 to -13% on 8x2048 and up to
+// -9% on 32x512 (the persistent kernel), with no spills.
+#ifndef ATTN_FLASH_SM90_FWD_TMA_STORE
+#define ATTN_FLASH_SM90_FWD_TMA_STORE 128
+#endif
+inline constexpr int kSm90ForwardTmaStoreFrom = ATTN_FLASH_SM90_FWD_TMA_STORE;
+
 // N > 0: the Hopper forward runs persistent CTAs up to N keys (max_seqlen_k) at every head dim
 // (Sm90ForwardPersistentMaxKeys in tile_config.h); 0 (shipped): 2048 at head dim 64, 1024 above.
 // 2048 measured at 128 (bench/RESULTS.md "Hopper forward: turns across blocks, the softmax under
