@@ -308,7 +308,11 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             empty[i % s].arrive()
             yield
 
+    def release_q(q):
+        ring.empty_q[q % qs].arrive()
+
     first = q = 0
+    deferred_q = None  # broken "q-release-next-block": the slot released in the next block
     if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
         turns[0].arrive()                             # StartTurns
     for tiles, (front, back) in zip((t for t in blocks if t > 0), own):
@@ -333,6 +337,9 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             holds_q(q)
             done(ring.k_readers, ring.empty_k, i)     # wgmma wait: S done
             yield                                     # softmax
+            if deferred_q is not None:
+                release_q(deferred_q)
+                deferred_q = None
             if j > front:
                 done(ring.v_readers, ring.empty_v, i - 1)
         if front < tiles - back:
@@ -346,11 +353,17 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
                 done(ring.v_readers, ring.empty_v, last)
         for j in range(tiles - back, tiles):
             yield from pass_over(first + j)
+        if deferred_q is not None:                    # no own tile in this block
+            release_q(deferred_q)
+            deferred_q = None
         holds_q(q)                                    # the epilogue: O through the Q slot
         yield
         holds_q(q)
         ring.q_readers[q % qs].discard(wg)
-        ring.empty_q[q % qs].arrive()
+        if broken == "q-release-next-block":
+            deferred_q = q
+        else:
+            release_q(q)
         first += tiles
         q += 1
     if wg == 0 and broken != "no-end-turn":
@@ -661,9 +674,13 @@ BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
 # The TMA producer (the forward at head dim 256) arriving before Q's bytes are expected, or before
 # a partial tile's cp.async copies landed.
 BROKEN_TMA = ("tma-q-after-arrive", "tma-partial-no-wait")
+# A consumer releasing a block's Q slot only after the next block's first key tile (session 24's
+# `defer`, to keep the TMA store's read wait off the epilogue): with one slot the next block's Q
+# waits for that release, which waits for the next block's Q (the GPU run hung at 256).
 BROKEN = ("no-empty-wait", "early-full", "first-turn-per-block", "no-first-turn", "no-end-turn",
           "no-last-v-release",
-          "no-q-empty-wait", "q-wait-before-v") + BROKEN_PASS_OVER + BROKEN_TMA
+          "no-q-empty-wait", "q-wait-before-v", "q-release-next-block") + BROKEN_PASS_OVER + \
+    BROKEN_TMA
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
 BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",
