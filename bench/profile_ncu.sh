@@ -2,8 +2,9 @@
 # Nsight Compute profile of one benchmark row on the GPU machine: builds the kernels (as
 # run_gpu.sh does, only the head dims asked for; PROFILE_SKIP_BUILD=1 keeps the build-gpu of an
 # earlier call), profiles the first launch of the kernels whose name matches KERNEL_REGEX while
-# bench_flash.py times that row, and writes the report, its details page and the
-# per-instruction SASS page (stall samples) as one tarball under $OUT.
+# bench_flash.py times that row, and writes the report, its details page, the per-instruction
+# SASS page (stall samples) and that page's summary (bench/ncu_stalls.py) as one tarball under
+# $OUT.
 #
 #   bench/profile_ncu.sh KERNEL_REGEX HEAD_DIM SEQS CAUSAL(yes|no) [--backward]
 #
@@ -28,5 +29,6 @@ ncu --clock-control none -k "regex:$regex" -c 1 --set full --import-source no -f
   >"$dir/run.log" 2>&1 || { tail -30 "$dir/run.log"; exit 1; }
 ncu --import "$dir/report.ncu-rep" --page details >"$dir/details.txt" 2>&1
 ncu --import "$dir/report.ncu-rep" --page source --print-source sass --csv >"$dir/sass.csv" 2>&1
+python3 bench/ncu_stalls.py "$dir/sass.csv" --top 25 >"$dir/stalls.txt" 2>&1
 grep -E "Duration|Issue Slots Busy|Eligible Warps|Registers Per" "$dir/details.txt"
 tar czf "$dir.tgz" -C "$OUT" "$name" && rm -rf "$dir"
