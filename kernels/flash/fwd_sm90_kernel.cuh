@@ -12,9 +12,10 @@
 // shared memory); at head dims 128 (one CTA per block) and 256 the P V of one tile runs under
 // the softmax of the next (Sm90ForwardSoftmaxUnderPv), and with the ping-pong schedule, whose
 // turns run on from block to block, one consumer's GEMMs run under the other's softmax and
-// epilogue. Key tiles are visited last to first, with the sm80 kernel's block location
-// (fwd_block.cuh) and row-tile math (masks, online softmax: fwd_row_tile.cuh), so both paths see
-// exactly the same keys.
+// epilogue, which stores O by TMA at head dims 128 and 256 (Sm90ForwardTmaStore). Key tiles
+// are visited last to first, with the sm80 kernel's block location (fwd_block.cuh) and
+// row-tile math (masks, online softmax: fwd_row_tile.cuh), so both paths see exactly the same
+// keys.
 #pragma once
 
 #include <cmath>
