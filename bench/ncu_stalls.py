@@ -49,7 +49,10 @@ def opcode(source):
 
 def summary(insts, top):
     total = sum(i["samples"] for i in insts) or 1
-    share = lambda n: f"{100 * n / total:.1f}%"
+
+    def share(n):
+        return f"{100 * n / total:.1f}%"
+
     by_role, by_stall, by_op = (collections.Counter() for _ in range(3))
     for i in insts:
         by_role[i["role"]] += i["samples"]

@@ -82,6 +82,16 @@ struct FwdCta {
   int kv_head;
 };
 
+// Where packed row `row` of head `head` goes in out (q's layout), and its lse.
+template <typename Element>
+__device__ __forceinline__ Element* ForwardOutRow(const FwdKernelArgs& args, int64_t row,
+                                                  int head) {
+  return static_cast<Element*>(args.out) + row * args.q_row_stride + int64_t{head} * args.head_dim;
+}
+__device__ __forceinline__ float* ForwardLseRow(const FwdKernelArgs& args, int64_t row, int head) {
+  return args.lse + head * args.total_q + row;
+}
+
 // Locates query block m_block of (head, sequence batch). Returns false when the block starts
 // past the sequence (varlen batches size the grid by the longest sequence).
 template <int kBlockM, int kBlockN, typename Element>
@@ -102,8 +112,8 @@ __device__ __forceinline__ bool LocateForwardBlock(const FwdKernelArgs& args, in
   cta.k_row = k_begin;
   cta.kv_head = head / args.head_group;
   cta.q = static_cast<const Element*>(args.q) + first_row * args.q_row_stride + head_offset;
-  cta.out = static_cast<Element*>(args.out) + first_row * args.q_row_stride + head_offset;
-  cta.lse = args.lse + head * args.total_q + first_row;
+  cta.out = ForwardOutRow<Element>(args, first_row, head);
+  cta.lse = ForwardLseRow(args, first_row, head);
   cta.kv_offset = int64_t{k_begin} * args.kv_row_stride + kv_head_offset;
   return true;
 }

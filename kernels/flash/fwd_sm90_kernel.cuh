@@ -141,11 +141,10 @@ class FwdSm90BlockRunner {
     const int tid = Sm90ConsumerThread<T>();
     const int warp = tid / 32;
     const int lane = tid % 32;
-    // Where out and lse go, from the block's row and head: two registers held through the key
-    // tiles rather than cta.out's and cta.lse's four (at head dim 64 the three consumer
+    // out and lse found again from the block's row and head: two registers held through the
+    // key tiles rather than cta.out's and cta.lse's four (at head dim 64 the three consumer
     // warpgroups' 160 registers spilled with them beside the TMA store's coordinates).
-    const int64_t first_row = cta.q_row;
-    float* lse = args_.lse + int64_t{cta.head} * args_.total_q + first_row;
+    float* lse = ForwardLseRow(args_, cta.q_row, cta.head);
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -157,20 +156,11 @@ class FwdSm90BlockRunner {
       }
     }
     if (T::kTmaStore && (warp + 1) * 16 <= block_.rows_valid) {
-      WriteWarpRowsToTile<T::kBlockM, Element>(q_smem_, o_, inv, warp, lane);
-      // The TMA store reads the rows through the async proxy.
-      ptx::FenceProxyAsyncShared();
-      __syncwarp();
-      if constexpr (T::kTmaStore) {
-        if (lane == 0) StoreWarpRowsByTma(cta, maps, warp);
-      }
-      __syncwarp();
+      if constexpr (T::kTmaStore) StoreWarpRowsByTma(cta, maps, inv, warp, lane);
     } else {
-      Element* out = static_cast<Element*>(args_.out) + first_row * args_.q_row_stride +
-                     int64_t{cta.head} * args_.head_dim;
-      StoreWarpRowsThroughTile<T::kBlockM, T::kRowVecs>(q_smem_, o_, inv, out,
-                                                        args_.q_row_stride, block_.rows_valid,
-                                                        vecs_valid_, warp, lane);
+      StoreWarpRowsThroughTile<T::kBlockM, T::kRowVecs>(
+          q_smem_, o_, inv, ForwardOutRow<Element>(args_, cta.q_row, cta.head),
+          args_.q_row_stride, block_.rows_valid, vecs_valid_, warp, lane);
     }
     // The slot's next Q comes by TMA, an async-proxy write after these generic ones.
     if constexpr (T::kTma) ptx::FenceProxyAsyncShared();
@@ -178,19 +168,25 @@ class FwdSm90BlockRunner {
   }
 
  private:
-  // One box per 64 head-dim columns of the warp's 16 rows, from the Q slot to out; returns once
-  // the boxes have been read (the slot may be refilled then). Columns past head_dim are not
-  // written.
+  // The warp's rows written into the Q slot, fenced for the async proxy the TMA store reads
+  // through, and stored by lane 0 with one box per 64 head-dim columns; returns once the boxes
+  // have been read (the slot may be refilled then). Columns past head_dim are not written.
   template <class Maps>
   __device__ __forceinline__ void StoreWarpRowsByTma(const FwdCta<Element>& cta, const Maps& maps,
-                                                     int warp) {
+                                                     const float (&inv)[2], int warp, int lane) {
+    WriteWarpRowsToTile<T::kBlockM, Element>(q_smem_, o_, inv, warp, lane);
+    ptx::FenceProxyAsyncShared();
+    __syncwarp();
+    if (lane == 0) {
 #pragma unroll
-    for (int b = 0; b < kHeadDim / 64; ++b) {
-      ptx::TmaStore3d(&maps.out, b * 64, cta.head, cta.q_row + warp * 16,
-                      q_smem_ + b * T::kBlockM * 128 + warp * 16 * 128);
+      for (int b = 0; b < kHeadDim / 64; ++b) {
+        ptx::TmaStore3d(&maps.out, b * 64, cta.head, cta.q_row + warp * 16,
+                        q_smem_ + b * T::kBlockM * 128 + warp * 16 * 128);
+      }
+      ptx::BulkCommitGroup();
+      ptx::BulkWaitGroupRead<0>();
     }
-    ptx::BulkCommitGroup();
-    ptx::BulkWaitGroupRead<0>();
+    __syncwarp();
   }
 
   // Key tile n (load-order index i): S(n) and (unless n is the last tile) P(n+1) V(n+1) on the
