@@ -12,8 +12,9 @@ namespace attnserve::kernels::flash {
 
 // Stages of the Hopper forward's K/V ring at head dims up to 128 (Sm90ForwardStages in
 // tile_config.h), both schedules; 0 keeps the shipped counts (3 at head dim 128 with one CTA per
-// block, 2 otherwise). A third stage at 64 measured 0 to -2% (bench/RESULTS.md "Hopper forward,
-// warp specialized", st3), but with the 128-row tile of then, not the 192 rows that ship now.
+// block, 2 otherwise). A third stage at 64 measured 0 to -2% with the 128-row blocks of then
+// (bench/RESULTS.md "Hopper forward, warp specialized", st3) and -1 to -3% with the 192 rows
+// that ship ("Host time in the timed interval", call G).
 #ifndef ATTN_FLASH_SM90_FWD_STAGES
 #define ATTN_FLASH_SM90_FWD_STAGES 0
 #endif
