@@ -1,6 +1,7 @@
 """What the GPU benchmarks (bench_flash.py, bench_fallback.py, bench_cublas.py) share: how a row's
 callables are timed, and the anchor rows' names and FLOPs."""
 
+import functools
 import statistics
 import sys
 import time
@@ -15,20 +16,17 @@ import torch
 # timings (cuDNN's 32x512 backward read 15-58% low).
 HOST_SLACK_CYCLES = 4_000_000
 
-_slack_ms = []
 
-
+@functools.cache
 def slack_ms():
     """GPU milliseconds of the slack busy-wait, measured once."""
-    if not _slack_ms:
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(HOST_SLACK_CYCLES)
-        stop.record()
-        stop.synchronize()
-        _slack_ms.append(start.elapsed_time(stop))
-    return _slack_ms[0]
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(HOST_SLACK_CYCLES)
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
 
 
 def time_columns(fns, warmup, repeats):

@@ -113,7 +113,8 @@ constexpr bool Sm90ForwardPersistent(int head_dim, int max_seqlen_k) {
 // Stages of the K/V ring between the producer warpgroup and the consumers. One CTA per block,
 // measured (H100, bf16, bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is
 // worth +2 to +7% at head dim 128 on every row with 2048 keys or more (-2 to -3% at 32x512;
-// 225 KB of shared memory with Q) and 0 to -2% at 64; at 256 only two fit; measured again on
+// 225 KB of shared memory with Q) and 0 to -2% at 64 (-1 to -3% with today's 192-row blocks,
+// 2026-11-28, "Host time in the timed interval", call G); at 256 only two fit; measured again on
 // 2026-11-27, two stages ran at 0.97-0.99x three. Persistent, two stages and a second Q slot beat
 // three stages and one slot at 128 by 7 to 8% on 32x512 ("Hopper forward, persistent on short
 // keys", call 4, q2).
