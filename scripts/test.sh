@@ -10,4 +10,4 @@ ctest --test-dir build --output-on-failure -j "$(nproc)"
 # ASan+UBSan and TSan builds with the C++ tests, and bounded fuzzing (HARDENING=0 skips it).
 if [ "${HARDENING:-1}" != 0 ]; then scripts/test_hardening.sh; fi
 ATTNSERVE_BIN="$PWD/build/bin/attnserve" .venv/bin/python -m pytest tests/python tests/deploy tests/soak \
-  tests/kernels/index_maps -q
+  tests/kernels/index_maps -q --durations=10

@@ -56,9 +56,10 @@ if [[ " $STAGES " == *" tsan "* ]]; then
   tsan_failed=0
   build-tsan/bin/attn_server_unit_tests --gtest_repeat=20 --gtest_brief=1 \
     --gtest_filter='-SplitBackwardTest.*' || tsan_failed=1
-  # The split-backward tests compute whole backwards on the CPU engine: a minute and a half
-  # under TSan, 95% of the suite's time (20 repeats made this stage 20 minutes). Their threads
-  # are the reference kernels' work items, which one pass covers.
+  # The split-backward tests compute whole backwards on the CPU engine: most of the suite's
+  # time under TSan (a minute and a half when their problems were twice today's; 20 repeats made
+  # this stage 20 minutes). Their threads are the reference kernels' work items, which one pass
+  # covers.
   build-tsan/bin/attn_server_unit_tests --gtest_brief=1 --gtest_filter='SplitBackwardTest.*' ||
     tsan_failed=1
   for e2e in attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests \
@@ -68,7 +69,7 @@ if [[ " $STAGES " == *" tsan "* ]]; then
   # Without the compute_timed tests (pytest.ini): their blockers and deadlines assume CPU
   # kernels ~10x faster than TSan's.
   ATTNSERVE_BIN="$PWD/build-tsan/bin/attnserve" .venv/bin/python -m pytest tests/python -q \
-    -p no:cacheprovider -m "not compute_timed" || tsan_failed=1
+    -p no:cacheprovider -m "not compute_timed" --durations=10 || tsan_failed=1
   if compgen -G "$tsan_logs/report*" >/dev/null; then
     echo "ThreadSanitizer reports:" >&2
     cat "$tsan_logs"/report* >&2
