@@ -10,7 +10,6 @@ BackwardWorkspaceBytes (capped at 256 MiB), allocated once outside the timing.
 """
 
 import argparse
-import ctypes
 import datetime
 import math
 import pathlib
@@ -46,8 +45,9 @@ def bench_row(family, dtype, head_dim, heads, lens, causal, warmup, repeats):
     common = dict(softmax_scale=scale, causal=causal, cu_seqlens_q_host=cu_host,
                   cu_seqlens_k_host=cu_host)
     out, lse = family.forward(q, k, v, cu, cu, seq, seq, **common)
-    fwd_ws = torch.empty(family_workspace(family, "forward", q, k, v, out, lse, cu, cu_host,
-                                          seq, scale, causal), dtype=torch.uint8, device="cuda")
+    fwd_ws = torch.empty(max(1, family.forward_workspace_bytes(q, k, v, out, lse, cu, cu, seq,
+                                                               seq, **common)),
+                         dtype=torch.uint8, device="cuda")
     grads = [torch.empty_like(t) for t in (q, k, v)]
     bwd_ws = torch.empty(family.backward_workspace_bytes(q, k, cu_host, cu_host,
                                                          dtype_code=_code(dtype)),
@@ -96,12 +96,6 @@ def bench_row(family, dtype, head_dim, heads, lens, causal, warmup, repeats):
 def _code(dtype):
     return {torch.float16: attn_capi.DTYPE_FLOAT16, torch.bfloat16: attn_capi.DTYPE_BFLOAT16,
             torch.float32: attn_capi.DTYPE_FLOAT32}[dtype]
-
-
-def family_workspace(family, kind, q, k, v, out, lse, cu, cu_host, seq, scale, causal):
-    args = attn_capi._fwd_args(q, k, v, out, lse, cu, cu, seq, seq, scale, causal, (-1, -1), 0.0,
-                               cu_host, cu_host, None, None, family.compute_capability)
-    return max(1, family._lib.attn_forward_workspace_bytes(family._name, ctypes.byref(args)))
 
 
 def tflops(lens, head_dim, heads, causal, ms, backward):

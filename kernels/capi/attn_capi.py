@@ -197,6 +197,17 @@ class KernelFamily:
             raise KernelError(err.value.decode())
         return dq, dk, dv
 
+    def forward_workspace_bytes(self, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                max_seqlen_q, max_seqlen_k, *, softmax_scale=None, causal=False,
+                                cu_seqlens_q_host=None, cu_seqlens_k_host=None, dtype_code=None):
+        """Bytes of the device workspace forward() needs for these inputs (no window, softcap,
+        dropout or ALiBi)."""
+        args = _fwd_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, softmax_scale, causal, (-1, -1), 0.0, cu_seqlens_q_host,
+                         cu_seqlens_k_host, None, dtype_code, self.compute_capability,
+                         self.disabled_paths)
+        return self._lib.attn_forward_workspace_bytes(self._name, ctypes.byref(args))
+
     def backward_workspace_bytes(self, q, k, cu_seqlens_q, cu_seqlens_k, deterministic=False,
                                  dtype_code=DTYPE_BFLOAT16):
         """Bytes of the device workspace backward() needs for these shapes."""
