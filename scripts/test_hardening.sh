@@ -56,10 +56,10 @@ if [[ " $STAGES " == *" tsan "* ]]; then
   tsan_failed=0
   build-tsan/bin/attn_server_unit_tests --gtest_repeat=20 --gtest_brief=1 \
     --gtest_filter='-SplitBackwardTest.*' || tsan_failed=1
-  # The split-backward tests compute whole backwards on the CPU engine: most of the suite's
-  # time under TSan (a minute and a half when their problems were twice today's; 20 repeats made
-  # this stage 20 minutes). Their threads are the reference kernels' work items, which one pass
-  # covers.
+  # The split-backward tests compute whole backwards on the CPU engine: 32 s under TSan on a
+  # 2-core machine, where one pass of every other test takes 4 (a minute and a half with their
+  # earlier, larger problems; 20 repeats made this stage 20 minutes). Their threads are the
+  # reference kernels' work items, which one pass covers.
   build-tsan/bin/attn_server_unit_tests --gtest_brief=1 --gtest_filter='SplitBackwardTest.*' ||
     tsan_failed=1
   for e2e in attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests \
