@@ -33,6 +33,7 @@ struct BwdGrid {
   // Shared memory a block may use on this device (its opt-in limit, or the emulated
   // architecture's): the launcher runs the wide dK/dV kernel only where it fits.
   int smem_limit;
+  int multiprocessors;  // the device's SMs (a persistent dK/dV kernel's CTAs)
 };
 
 }  // namespace attnserve::kernels::flash

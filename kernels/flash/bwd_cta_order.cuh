@@ -25,6 +25,23 @@ __device__ __forceinline__ DkDvCtaCoords HeadsFirstDkDvCta(const FwdKernelArgs& 
   return {static_cast<int>(blockIdx.z), x % kv_heads, x / kv_heads};
 }
 
+// A persistent dK/dV kernel's blocks (tuning.h's ATTN_FLASH_SM90_BWD_PERSISTENT): the grid below
+// flattened, x (x_count of them per sequence) fastest, as the GPU dispatches that grid's CTAs.
+struct DkDvBlocks {
+  int x_count;
+  int blocks;  // x_count x sequences
+};
+// Calls visit(coordinates) for blocks blockIdx.x, + gridDim.x, ... of `blocks`.
+template <class Visit>
+__device__ __forceinline__ void ForEachDkDvBlock(const FwdKernelArgs& f, const DkDvBlocks& blocks,
+                                                 Visit&& visit) {
+  const int kv_heads = f.num_heads / f.head_group;
+  for (int64_t w = blockIdx.x; w < blocks.blocks; w += gridDim.x) {
+    const int x = static_cast<int>(w % blocks.x_count);
+    visit(DkDvCtaCoords{static_cast<int>(w / blocks.x_count), x % kv_heads, x / kv_heads});
+  }
+}
+
 // The grid HeadsFirstDkDvCta reads, for key blocks of block_n keys; an error when the CTAs of
 // one sequence would not fit in x.
 inline KernelStatus HeadsFirstDkDvGrid(const FwdKernelArgs& f, const BwdGrid& grid, int block_n,

@@ -6,7 +6,9 @@
 // (sm90_stage_barriers.cuh), the S^T / dP^T and dV / dK products, P^T from S^T (softcap, masks,
 // exp2), the dQ reduction into the float32 workspace, and the dK / dV stores.
 // T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; the loads run on the producer's
-// threads [0, kLoaderThreads) (LoadSwizzledTileAsync picks whole rows or the flat order).
+// threads [0, kLoaderThreads) (LoadSwizzledTileAsync picks whole rows or the flat order). Where
+// T::kPersistent (a benchmark build's knob at head dim 64) a CTA runs several key blocks, one
+// BwdSm90Block each, with tile numbers running on across them and K/V buffers taken by turns.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +25,27 @@
 
 namespace attnserve::kernels::flash {
 
+// A persistent CTA's progress through its key blocks (T::kPersistent): the query tiles it loaded
+// or computed so far (the barriers' phases and the stages' and dS^T buffers' parity run on across
+// blocks) and the blocks that had any (they take the K/V buffers by turns).
+struct BwdSm90Progress {
+  int tiles = 0;
+  int blocks = 0;
+};
+// What a persistent CTA's block keeps beside the rest (a base class, empty otherwise, so that the
+// one-CTA-per-block kernels' objects are unchanged): its first tile's number, its K/V buffer, how
+// many blocks used that buffer before (its empty barrier's phase), the CTA's shared memory.
+struct BwdSm90PersistentPlace {
+  int tile_base = 0;
+  int kv_buffer = 0;
+  int kv_turn = 0;
+  uint32_t kv_base = 0;
+};
+struct BwdSm90NoPlace {};
+
 template <class T>
-class BwdSm90Block {
+class BwdSm90Block
+    : protected std::conditional_t<T::kPersistent, BwdSm90PersistentPlace, BwdSm90NoPlace> {
   static_assert(T::kStages == 2, "two stages: tile it+1 loads under tile it");
   static_assert(T::kLoaderThreads == T::kProducerThreads, "the producer warpgroup loads");
 
@@ -33,23 +54,51 @@ class BwdSm90Block {
   static_assert(Barriers::kBytes == kSm90BackwardBarrierBytes, "host and device agree");
 
   __device__ __forceinline__ bool Exists() const { return key_first_ < len_k_; }
+  // A persistent CTA's progress after this block.
+  __device__ __forceinline__ BwdSm90Progress ProgressAfter(BwdSm90Progress p) const {
+    return {p.tiles + iters_, p.blocks + (iters_ > 0 ? 1 : 0)};
+  }
+  // Stage 0's padding, after its lse and D: the stage ring's barriers, then (persistent) the K/V
+  // buffers' empty barriers.
+  __device__ __forceinline__ static uint32_t StageBarriers(uint32_t smem) {
+    return smem + T::kKvBuffers * 2 * T::kKvBytes + 2 * T::kTileBytes + 2 * T::kBlockM * 4;
+  }
+  __device__ __forceinline__ static uint32_t KvEmptyBarrier(uint32_t smem, int buffer) {
+    return StageBarriers(smem) + kSm90BackwardBarrierBytes + buffer * 8;
+  }
+  // The persistent kernel's K/V buffers' `empty` barriers: thread 0 initializes them before
+  // RunSm90Roles' barrier (whose Init fences every initialization).
+  __device__ __forceinline__ static void InitKvBarriers(uint32_t smem) {
+    static_assert(T::kPersistent);
+    for (int b = 0; b < 2; ++b) ptx::MbarrierInit(KvEmptyBarrier(smem, b), T::kConsumerThreads);
+  }
   __device__ __forceinline__ const Barriers& barriers() const { return barriers_; }
 
   // The producer warpgroup's whole work: K, V and the first query tile in one group, then each
   // tile into its stage once the consumers released the stage's previous tile. Each tile is
   // published as soon as this thread's copies of it landed: its stage's previous tile was
   // released before it was issued, so waiting here never holds back a stage the consumers need.
+  // Persistent: a block without query tiles loads nothing (its consumers store zeros straight),
+  // and a block's K/V buffer is refilled only once the consumers' epilogue of the block before it
+  // there released it; its first tile waits for its stage like any other.
   __device__ __forceinline__ void Produce() {
+    if constexpr (T::kPersistent) {
+      if (iters_ == 0) return;
+      if (this->kv_turn > 0) {
+        ptx::MbarrierWait(KvEmptyBarrier(this->kv_base, this->kv_buffer), (this->kv_turn - 1) & 1);
+      }
+      if (Tile(0) >= T::kStages) barriers_.WaitEmpty(0, Tile(0));
+    }
     Prologue();
     QueryTile tile = FirstTile();
     for (int it = 0; it < iters_; ++it) {
       if (it > 0) {
-        if (it >= T::kStages) barriers_.WaitEmpty(0, it);
+        if (Tile(it) >= T::kStages) barriers_.WaitEmpty(0, Tile(it));
         LoadStage(tile, StageSmem(it));
         ptx::CommitAsyncGroup<Sm80>();
       }
       ptx::WaitAsyncGroups<Sm80, 0>();
-      barriers_.Publish(0, it);
+      barriers_.Publish(0, Tile(it));
       Next(tile);
     }
   }
@@ -81,18 +130,27 @@ class BwdSm90Block {
     int row0;
   };
 
-  // Shared memory from `smem`: K, V (kKvBytes each), the two stages, the dS^T tiles (the kernel
-  // lays out anything after them).
+  // Shared memory from `smem`: K, V (kKvBytes each; persistent: two pairs), the two stages, the
+  // dS^T tiles (the kernel lays out anything after them). `progress`: a persistent CTA's blocks
+  // before this one.
   __device__ __forceinline__ BwdSm90Block(const BwdKernelArgs& args, uint32_t smem, int batch,
-                                          int kv_head, int n_block)
+                                          int kv_head, int n_block,
+                                          BwdSm90Progress progress = {})
       : args_(args),
         f_(args.fwd),
         kv_head_(kv_head),
-        // Stage 0's padding, after its lse and D.
-        barriers_(smem + 2 * T::kKvBytes + 2 * T::kTileBytes + 2 * T::kBlockM * 4) {
-    k_smem_ = smem;
-    v_smem_ = smem + T::kKvBytes;
-    stage_smem_ = smem + 2 * T::kKvBytes;
+        barriers_(StageBarriers(smem)) {
+    if constexpr (T::kPersistent) {
+      this->tile_base = progress.tiles;
+      this->kv_buffer = progress.blocks % 2;
+      this->kv_turn = progress.blocks / 2;
+      this->kv_base = smem;
+      k_smem_ = smem + this->kv_buffer * 2 * T::kKvBytes;
+    } else {
+      k_smem_ = smem;
+    }
+    v_smem_ = k_smem_ + T::kKvBytes;
+    stage_smem_ = smem + T::kKvBuffers * 2 * T::kKvBytes;
     ds_smem_ = stage_smem_ + T::kStages * T::kStageBytes;
     batch_ = batch;
     k_begin_ = f_.cu_seqlens_k[batch];
@@ -139,8 +197,18 @@ class BwdSm90Block {
     if (tile.row0 == first_row0_) ++tile.head;
   }
 
+  // Tile it of this block in the CTA's load order (the barriers' phases, the stages' and dS^T
+  // buffers' parity): it, or after the tiles of the blocks a persistent CTA ran before.
+  __device__ __forceinline__ int Tile(int it) const {
+    if constexpr (T::kPersistent) {
+      return this->tile_base + it;
+    } else {
+      return it;
+    }
+  }
+
   __device__ __forceinline__ uint32_t StageSmem(int it) const {
-    return stage_smem_ + (it % T::kStages) * T::kStageBytes;
+    return stage_smem_ + (Tile(it) % T::kStages) * T::kStageBytes;
   }
   // Q, dO, lse and D of query tile `tile` into stage `st`. Rows past the sequence read 0 (their
   // Q and dO are 0, so they contribute exactly nothing, and their dQ is never stored).
@@ -298,16 +366,16 @@ class BwdSm90Block {
   template <int kBarrier, class Step, class LastDq>
   __device__ __forceinline__ void RunDeferredDqTiles(Step&& step, LastDq&& last_dq) {
     QueryTile tile = FirstTile();
-    barriers_.WaitFull(0, 0);
+    barriers_.WaitFull(0, Tile(0));
     step(0, tile, tile, std::false_type{});
-    barriers_.Release(0, 0);
+    barriers_.Release(0, Tile(0));
     for (int it = 1; it < iters_; ++it) {
       const QueryTile prev = tile;
       Next(tile);
-      barriers_.WaitFull(0, it);
+      barriers_.WaitFull(0, Tile(it));
       PublishDs<kBarrier>();
       step(it, prev, tile, std::true_type{});
-      barriers_.Release(0, it);
+      barriers_.Release(0, Tile(it));
     }
     PublishDs<kBarrier>();
     last_dq(tile);
@@ -394,6 +462,29 @@ class BwdSm90Block {
         *reinterpret_cast<uint4*>(dst + int64_t{row} * f_.kv_row_stride + vec * T::kVecElems) =
             ptx::LoadShared128(buffer + SwizzledOffset<T::kBlockN>(row, vec));
       }
+    }
+  }
+
+  // Persistent: after the consumers' epilogue read the block's dK and dV back out of its K/V
+  // buffer, each consumer thread releases the buffer to the producer.
+  __device__ __forceinline__ void ReleaseKvBuffer() const {
+    if constexpr (T::kPersistent) {
+      ptx::MbarrierArrive(KvEmptyBarrier(this->kv_base, this->kv_buffer));
+    }
+  }
+
+  // Persistent, a block no query tile sees: dK = dV = 0 stored straight from each consumer
+  // thread (16-byte stores; no K/V buffer, so the buffers' turns count only blocks with tiles).
+  __device__ __forceinline__ void StoreZeroKeyRows() const {
+    const int64_t out_offset = (int64_t{k_begin_} + key_first_) * f_.kv_row_stride +
+                               int64_t{kv_head_} * f_.head_dim;
+    const int rows_valid = min(len_k_ - key_first_, T::kBlockN);
+    const int vecs = rows_valid * vecs_valid_;
+    for (int i = Sm90ConsumerThread<T>(); i < vecs; i += T::kConsumerThreads) {
+      const int64_t at = out_offset + int64_t{i / vecs_valid_} * f_.kv_row_stride +
+                         (i % vecs_valid_) * T::kVecElems;
+      *reinterpret_cast<uint4*>(static_cast<Element*>(args_.dk) + at) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(static_cast<Element*>(args_.dv) + at) = make_uint4(0, 0, 0, 0);
     }
   }
 

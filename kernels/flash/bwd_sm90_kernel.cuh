@@ -22,7 +22,8 @@
 // dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ. The preprocess (D) is the sm80 path's kernel.
 // dK is scaled by softmax_scale at the end. With dQ, one barrier per tile among the consumers,
 // before dQ (both warpgroups' dS^T rows); it keeps them within a tile of each other, so two dS^T
-// buffers (by tile parity) suffice.
+// buffers (by tile parity) suffice. A benchmark build may make the kernel at head dim 64
+// persistent (FlashBackwardDkDvSm90PersistentKernel; tuning.h's ATTN_FLASH_SM90_BWD_PERSISTENT).
 #pragma once
 
 #include <cmath>
@@ -58,8 +59,9 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, k
   // Per thread of warp w (of its consumer warpgroup), lane l: S^T / dP^T / dK / dV rows (keys)
   // 64 warpgroup + 16 w + l / 4 (+ 8), columns 8 t + 2 (l % 4) + {0, 1} of 8-column tile t.
   __device__ __forceinline__ BwdSm90BlockRunner(const BwdKernelArgs& args, uint32_t smem,
-                                                int batch, int kv_head, int n_block)
-      : Base(args, smem, batch, kv_head, n_block) {}
+                                                int batch, int kv_head, int n_block,
+                                                BwdSm90Progress progress = {})
+      : Base(args, smem, batch, kv_head, n_block, progress) {}
 
   // The consumers: one query tile per iteration, its stage released once every wgmma of the
   // tile is complete (the end of its Step). Two copies of the loop, with and without softcap,
@@ -74,13 +76,22 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, k
 
   // dK (times softmax_scale) and dV through the K and V buffers (each warp its own 16 rows),
   // then 16-byte stores of the rows that exist.
+  // Persistent: a block without query tiles stores zeros straight, and the others release their
+  // K/V buffer to the producer once its rows are read back out.
   __device__ __forceinline__ void Epilogue() {
     if constexpr (kFusedDq) this->FinishDqPieces();
+    if constexpr (T::kPersistent) {
+      if (iters_ == 0) {
+        this->StoreZeroKeyRows();
+        return;
+      }
+    }
     // No wgmma reads K or V any more (dQ of both warpgroups reads all of K).
     ptx::NamedBarrierSync<T::kConsumerThreads>(kConsumersBarrier);
     const int tid = Sm90ConsumerThread<T>();
     StoreKeyRows(dk_, args_.grad_scale, k_smem_, args_.dk, tid / 32, tid % 32);
     StoreKeyRows(dv_, 1.0f, v_smem_, args_.dv, tid / 32, tid % 32);
+    this->ReleaseKvBuffer();
   }
 
  private:
@@ -112,16 +123,16 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, k
     } else {
       QueryTile tile = FirstTile();
       for (int it = 0; it < iters_; ++it) {
-        barriers_.WaitFull(0, it);
+        barriers_.WaitFull(0, this->Tile(it));
         Step<kSoftcap, false>(it, tile, tile);
-        barriers_.Release(0, it);
+        barriers_.Release(0, this->Tile(it));
         Next(tile);
       }
     }
   }
 
   __device__ __forceinline__ uint32_t DsSmem(int it) const {
-    return ds_smem_ + (it % T::kDsBuffers) * T::kDsBytes;
+    return ds_smem_ + (this->Tile(it) % T::kDsBuffers) * T::kDsBytes;
   }
 
   // dQ (this warpgroup's columns) = dS K from the dS^T tile at ds_st, one committed group.
@@ -252,6 +263,38 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& ar
       });
 }
 
+// Persistent (T::kPersistent, a benchmark build's knob): each role walks the CTA's key blocks
+// (ForEachDkDvBlock), a runner per block; the producer loads ahead into the ring and the other
+// K/V buffer while the consumers finish a block.
+template <DType kDType, int kHeadDim, bool kFusedDq>
+__device__ __forceinline__ void FlashBackwardDkDvSm90PersistentCta(const BwdKernelArgs& args,
+                                                                   const DkDvBlocks& blocks) {
+  using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq>;
+  using Runner = BwdSm90BlockRunner<kDType, kHeadDim, kFusedDq>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
+  if (threadIdx.x == 0) Runner::InitKvBarriers(base);
+  const typename Runner::Barriers barriers(Runner::StageBarriers(base));
+  // Each role runs the same blocks in the same order and counts the same progress.
+  auto each_block = [&](auto&& run) {
+    BwdSm90Progress progress;
+    ForEachDkDvBlock(args.fwd, blocks, [&](const DkDvCtaCoords& cta) {
+      Runner runner(args, base, cta.batch, cta.kv_head, cta.n_block, progress);
+      if (!runner.Exists()) return;
+      run(runner);
+      progress = runner.ProgressAfter(progress);
+    });
+  };
+  RunSm90Roles<T>(
+      barriers, [&] { each_block([](Runner& runner) { runner.Produce(); }); },
+      [&](int) {
+        each_block([](Runner& runner) {
+          runner.Run();
+          runner.Epilogue();
+        });
+      });
+}
+
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any
 // other pass sees a trap, never launched.
 template <DType kDType, int kHeadDim, bool kFusedDq>
@@ -259,6 +302,22 @@ __global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kTh
     FlashBackwardDkDvSm90Kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   FlashBackwardDkDvSm90Cta<kDType, kHeadDim, kFusedDq>(args);
+#else
+  __trap();
+#endif
+}
+
+// The persistent variant (launched only where BwdSm90Traits::kPersistent).
+template <DType kDType, int kHeadDim, bool kFusedDq>
+__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kThreads, 1)
+    FlashBackwardDkDvSm90PersistentKernel(const __grid_constant__ BwdKernelArgs args,
+                                          const DkDvBlocks blocks) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kPersistent) {
+    FlashBackwardDkDvSm90PersistentCta<kDType, kHeadDim, kFusedDq>(args, blocks);
+  } else {
+    __trap();
+  }
 #else
   __trap();
 #endif

@@ -6,6 +6,9 @@
 // dK/dV kernel without dQ, then the dQ kernel (bwd_sm90_dq_kernel.cuh), no dQ workspace.
 #pragma once
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <string>
 
 #include "kernels/flash/bwd_launch.h"
@@ -42,9 +45,10 @@ KernelStatus LaunchBackwardDqSm90(const BwdKernelArgs& args, const BwdGrid& grid
 
 // T: the dK/dV kernel's traits (kBlockN keys per CTA, kThreads, kSmemBytes, kFusedDq: whether
 // it adds dQ into the workspace, which LaunchBackwardSm90 picks only with one, or the dQ kernel
-// runs after it).
-template <class T, DType kDType>
-KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernelArgs& args,
+// runs after it; kPersistent: the kernel takes the key blocks flattened, DkDvBlocks, over at most
+// one CTA per SM).
+template <class T, DType kDType, class DkDvKernel>
+KernelStatus LaunchBackwardSm90With(DkDvKernel dkdv, const BwdKernelArgs& args,
                                     const BwdGrid& grid, cudaStream_t stream) {
   constexpr bool kFusedDq = T::kFusedDq;
   static_assert(!kFusedDq || T::kDqStageBytes > 0, "fused dQ is dQ by tile");
@@ -70,7 +74,21 @@ KernelStatus LaunchBackwardSm90With(void (*dkdv)(BwdKernelArgs), const BwdKernel
   if (grid.max_seqlen_k > 0) {
     dim3 blocks;
     if (KernelStatus s = HeadsFirstDkDvGrid(args.fwd, grid, T::kBlockN, &blocks); !s.ok) return s;
-    dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
+    if constexpr (T::kPersistent) {
+      // The same blocks, flattened: one CTA per SM at most (its shared memory allows one).
+      const int64_t all = int64_t{blocks.x} * blocks.z;
+      if (all > INT_MAX) {
+        return KernelStatus::Error("flash: sm90 persistent backward: " + std::to_string(all) +
+                                   " key blocks (kv heads x key blocks x sequences) exceed " +
+                                   std::to_string(INT_MAX));
+      }
+      const int ctas =
+          static_cast<int>(std::min<int64_t>(all, std::max(grid.multiprocessors, 1)));
+      dkdv<<<ctas, T::kThreads, T::kSmemBytes, stream>>>(
+          args, DkDvBlocks{static_cast<int>(blocks.x), static_cast<int>(all)});
+    } else {
+      dkdv<<<blocks, T::kThreads, T::kSmemBytes, stream>>>(args);
+    }
     err = cudaGetLastError();
     if (err != cudaSuccess) return BackwardSm90LaunchError("dK/dV launch", err);
   }
@@ -98,8 +116,14 @@ KernelStatus LaunchBackwardSm90Variant(const BwdKernelArgs& args, const BwdGrid&
     return LaunchBackwardSm90With<BwdSm90WideTraits<kDType, kHeadDim, kFusedDq>, kDType>(
         &FlashBackwardDkDvSm90WideKernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
   } else {
-    return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, kFusedDq>, kDType>(
-        &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
+    using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq>;
+    if constexpr (T::kPersistent) {
+      return LaunchBackwardSm90With<T, kDType>(
+          &FlashBackwardDkDvSm90PersistentKernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
+    } else {
+      return LaunchBackwardSm90With<T, kDType>(
+          &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 // 128 keys per CTA in two 64-key consumer warpgroups beside a producer warpgroup, query tiles of
 // kBlockM rows streamed through two stages, the registers each role keeps, and the shared-memory
 // layout (every tile 128-byte swizzled for wgmma, 1 KB aligned):
-//   K, V (kBlockN rows each) | stage 0, stage 1: Q, dO (kBlockM rows each), lse, D |
+//   K, V (kBlockN rows each; persistent: K, V, K, V) | stage 0, stage 1: Q, dO (kBlockM rows
+//   each), lse, D |
 //   dS^T x 2 | dQ staging (the stages' full / empty mbarriers in stage 0's padding).
 #pragma once
 
@@ -26,6 +27,9 @@ struct BwdSm90Traits {
   static constexpr int kConsumerThreads = kWarpgroups * 128;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
+  // Persistent CTAs with two K/V buffers (a benchmark build's knob at 64; Sm90BackwardPersistent).
+  static constexpr bool kPersistent = Sm90BackwardPersistent(kHeadDim);
+  static constexpr int kKvBuffers = Sm90BackwardKvBuffers(kHeadDim);
   static constexpr bool kFusedDq = kFusedDq_;
   // setmaxnreg split of the CTA's register pool (ptx::RegisterPool): the producer only computes
   // addresses; the consumers get the rest.
@@ -76,10 +80,11 @@ struct BwdSm90Traits {
   static_assert(kKvBytes % 1024 == 0 && kTileBytes % 1024 == 0 && kStageBytes % 1024 == 0 &&
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
-  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4 + kSm90BackwardBarrierBytes,
+  static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4 + kSm90BackwardBarrierBytes +
+                                   Sm90BackwardKvBarrierBytes(kHeadDim),
                 "stage layout (stage 0 keeps the mbarriers after its lse and D)");
-  static_assert(kSmemBytes ==
-                    2 * kKvBytes + 2 * kStageBytes + kDsBuffers * kDsBytes + kDqStageBytes + 1024,
+  static_assert(kSmemBytes == 2 * kKvBuffers * kKvBytes + 2 * kStageBytes +
+                                  kDsBuffers * kDsBytes + kDqStageBytes + 1024,
                 "host and device agree");
   static_assert(kExchangeBytes == 0, "no exchange tile at 64 / 128");
   static_assert(kDqStageBytes == (kConsumerThreads / 32) * kDqPieceBytes,

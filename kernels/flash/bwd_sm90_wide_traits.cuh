@@ -29,6 +29,8 @@ struct BwdSm90WideTraits {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
+  static constexpr bool kPersistent = false;  // one CTA per key block (BwdSm90Block)
+  static constexpr int kKvBuffers = 1;
   // setmaxnreg split of the CTA's register pool (ptx::RegisterPool), as at head dims 64/128.
   static constexpr int kProducerRegisters = kSm90BackwardProducerRegisters;
   static constexpr int kConsumerRegisters =

@@ -29,6 +29,11 @@ a stage that holds its tile, landed and not overwritten; no consumer writes its 
 a buffer whose dQ product the other consumer still reads (two buffers by tile parity, the
 consumers' barrier before dQ bounding their drift); the epilogue overwrites K only after both
 consumers' last dQ; nothing deadlocks.
+The persistent dK/dV kernel at 64 (a benchmark build's knob): a CTA's blocks of random tile
+counts (some without tiles, which touch no K/V buffer), tile numbers running on across blocks:
+the same rules, and each block reads K and V from its buffer only once they landed, the producer
+refills a buffer only after both consumers' epilogue of its previous block released it, and no
+epilogue's buffer is refilled under it.
 In the backward at head dims 192/256 (bwd_sm90_wide_kernel.cuh: the same producer, consumer 0
 for S^T, P^T, dV and consumer 1 for dP^T, dS^T, dK, each issuing the previous tile's dQ, which
 at 256 and in the deterministic mode the dQ kernel computes instead, the same protocol less the
@@ -507,33 +512,103 @@ def backward_producer(ring, tiles, broken):
         yield
 
 
-def backward_consumer(ring, tiles, wg, ds, ds_readers, before_dq, keys, broken):
+def backward_tile(ring, i, wg, ds, ds_readers, before_dq, keys, broken, block=None):
+    """Query tile i (in load order) of consumer wg at head dims 64/128; `block` (persistent: its
+    number and K/V buffer) must have landed in that buffer."""
     s = ring.stages
     buffers = 1 if broken == "bwd-one-ds-buffer" else 2
+    yield from wait(ring.full_k[i % s], i // s)
+    assert ring.k[i % s] == (i, True), f"wg {wg} reads stage {i % s} for tile {i}"
+    if block is not None:
+        n, b = block
+        assert ring.kvs[b] == (n, True), f"wg {wg} reads K/V buffer {b}: {ring.kvs[b]}, block {n}"
+        ring.kv_users[b].add(wg)
+    ring.k_readers[i % s].add(wg)
+    yield                                      # S^T, dP^T, dV issued
+    buf = i % buffers
+    assert not ds_readers[buf] - {wg}, f"wg {wg} writes dS^T buffer {buf} under a dQ"
+    ds[buf][wg] = i
+    yield
+    if broken != "bwd-no-dq-barrier":
+        yield from before_dq.sync()
+    assert ds[buf] == [i, i], f"wg {wg}'s dQ of tile {i} reads dS^T {ds[buf]}"
+    ds_readers[buf].add(wg)
+    keys["readers"].add(wg)
+    yield                                      # dQ = dS K runs
+    assert ds[buf] == [i, i], f"dS^T buffer {buf} overwritten under wg {wg}'s dQ"
+    ds_readers[buf].discard(wg)
+    keys["readers"].discard(wg)
+    ring.k_readers[i % s].discard(wg)
+    ring.empty_k[i % s].arrive()               # every wgmma of the tile is complete
+
+
+def backward_consumer(ring, tiles, wg, ds, ds_readers, before_dq, keys, broken):
     for it in range(tiles):
-        yield from wait(ring.full_k[it % s], it // s)
-        assert ring.k[it % s] == (it, True), f"wg {wg} reads stage {it % s} for tile {it}"
-        ring.k_readers[it % s].add(wg)
-        yield                                      # S^T, dP^T, dV issued
-        buf = it % buffers
-        assert not ds_readers[buf] - {wg}, f"wg {wg} writes dS^T buffer {buf} under a dQ"
-        ds[buf][wg] = it
-        yield
-        if broken != "bwd-no-dq-barrier":
-            yield from before_dq.sync()
-        assert ds[buf] == [it, it], f"wg {wg}'s dQ of tile {it} reads dS^T {ds[buf]}"
-        ds_readers[buf].add(wg)
-        keys["readers"].add(wg)
-        yield                                      # dQ = dS K runs
-        assert ds[buf] == [it, it], f"dS^T buffer {buf} overwritten under wg {wg}'s dQ"
-        ds_readers[buf].discard(wg)
-        keys["readers"].discard(wg)
-        ring.k_readers[it % s].discard(wg)
-        ring.empty_k[it % s].arrive()              # every wgmma of the tile is complete
+        yield from backward_tile(ring, it, wg, ds, ds_readers, before_dq, keys, broken)
     if broken != "bwd-no-epilogue-barrier":
         yield from before_dq.sync()
     assert not keys["readers"] - {wg}, f"wg {wg} overwrites K under the other's dQ"
     keys["written"] = True
+
+
+def persistent_backward_producer(ring, blocks, broken):
+    """Produce() of the persistent dK/dV kernel (T::kPersistent) over one CTA's blocks (their
+    tile counts): tile numbers run on across blocks; a block with tiles takes the K/V buffers by
+    turns, loading into one only once the consumers' epilogue of its previous block there
+    released it, K and V landing with the block's first tile."""
+    s = ring.stages
+    first = used = 0
+    for n, tiles in enumerate(blocks):
+        if tiles == 0:
+            continue
+        b, turn = used % 2, used // 2
+        if turn > 0 and broken != "persistent-no-kv-wait":
+            yield from wait(ring.kv_empty[b], turn - 1)
+        for it in range(tiles):
+            i = first + it
+            if i >= s:
+                yield from wait(ring.empty_k[i % s], i // s - 1)
+            assert not ring.k_readers[i % s], f"copy into a stage a consumer still reads ({i})"
+            ring.k[i % s] = (i, False)
+            if it == 0:
+                assert not ring.kv_users[b], f"K/V of block {n} loaded into buffer {b} in use"
+                ring.kvs[b] = (n, False)
+            yield
+            ring.k[i % s] = (i, True)              # cp.async.wait_group 0
+            if it == 0:
+                ring.kvs[b] = (n, True)
+            ring.full_k[i % s].arrive()
+            yield
+        first += tiles
+        used += 1
+
+
+def persistent_backward_consumer(ring, blocks, wg, ds, ds_readers, before_dq, broken):
+    """Run and Epilogue of consumer wg over the CTA's blocks: a block without tiles stores zeros
+    straight (no K/V buffer); the others' epilogue stages dK / dV in the block's K/V buffer after
+    the consumers' barrier and then releases the buffer."""
+    first = used = 0
+    for n, tiles in enumerate(blocks):
+        if tiles == 0:
+            yield
+            continue
+        b = used % 2
+        keys = {"readers": set()}
+        for it in range(tiles):
+            yield from backward_tile(ring, first + it, wg, ds, ds_readers, before_dq, keys,
+                                     broken, (n, b))
+        yield from before_dq.sync()
+        assert not keys["readers"] - {wg}, f"wg {wg} overwrites K under the other's dQ"
+        if broken == "persistent-early-kv-release":
+            ring.kv_users[b].discard(wg)
+            ring.kv_empty[b].arrive()
+        yield                                      # dK / dV staged in the buffer, stored
+        assert ring.kvs[b] == (n, True), f"K/V buffer {b} refilled under block {n}'s epilogue"
+        if broken != "persistent-early-kv-release":
+            ring.kv_users[b].discard(wg)
+            ring.kv_empty[b].arrive()
+        first += tiles
+        used += 1
 
 
 def run_backward(tiles, stages, seed, broken=None):
@@ -552,6 +627,31 @@ def check_backward(broken=None, seeds=60):
     for tiles in range(0, 8):
         for seed in range(seeds):
             run_backward(tiles, 2, seed, broken)
+
+
+def run_persistent_backward(blocks, seed, broken=None):
+    ring = Ring(2, 2)
+    ring.kvs = [None, None]                    # each K/V buffer's block and whether it landed
+    ring.kv_users = [set(), set()]             # consumers from a block's first read to release
+    ring.kv_empty = [Mbarrier(2), Mbarrier(2)]
+    ds = [[None, None], [None, None]]
+    ds_readers = [set(), set()]
+    before_dq = NamedBarrier(2)
+    agents = [persistent_backward_producer(ring, blocks, broken)]
+    agents += [persistent_backward_consumer(ring, blocks, wg, ds, ds_readers, before_dq, broken)
+               for wg in range(2)]
+    schedule(agents, seed, f"persistent backward: blocks {blocks}")
+
+
+# A persistent CTA's blocks (query tiles of each; 0: a block no query tile sees).
+PERSISTENT_BLOCKS = [[1], [3, 2], [1, 1, 1, 1], [2, 0, 3, 1], [0, 0, 2], [4, 1, 0, 2, 3],
+                     [1, 2, 1, 2, 1, 2]]
+
+
+def check_persistent_backward(broken=None, seeds=60):
+    for blocks in PERSISTENT_BLOCKS:
+        for seed in range(seeds):
+            run_persistent_backward(blocks, seed, broken)
 
 
 class Wide:
@@ -683,6 +783,9 @@ BROKEN = ("no-empty-wait", "early-full", "first-turn-per-block", "no-first-turn"
     BROKEN_TMA
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
+# The persistent backward's producer loading a K/V buffer without waiting for its release, or
+# its consumers releasing a buffer before their epilogue read dK / dV back out of it.
+BROKEN_PERSISTENT = ("persistent-no-kv-wait", "persistent-early-kv-release")
 BROKEN_WIDE = ("wide-no-publish", "wide-one-ds-buffer", "wide-no-exchange-wait",
                "wide-no-empty-wait", "wide-early-release", "wide-no-epilogue-barrier")
 # The dQ kernel's producer publishing V(i) only after issuing K(i + 1), which waits for the
@@ -694,6 +797,8 @@ BROKEN_DQ = ("dq-lazy-v", "dq-early-k-release")
 def checker(broken):
     if broken in BROKEN_DQ:
         return check_dq
+    if broken in BROKEN_PERSISTENT:
+        return check_persistent_backward
     if broken in BROKEN_WIDE:
         return check_wide
     return check_backward if broken in BROKEN_BACKWARD else check
@@ -701,7 +806,8 @@ def checker(broken):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--broken", choices=BROKEN + BROKEN_BACKWARD + BROKEN_WIDE + BROKEN_DQ,
+    parser.add_argument("--broken", choices=BROKEN + BROKEN_BACKWARD + BROKEN_WIDE + BROKEN_DQ +
+                        BROKEN_PERSISTENT,
                         help="run one deliberately broken protocol (must fail)")
     args = parser.parse_args()
     if args.broken:
@@ -710,9 +816,10 @@ def main():
         return
     check()
     check_backward()
+    check_persistent_backward()
     check_wide()
     check_dq()
-    for broken in BROKEN + BROKEN_BACKWARD + BROKEN_WIDE + BROKEN_DQ:
+    for broken in BROKEN + BROKEN_BACKWARD + BROKEN_WIDE + BROKEN_DQ + BROKEN_PERSISTENT:
         try:
             checker(broken)(broken, seeds=20)
         except (AssertionError, Deadlock):

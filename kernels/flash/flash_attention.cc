@@ -302,7 +302,8 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
                                                  BackwardDsumBytes(s));
   args.lse_log2_scale = kLog2e;
   args.grad_scale = params.options.softmax_scale;
-  const BwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k, target.smem_limit};
+  const BwdGrid grid{s.batch, s.max_seqlen_q, s.max_seqlen_k, target.smem_limit,
+                     target.device.multiprocessors};
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   if (!extras) return launch(args, grid, stream);
   const ExtrasBackwardKernelEntry* kernel = FindExact(kExtrasBackwardKernels, kernel_head_dim);

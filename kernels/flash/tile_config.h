@@ -210,11 +210,24 @@ constexpr int Sm90BackwardBlockM(int head_dim) {
 // padding after its lse and D, which every stage has room for (at head dim 256 the tiles take
 // all 227 KB of a block, with no 32 bytes to spare elsewhere).
 inline constexpr int kSm90BackwardBarrierBytes = 2 * 2 * 8;
+// A persistent dK/dV kernel (benchmark builds only: tuning.h's ATTN_FLASH_SM90_BWD_PERSISTENT; at
+// head dim 64, the only one with room for a second K/V pair): min(key blocks, SMs) CTAs each
+// running every gridDim.x-th key block, K and V in two buffers used by turns.
+constexpr bool Sm90BackwardPersistent(int head_dim) {
+  return head_dim == 64 && kSm90BackwardPersistentUpTo >= 64;
+}
+constexpr int Sm90BackwardKvBuffers(int head_dim) {
+  return Sm90BackwardPersistent(head_dim) ? 2 : 1;
+}
+// The persistent kernel's `empty` mbarrier of each K/V buffer, after the stage ring's.
+constexpr int Sm90BackwardKvBarrierBytes(int head_dim) {
+  return Sm90BackwardPersistent(head_dim) ? 2 * 8 : 0;
+}
 // Q and dO of a query tile plus its lse and D (and room for the mbarriers), rounded up to whole
 // 1 KB swizzle atoms.
 constexpr int Sm90BackwardStageBytes(int head_dim) {
   return (2 * Sm90BackwardBlockM(head_dim) * head_dim * 2 + 2 * Sm90BackwardBlockM(head_dim) * 4 +
-          kSm90BackwardBarrierBytes + 1023) / 1024 * 1024;
+          kSm90BackwardBarrierBytes + Sm90BackwardKvBarrierBytes(head_dim) + 1023) / 1024 * 1024;
 }
 // Head dims 192 / 256 only: the float32 exchange tile (G = dS^T / (dP^T - D), keys x queries)
 // that the S^T warpgroup hands to the dP^T warpgroup.
@@ -233,11 +246,12 @@ inline constexpr int kSm90BackwardDsBuffers = 2;
 constexpr int Sm90BackwardDqStageBytes(int head_dim) {
   return head_dim <= 192 ? Sm90BackwardBlockM(head_dim) * head_dim * 4 : 0;
 }
-// K and V (resident), two stages, the dS^T tiles, the exchange tile (192 / 256), the dQ staging
-// (64 / 128 / 192), 1 KB for alignment: 115 / 195 / 227 / 227 KB at head dim 64 / 128 / 192 /
-// 256 (a third stage would fit neither at 192 nor at 256).
+// K and V (resident; two pairs when persistent), two stages, the dS^T tiles, the exchange tile
+// (192 / 256), the dQ staging (64 / 128 / 192), 1 KB for alignment: 115 / 195 / 227 / 227 KB at
+// head dim 64 / 128 / 192 / 256 (147 KB persistent at 64; a third stage would fit neither at 192
+// nor at 256).
 constexpr int Sm90BackwardSmemBytes(int head_dim) {
-  return 2 * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
+  return 2 * Sm90BackwardKvBuffers(head_dim) * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
          2 * Sm90BackwardStageBytes(head_dim) +
          kSm90BackwardDsBuffers * Sm90BackwardBlockN(head_dim) *
              Sm90BackwardBlockM(head_dim) * 2 +
