@@ -33,12 +33,11 @@ struct BwdSm90Progress {
   int blocks = 0;
 };
 // What a persistent CTA's block keeps beside the rest (a base class, empty otherwise, so that the
-// one-CTA-per-block kernels' objects are unchanged): its first tile's number, its K/V buffer, how
-// many blocks used that buffer before (its empty barrier's phase), the CTA's shared memory.
+// one-CTA-per-block kernels' objects are unchanged): its first tile's number, its number among
+// the CTA's blocks with tiles (its place in the ring of two K/V buffers), the CTA's shared memory.
 struct BwdSm90PersistentPlace {
   int tile_base = 0;
-  int kv_buffer = 0;
-  int kv_turn = 0;
+  int kv_use = 0;
   uint32_t kv_base = 0;
 };
 struct BwdSm90NoPlace {};
@@ -59,18 +58,19 @@ class BwdSm90Block
     return {p.tiles + iters_, p.blocks + (iters_ > 0 ? 1 : 0)};
   }
   // Stage 0's padding, after its lse and D: the stage ring's barriers, then (persistent) the K/V
-  // buffers' empty barriers.
+  // buffers' ring.
   __device__ __forceinline__ static uint32_t StageBarriers(uint32_t smem) {
     return smem + T::kKvBuffers * 2 * T::kKvBytes + 2 * T::kTileBytes + 2 * T::kBlockM * 4;
   }
-  __device__ __forceinline__ static uint32_t KvEmptyBarrier(uint32_t smem, int buffer) {
-    return StageBarriers(smem) + kSm90BackwardBarrierBytes + buffer * 8;
-  }
-  // The persistent kernel's K/V buffers' `empty` barriers: thread 0 initializes them before
-  // RunSm90Roles' barrier (whose Init fences every initialization).
-  __device__ __forceinline__ static void InitKvBarriers(uint32_t smem) {
-    static_assert(T::kPersistent);
-    for (int b = 0; b < 2; ++b) ptx::MbarrierInit(KvEmptyBarrier(smem, b), T::kConsumerThreads);
+  // Persistent: the two K/V buffers as a ring of stages, block n (of those with tiles) in buffer
+  // n % 2. Only its `empty` side is used (the consumers release a buffer after their epilogue
+  // read dK / dV back out of it); K and V land with the block's first tile, published on the
+  // stage ring's full barrier. Thread 0 initializes it before RunSm90Roles' barrier.
+  using KvBarriers = Sm90StageBarriers<2, 1>;
+  static_assert(!T::kPersistent || KvBarriers::kBytes == Sm90BackwardKvBarrierBytes(T::kHeadDim),
+                "host and device agree");
+  __device__ __forceinline__ static KvBarriers KvRing(uint32_t smem) {
+    return KvBarriers(StageBarriers(smem) + kSm90BackwardBarrierBytes);
   }
   __device__ __forceinline__ const Barriers& barriers() const { return barriers_; }
 
@@ -84,9 +84,7 @@ class BwdSm90Block
   __device__ __forceinline__ void Produce() {
     if constexpr (T::kPersistent) {
       if (iters_ == 0) return;
-      if (this->kv_turn > 0) {
-        ptx::MbarrierWait(KvEmptyBarrier(this->kv_base, this->kv_buffer), (this->kv_turn - 1) & 1);
-      }
+      if (this->kv_use >= 2) KvRing(this->kv_base).WaitEmpty(0, this->kv_use);
       if (Tile(0) >= T::kStages) barriers_.WaitEmpty(0, Tile(0));
     }
     Prologue();
@@ -142,10 +140,9 @@ class BwdSm90Block
         barriers_(StageBarriers(smem)) {
     if constexpr (T::kPersistent) {
       this->tile_base = progress.tiles;
-      this->kv_buffer = progress.blocks % 2;
-      this->kv_turn = progress.blocks / 2;
+      this->kv_use = progress.blocks;
       this->kv_base = smem;
-      k_smem_ = smem + this->kv_buffer * 2 * T::kKvBytes;
+      k_smem_ = smem + (progress.blocks % 2) * 2 * T::kKvBytes;
     } else {
       k_smem_ = smem;
     }
@@ -468,9 +465,7 @@ class BwdSm90Block
   // Persistent: after the consumers' epilogue read the block's dK and dV back out of its K/V
   // buffer, each consumer thread releases the buffer to the producer.
   __device__ __forceinline__ void ReleaseKvBuffer() const {
-    if constexpr (T::kPersistent) {
-      ptx::MbarrierArrive(KvEmptyBarrier(this->kv_base, this->kv_buffer));
-    }
+    if constexpr (T::kPersistent) KvRing(this->kv_base).Release(0, this->kv_use);
   }
 
   // Persistent, a block no query tile sees: dK = dV = 0 stored straight from each consumer

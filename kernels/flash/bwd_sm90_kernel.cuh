@@ -273,7 +273,7 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90PersistentCta(const BwdKern
   using Runner = BwdSm90BlockRunner<kDType, kHeadDim, kFusedDq>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
-  if (threadIdx.x == 0) Runner::InitKvBarriers(base);
+  if (threadIdx.x == 0) Runner::KvRing(base).Init(T::kProducerThreads, T::kConsumerThreads);
   const typename Runner::Barriers barriers(Runner::StageBarriers(base));
   // Each role runs the same blocks in the same order and counts the same progress.
   auto each_block = [&](auto&& run) {

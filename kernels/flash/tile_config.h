@@ -219,9 +219,10 @@ constexpr bool Sm90BackwardPersistent(int head_dim) {
 constexpr int Sm90BackwardKvBuffers(int head_dim) {
   return Sm90BackwardPersistent(head_dim) ? 2 : 1;
 }
-// The persistent kernel's `empty` mbarrier of each K/V buffer, after the stage ring's.
+// The persistent kernel's K/V buffers' mbarriers (a ring of two, Sm90StageBarriers<2, 1>),
+// after the stage ring's.
 constexpr int Sm90BackwardKvBarrierBytes(int head_dim) {
-  return Sm90BackwardPersistent(head_dim) ? 2 * 8 : 0;
+  return Sm90BackwardPersistent(head_dim) ? 2 * 2 * 8 : 0;
 }
 // Q and dO of a query tile plus its lse and D (and room for the mbarriers), rounded up to whole
 // 1 KB swizzle atoms.
