@@ -52,9 +52,18 @@ class DrainBurst:
         # of the burst is still unanswered.
         deadline = time.monotonic() + IN_FLIGHT_TIMEOUT_S
         while time.monotonic() < deadline and not (
-                lifetime.metrics()["inflight"] >= 1
+                self._inflight(lifetime) >= 1
                 and not all(future.done() for future in self.futures)):
             time.sleep(0.005)
+
+    @staticmethod
+    def _inflight(lifetime):
+        """The server's in-flight gauge; 0 when a scrape fails (a loaded CI machine can keep
+        one past its timeout), so the wait goes on until its deadline instead of the soak."""
+        try:
+            return lifetime.metrics(timeout=1.0)["inflight"]
+        except OSError:
+            return 0
 
     def settle(self, counts, shared, fail):
         """Counts how each call ended into the soak's counts (see invariants.py)."""

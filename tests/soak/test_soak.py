@@ -31,7 +31,9 @@ def _soak(tmp_path, args, timeout):
                                 "--out", str(tmp_path), *args],
                                capture_output=True, text=True, timeout=timeout)
     summary = completed.stdout[-20000:] + completed.stderr[-5000:]
-    data = json.loads((tmp_path / "soak.json").read_text())
+    written = tmp_path / "soak.json"
+    assert written.exists(), f"soak.py exited {completed.returncode} without soak.json:\n{summary}"
+    data = json.loads(written.read_text())
     failed = [c for c in data["checks"] if not c["ok"]]
     assert not failed, f"{failed}\n{summary}"
     assert completed.returncode == 0, summary
