@@ -4,10 +4,12 @@
 # tests (pytest) against the freshly built server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-scripts/build.sh
-ctest --test-dir build --output-on-failure -j "$(nproc)"
+source scripts/timed.sh
+timed setup scripts/setup.sh
+timed build scripts/build.sh
+timed ctest ctest --test-dir build --output-on-failure -j "$(nproc)"
 # ASan+UBSan and TSan builds with the C++ tests, and bounded fuzzing (HARDENING=0 skips it).
 if [ "${HARDENING:-1}" != 0 ]; then scripts/test_hardening.sh; fi
-ATTNSERVE_BIN="$PWD/build/bin/attnserve" .venv/bin/python -m pytest tests/python tests/deploy tests/soak \
-  tests/kernels/index_maps -q --durations=10
+ATTNSERVE_BIN="$PWD/build/bin/attnserve" timed pytest .venv/bin/python -m pytest tests/python \
+  tests/deploy tests/soak tests/kernels/index_maps -q --durations=10
+echo "[timed] scripts/test.sh in all: $SECONDS s" >&2

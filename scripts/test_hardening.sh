@@ -8,6 +8,7 @@
 #   FUZZ_SECONDS (default 45) per fuzz target; HARDENING_STAGES (default "asan fuzz tsan").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/timed.sh
 FUZZ_SECONDS="${FUZZ_SECONDS:-45}"
 STAGES="${HARDENING_STAGES:-asan fuzz tsan}"
 
@@ -25,15 +26,16 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:dete
 
 if [[ " $STAGES " == *" asan "* || " $STAGES " == *" fuzz "* ]]; then
   configure build-asan -DATTN_SANITIZE=address,undefined -DATTN_BUILD_FUZZERS=ON
-  cmake --build build-asan
+  timed "asan build" cmake --build build-asan
 fi
 if [[ " $STAGES " == *" asan "* ]]; then
   # InstallE2eTest links an outside project against the installed static libraries without
   # the sanitizer runtimes, which cannot work in an instrumented build; the normal CI runs it.
-  ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -E 'InstallE2eTest'
+  timed "asan ctest" ctest --test-dir build-asan --output-on-failure -j "$(nproc)" \
+    -E 'InstallE2eTest'
 fi
 if [[ " $STAGES " == *" fuzz "* ]]; then
-  scripts/fuzz.sh build-asan "$FUZZ_SECONDS"
+  timed fuzz scripts/fuzz.sh build-asan "$FUZZ_SECONDS"
 fi
 if [[ " $STAGES " == *" tsan "* ]]; then
   # The server's unit tests (the engine, its queue workers, batching, placement, metrics, auth
@@ -48,14 +50,15 @@ if [[ " $STAGES " == *" tsan "* ]]; then
   # Every process writes its reports under $tsan_logs, and any report fails the stage, whichever
   # process it came from.
   configure build-tsan -DATTN_SANITIZE=thread
-  cmake --build build-tsan --target attn_server_unit_tests attnserve attnctl attnload \
-    attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests attn_data_channel_e2e_tests
+  timed "tsan build" cmake --build build-tsan --target attn_server_unit_tests attnserve attnctl \
+    attnload attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests \
+    attn_data_channel_e2e_tests
   tsan_logs="$PWD/build-tsan/tsan-reports"
   rm -rf "$tsan_logs" && mkdir -p "$tsan_logs"
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/tests/sanitizers/tsan_grpc.supp:log_path=$tsan_logs/report"
   tsan_failed=0
-  build-tsan/bin/attn_server_unit_tests --gtest_repeat=20 --gtest_brief=1 \
-    --gtest_filter='-SplitBackwardTest.*' || tsan_failed=1
+  timed "tsan unit tests x20" build-tsan/bin/attn_server_unit_tests --gtest_repeat=20 \
+    --gtest_brief=1 --gtest_filter='-SplitBackwardTest.*' || tsan_failed=1
   # The split-backward tests compute whole backwards on the CPU engine: 32 s under TSan on a
   # 2-core machine, where one pass of every other test takes 4 (a minute and a half with their
   # earlier, larger problems; 20 repeats made this stage 20 minutes). Their threads are the
@@ -64,12 +67,12 @@ if [[ " $STAGES " == *" tsan "* ]]; then
     tsan_failed=1
   for e2e in attn_e2e_tests attn_client_e2e_tests attn_security_e2e_tests \
              attn_data_channel_e2e_tests; do
-    "build-tsan/bin/$e2e" --gtest_brief=1 || tsan_failed=1
+    timed "tsan $e2e" "build-tsan/bin/$e2e" --gtest_brief=1 || tsan_failed=1
   done
   # Without the compute_timed tests (pytest.ini): their blockers and deadlines assume CPU
   # kernels ~10x faster than TSan's.
-  ATTNSERVE_BIN="$PWD/build-tsan/bin/attnserve" .venv/bin/python -m pytest tests/python -q \
-    -p no:cacheprovider -m "not compute_timed" --durations=10 || tsan_failed=1
+  ATTNSERVE_BIN="$PWD/build-tsan/bin/attnserve" timed "tsan pytest" .venv/bin/python -m pytest \
+    tests/python -q -p no:cacheprovider -m "not compute_timed" --durations=10 || tsan_failed=1
   if compgen -G "$tsan_logs/report*" >/dev/null; then
     echo "ThreadSanitizer reports:" >&2
     cat "$tsan_logs"/report* >&2
