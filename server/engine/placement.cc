@@ -18,12 +18,13 @@ bool NearlyEqual(double a, double b) {
 }
 
 // The bytes the request holds in this device's memory budget: on the host CPU device its
-// tensors are that device's memory; requests a GPU worker runs on the host hold none of the
-// GPU's.
+// tensors are that device's memory; on a GPU also the workspace its family allocates with
+// them; requests a GPU worker runs on the host hold none of the GPU's.
 int64_t ChargedBytes(const RequestProfile& request, const std::string& family,
                      const DeviceState& device) {
-  if (device.compute_capability == 0 || RunsOnGpu(family, device.compute_capability)) {
-    return request.device_bytes;
+  if (device.compute_capability == 0) return request.device_bytes;
+  if (RunsOnGpu(family, device.compute_capability)) {
+    return request.device_bytes + request.WorkspaceBytes(family);
   }
   return 0;
 }

@@ -89,6 +89,35 @@ TEST(PlacementTest, NoRoomNowSendsTheRequestToAnotherDevice) {
   EXPECT_EQ(placement->device_bytes, request.device_bytes);
 }
 
+TEST(PlacementTest, AGpuReservesTheFamilysWorkspaceBesideTheTensors) {
+  RequestProfile request = Bf16Forward(16384);
+  request.direction = Direction::kBackward;
+  // The flash backward's float32 dQ accumulator: twice q's bf16 bytes.
+  const int64_t accumulator = 16384 * 16 * 128 * 4;
+  request.workspaces = {{"flash", accumulator}, {"cublas", 1 << 20}};
+  std::optional<Placement> placement = Place(request, {Gpu("cuda:0", 90, 80 * kGiB)}, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->family, "flash");
+  EXPECT_EQ(placement->device_bytes, request.device_bytes + accumulator);
+  // Room for the tensors but not the workspace beside what runs: it waits.
+  DeviceState busy = Gpu("cuda:0", 90, 80 * kGiB);
+  busy.reserved_bytes = 80 * kGiB - request.device_bytes - accumulator / 2;
+  placement = Place(request, {busy}, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_FALSE(placement->fits_now);
+  // A budget that holds the tensors alone can never hold the request.
+  const absl::Status status =
+      CheckPlaceable(request, {Gpu("cuda:0", 90, request.device_bytes + accumulator / 2)});
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find(std::to_string(request.device_bytes + accumulator)),
+            std::string::npos)
+      << status.message();
+  // The host CPU device's families allocate no device workspace.
+  placement = Place(request, {HostCpu()}, 100);
+  ASSERT_TRUE(placement);
+  EXPECT_EQ(placement->device_bytes, request.device_bytes);
+}
+
 TEST(PlacementTest, WithoutRoomAnywhereItWaitsOnTheDeviceThatFinishesFirst) {
   const RequestProfile request = Bf16Forward(16384);
   std::vector<DeviceState> devices = {Gpu("cuda:0", 90, 80 * kGiB), Gpu("cuda:1", 90, 80 * kGiB)};

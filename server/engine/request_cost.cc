@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "kernels/kernel_families.h"
+#include "server/engine/kernel_runner.h"
+
 namespace attnserve::engine {
 namespace {
 
@@ -36,6 +39,38 @@ double ForwardScores(const std::vector<int32_t>& cu_q, const std::vector<int32_t
   return pairs * static_cast<double>(q.shape[1]);
 }
 
+// What each built device family would allocate as its workspace (its entry point `bytes`) for
+// the whole request; a split launch allocates at most that, its largest piece's.
+template <typename Params>
+std::vector<FamilyWorkspace> Workspaces(
+    const Params& params, size_t (*kernels::KernelFamilyEntry::*bytes)(const Params&)) {
+  std::vector<FamilyWorkspace> workspaces;
+  for (const kernels::KernelFamilyEntry& family : kernels::BuiltKernelFamilies()) {
+    if (!family.runs_on_device || family.*bytes == nullptr) continue;
+    workspaces.push_back({family.name, static_cast<int64_t>((family.*bytes)(params))});
+  }
+  return workspaces;
+}
+
+template <typename Params, typename Inputs>
+Params ShapeAndOptionsOf(const Inputs& in) {
+  Params params;
+  params.shape = ShapeOf(in.q, in.k, in.cu_seqlens_q, in.cu_seqlens_k);
+  params.options = ResolveOptions(in.options, params.shape.head_dim);
+  return params;
+}
+
+std::vector<FamilyWorkspace> Workspaces(const ForwardInputs& in) {
+  return Workspaces(ShapeAndOptionsOf<kernels::ForwardParams>(in),
+                    &kernels::KernelFamilyEntry::forward_workspace_bytes);
+}
+
+std::vector<FamilyWorkspace> Workspaces(const BackwardInputs& in) {
+  auto params = ShapeAndOptionsOf<kernels::BackwardParams>(in);
+  params.deterministic = in.deterministic;
+  return Workspaces(params, &kernels::KernelFamilyEntry::backward_workspace_bytes);
+}
+
 template <typename Inputs>
 RequestProfile Profile(const Inputs& in, Direction direction) {
   RequestProfile profile;
@@ -45,6 +80,7 @@ RequestProfile Profile(const Inputs& in, Direction direction) {
   profile.flops = AttentionFlops(in);
   profile.scores = ScoreWork(in);
   profile.device_bytes = DeviceBytes(in);
+  profile.workspaces = Workspaces(in);
   profile.dropout = in.options.has_dropout();
   profile.alibi = in.options.has_alibi();
   if constexpr (std::is_same_v<Inputs, BackwardInputs>) profile.deterministic = in.deterministic;
@@ -94,6 +130,13 @@ int64_t DeviceBytes(const BackwardInputs& in) {
                          in.v.size_bytes + in.out.size_bytes + in.lse.size_bytes;
   const int64_t outputs = in.q.size_bytes + in.k.size_bytes + in.v.size_bytes;
   return inputs + outputs + in.lse.size_bytes;  // scratch: one float per query row and head
+}
+
+int64_t RequestProfile::WorkspaceBytes(std::string_view family) const {
+  for (const FamilyWorkspace& workspace : workspaces) {
+    if (workspace.family == family) return workspace.bytes;
+  }
+  return 0;
 }
 
 RequestProfile ProfileOf(const ForwardInputs& in) { return Profile(in, Direction::kForward); }

@@ -6,6 +6,11 @@
 // the device memory it occupies while it runs (for admission control).
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "server/engine/attention_request.h"
 #include "server/engine/kernel_routing.h"
 
@@ -29,9 +34,18 @@ double ScoreWork(const ForwardInputs& in);
 double ScoreWork(const BackwardInputs& in);
 
 // Bytes of device memory a request occupies while it runs: its inputs, its outputs and the
-// float32 scratch a backward keeps per query row and head.
+// float32 scratch a backward keeps per query row and head. The kernel family's own workspace
+// comes on top (RequestProfile::WorkspaceBytes).
 int64_t DeviceBytes(const ForwardInputs& in);
 int64_t DeviceBytes(const BackwardInputs& in);
+
+// The workspace a family that runs on a device allocates beside the request's tensors (e.g.
+// the flash backward's float32 dQ accumulator, twice the bytes of a 16-bit q; cuBLAS's
+// scratch), as its *_workspace_bytes entry point says for the whole request.
+struct FamilyWorkspace {
+  std::string family;
+  int64_t bytes = 0;
+};
 
 // What placement and admission need to know about a request.
 struct RequestProfile {
@@ -44,6 +58,12 @@ struct RequestProfile {
   bool dropout = false;      // options only some kernel families serve (kernel_routing.h)
   bool alibi = false;
   bool deterministic = false;  // a backward's (some code paths are atomic-only)
+  // Per built device family with a workspace (kernels/kernel_families.h): reserved in a GPU's
+  // memory budget beside device_bytes, since the launch allocates it with the tensors.
+  std::vector<FamilyWorkspace> workspaces;
+
+  // The workspace `family` allocates for this request; 0 for families without one.
+  int64_t WorkspaceBytes(std::string_view family) const;
 };
 
 RequestProfile ProfileOf(const ForwardInputs& in);

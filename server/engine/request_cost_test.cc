@@ -1,6 +1,7 @@
 #include "server/engine/request_cost.h"
 
 #include "gtest/gtest.h"
+#include "kernels/kernel_families.h"
 
 namespace attnserve::engine {
 namespace {
@@ -74,6 +75,26 @@ TEST(RequestCostTest, ABackwardCostsTwoAndAHalfForwardsAndItsProfileSaysSo) {
   EXPECT_DOUBLE_EQ(profile.scores, 2.5 * 32768.0 * 32768);
   EXPECT_DOUBLE_EQ(profile.flops, 2.5 * 4 * 32768.0 * 32768);
   EXPECT_EQ(profile.device_bytes, DeviceBytes(grad));
+}
+
+// The flash backward's workspace (kernels/flash/flash_attention.h): D, and unless deterministic
+// a float32 dQ accumulator, at least total_q x heads x head_dim floats.
+TEST(RequestCostTest, AnAtomicFlashBackwardsProfileCarriesItsDqAccumulator) {
+  if (kernels::FindKernelFamily("flash") == nullptr) GTEST_SKIP() << "flash is not built";
+  BackwardInputs grad;
+  grad.q = {DType::kBFloat16, {300, 8, 128}, nullptr, 300 * 8 * 128 * 2};
+  grad.k = grad.v = {DType::kBFloat16, {500, 2, 128}, nullptr, 500 * 2 * 128 * 2};
+  grad.dout = grad.out = grad.q;
+  grad.lse = {DType::kFloat32, {8, 300}, nullptr, 8 * 300 * 4};
+  grad.cu_seqlens_q = {0, 100, 300};
+  grad.cu_seqlens_k = {0, 200, 500};
+  const int64_t atomic = ProfileOf(grad).WorkspaceBytes("flash");
+  grad.deterministic = true;
+  const int64_t deterministic = ProfileOf(grad).WorkspaceBytes("flash");
+  EXPECT_GE(deterministic, 300 * 8 * 4);  // D
+  EXPECT_GE(atomic - deterministic, 300 * 8 * 128 * 4);
+  EXPECT_EQ(ProfileOf(grad).WorkspaceBytes("reference"), 0);
+  EXPECT_EQ(ProfileOf(grad).WorkspaceBytes("no such family"), 0);
 }
 
 }  // namespace
