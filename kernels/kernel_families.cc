@@ -16,7 +16,12 @@ namespace attnserve::kernels {
 namespace {
 
 size_t NoForwardWorkspace(const ForwardParams&) { return 0; }
-size_t NoBackwardWorkspace(const BackwardParams&) { return 0; }
+size_t NoBackwardWorkspace(const BackwardParams&, std::string_view) { return 0; }
+// The families whose backward needs the same workspace on every code path.
+template <size_t (*kBytes)(const BackwardParams&)>
+size_t AnyPathWorkspace(const BackwardParams& params, std::string_view) {
+  return kBytes(params);
+}
 
 std::vector<KernelFamilyEntry> MakeTable() {
   std::vector<KernelFamilyEntry> table;
@@ -35,7 +40,7 @@ std::vector<KernelFamilyEntry> MakeTable() {
 #if ATTN_HAVE_FALLBACK
   table.back().forward = fallback::Forward;
   table.back().backward = fallback::Backward;
-  table.back().backward_workspace_bytes = fallback::BackwardWorkspaceBytes;
+  table.back().backward_workspace_bytes = AnyPathWorkspace<fallback::BackwardWorkspaceBytes>;
 #endif
   table.push_back({"cublas", true, nullptr, nullptr, NoForwardWorkspace, NoBackwardWorkspace,
                    cublas::Plan, cublas::Coverage, nullptr});
@@ -43,7 +48,7 @@ std::vector<KernelFamilyEntry> MakeTable() {
   table.back().forward = cublas::Forward;
   table.back().backward = cublas::Backward;
   table.back().forward_workspace_bytes = cublas::ForwardWorkspaceBytes;
-  table.back().backward_workspace_bytes = cublas::BackwardWorkspaceBytes;
+  table.back().backward_workspace_bytes = AnyPathWorkspace<cublas::BackwardWorkspaceBytes>;
 #endif
   return table;
 }

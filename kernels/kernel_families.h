@@ -18,9 +18,11 @@ struct KernelFamilyEntry {
   bool runs_on_device;    // tensors in device memory on ctx.stream (else host memory)
   ForwardFn forward;      // nullptr: the family is not built into this binary
   BackwardFn backward;
-  // Bytes of ctx.workspace each direction needs (16-byte aligned); 0 = none.
+  // Bytes of ctx.workspace each direction needs (16-byte aligned); 0 = none. The backward's
+  // may depend on the code path that runs (the plan's code_path, which the engine pins into the
+  // context, kernel_plan.h); an empty code_path gives what any of the family's paths needs.
   size_t (*forward_workspace_bytes)(const ForwardParams&);
-  size_t (*backward_workspace_bytes)(const BackwardParams&);
+  size_t (*backward_workspace_bytes)(const BackwardParams&, std::string_view code_path);
   // The code path it would run a request on, with its shared memory, or why not.
   KernelPlan (*plan)(const PlanQuery&);
   // Its rules on a device of this compute capability (0: the host CPU), best first.

@@ -161,7 +161,7 @@ extern "C" size_t attn_backward_workspace_bytes(const char* name, const AttnBwdA
   if (family == nullptr || a == nullptr) return 0;
   attnserve::kernels::BackwardParams p = BackwardOf(a);
   if (!FillShape(&a->fwd, &p.shape, &p.options, &message)) return 0;
-  return family->backward_workspace_bytes(p);
+  return family->backward_workspace_bytes(p, /*code_path=*/{});  // whichever path runs
 }
 
 extern "C" int attn_backward(const char* name, const AttnBwdArgs* a, char* err, size_t errlen) {

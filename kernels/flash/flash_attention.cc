@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "kernels/flash/arch.h"
 #include "kernels/flash/bwd_args.h"
@@ -223,9 +224,22 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx) {
   return (s.dtype == DType::kFloat16 ? kernel->fp16 : kernel->bf16)(xargs, grid, stream);
 }
 
-size_t BackwardWorkspaceBytes(const BackwardParams& params) {
+namespace {
+
+// Whether the backward adds dQ into the float32 workspace on `code_path` (empty: any path):
+// the atomic mode, except on the Hopper path at the head dims where dQ is a kernel of its own.
+bool UsesDqAccumulator(const BackwardParams& params, std::string_view code_path) {
+  if (params.deterministic) return false;
+  if (code_path != Sm90::kName) return true;
+  const BackwardKernelEntry* kernel = FindBackwardKernel(params.shape.head_dim);
+  return kernel == nullptr || !Sm90BackwardSeparateDq(kernel->head_dim);
+}
+
+}  // namespace
+
+size_t BackwardWorkspaceBytes(const BackwardParams& params, std::string_view code_path) {
   return BackwardDsumBytes(params.shape) +
-         (params.deterministic ? 0 : BackwardDqAccumBytes(params.shape));
+         (UsesDqAccumulator(params, code_path) ? BackwardDqAccumBytes(params.shape) : 0);
 }
 
 KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx) {
@@ -244,6 +258,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   BackwardLaunchFn launch = nullptr;
   int smem = 0;
   int kernel_head_dim = 0;
+  bool sm90_path = false;
   if (target.turing) {
     const TuringKernelEntry* kernel = FindTuringKernel(s.head_dim);
     if (kernel == nullptr) return NotBuilt(target, "backward for ", s.head_dim);
@@ -262,6 +277,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
                                  Sm90BackwardSmemBytes(kernel_head_dim), extras))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
       smem = Sm90BackwardSmemBytes(kernel_head_dim);
+      sm90_path = true;
     }
   }
   if (s.total_q > 0 && (params.dout == nullptr || params.dq == nullptr)) {
@@ -279,7 +295,11 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   if ((s.total_q > 0 && s.max_seqlen_q == 0) || (s.total_k > 0 && s.max_seqlen_k == 0)) {
     return Error("max_seqlen_q/_k must be set when total_q/_k > 0");
   }
-  const size_t workspace = BackwardWorkspaceBytes(params);
+  // The path this launch runs decides the workspace (a caller that sized it for any path gave
+  // at least as much).
+  const std::string_view code_path =
+      sm90_path ? Sm90::kName : target.turing ? Sm75::kName : Sm80::kName;
+  const size_t workspace = BackwardWorkspaceBytes(params, code_path);
   if (ctx.workspace_bytes < workspace || (workspace > 0 && ctx.workspace == nullptr)) {
     return Error("backward needs a workspace of " + std::to_string(workspace) +
                  " bytes (BackwardWorkspaceBytes), got " + std::to_string(ctx.workspace_bytes));
@@ -296,7 +316,7 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
   args.dk = params.dk;
   args.dv = params.dv;
   args.dsum = static_cast<float*>(ctx.workspace);
-  args.dq_accum = params.deterministic || s.total_q == 0
+  args.dq_accum = !UsesDqAccumulator(params, code_path) || s.total_q == 0
                       ? nullptr
                       : reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
                                                  BackwardDsumBytes(s));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 
 #include "kernels/attention_params.h"
 
@@ -20,8 +21,10 @@ KernelStatus Forward(const ForwardParams& params, const ExecutionContext& ctx);
 // Bytes of device scratch Backward needs in ctx.workspace (16-byte aligned; the caller allocates
 // it): D = rowsum(dO * O) in float32 (num_heads * total_q floats) and, unless
 // params.deterministic, a float32 dQ accumulator (total_q * num_heads * head_dim floats), each
-// rounded up to 256 bytes. 0 when total_q is 0.
-size_t BackwardWorkspaceBytes(const BackwardParams& params);
+// rounded up to 256 bytes; no accumulator on the Hopper path ("sm90", the plan's code_path) at
+// head dims 200-256, where dQ is a pass of its own in both modes. An empty code_path: whichever
+// path runs. 0 when total_q is 0.
+size_t BackwardWorkspaceBytes(const BackwardParams& params, std::string_view code_path = {});
 
 // FlashAttention-2's backward over the same packed layout: dq like q, dk/dv like k/v, from q, k,
 // v, out, dout and the forward's lse. Head dims: multiples of 8 up to 256 (the kernels need 119 KB

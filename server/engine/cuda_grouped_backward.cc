@@ -75,7 +75,8 @@ absl::StatusOr<LaneRun> RunBackwardLaunches(const kernels::KernelFamilyEntry& fa
     params.shape = launch.shape;
     params.options = LaunchOptions(options, launch);
     params.deterministic = set.deterministic;
-    kernel_workspace = std::max(kernel_workspace, family.backward_workspace_bytes(params));
+    kernel_workspace =
+        std::max(kernel_workspace, family.backward_workspace_bytes(params, set.code_path));
     lse_scratch =
         std::max(lse_scratch, static_cast<size_t>(heads * (launch.q1 - launch.q0)) * lse_row);
     if (launch.row_block) {
@@ -230,6 +231,7 @@ absl::StatusOr<LaneRun> RunBackwardInGroups(const kernels::KernelFamilyEntry& fa
   set.cu_seqlens_k = &in.cu_seqlens_k;
   set.options = in.options;
   set.deterministic = in.deterministic;
+  set.code_path = in.route.code_path;
   set.destinations = in.output_space.destinations;
   const LaunchHooks hooks = ArrivalHooks(groups, pieces.group_of, cut.before_launch);
   return RunBackwardLaunches(family, set, plan, hooks, lane, device_context, context);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/kernel_families.h"
@@ -26,6 +27,7 @@ struct BackwardLaunchSet {
   const std::vector<int32_t>* cu_seqlens_k = nullptr;
   RequestOptions options;
   bool deterministic = false;
+  std::string code_path;  // the route's: the family's workspace may depend on it
   std::vector<char*> destinations;
   // A resident request (cuda_resident.h): dout, q, k, v, out and lse already lie in this
   // device's memory here, `tensors` is empty and only the launches' offsets cross. All null:

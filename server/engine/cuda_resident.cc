@@ -55,7 +55,7 @@ absl::StatusOr<LaneRun> RunResidentBackward(const kernels::KernelFamilyEntry& fa
   params.v = in.v.data;
   params.out = in.out.data;
   params.lse = reinterpret_cast<const float*>(in.lse.data);
-  const size_t workspace_bytes = family.backward_workspace_bytes(params);
+  const size_t workspace_bytes = family.backward_workspace_bytes(params, in.route.code_path);
   return lane.Run(
       {OffsetsInput(in.cu_seqlens_q), OffsetsInput(in.cu_seqlens_k)},
       {in.q.size_bytes, in.k.size_bytes, in.v.size_bytes}, workspace_bytes,
@@ -102,6 +102,7 @@ absl::StatusOr<LaneRun> RunResidentBackwardLaunches(const kernels::KernelFamilyE
   set.cu_seqlens_k = &in.cu_seqlens_k;
   set.options = in.options;
   set.deterministic = in.deterministic;
+  set.code_path = in.route.code_path;
   set.destinations = in.output_space.destinations;
   set.resident = {in.dout.data, in.q.data, in.k.data, in.v.data, in.out.data, in.lse.data};
   const GroupLaunches plan =

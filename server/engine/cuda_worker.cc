@@ -73,6 +73,7 @@ BackwardLaunchSet BackwardSetOf(const BackwardInputs& first, const TensorView& q
   set.cu_seqlens_k = &cu_seqlens_k;
   set.options = first.options;
   set.deterministic = first.deterministic;
+  set.code_path = first.route.code_path;
   set.destinations = destinations;
   return set;
 }
@@ -376,7 +377,7 @@ std::vector<absl::StatusOr<BackwardResult>> CudaWorker::RunOnDevice(
   params.options = ResolveOptions(first.options, params.shape.head_dim);
   params.deterministic = first.deterministic;
   const int64_t q_row_bytes = RowBytes(first.q), k_row_bytes = RowBytes(first.k);
-  const size_t workspace_bytes = family.backward_workspace_bytes(params);
+  const size_t workspace_bytes = family.backward_workspace_bytes(params, first.route.code_path);
   const std::vector<char*> destinations = DestinationsOf(parts);
   // Per query row: dout, q, out, dq, and lse's float per head; per key row: k, v, dk, dv.
   const double query_row = 4.0 * q_row_bytes + sizeof(float) * q.shape[1];
@@ -484,7 +485,7 @@ absl::StatusOr<BackwardResult> CudaWorker::RunOnContext(const kernels::KernelFam
   params.options = ResolveOptions(inputs.options, params.shape.head_dim);
   params.deterministic = inputs.deterministic;
   const size_t q_bytes = inputs.q.size_bytes, k_bytes = inputs.k.size_bytes;
-  const size_t workspace_bytes = family.backward_workspace_bytes(params);
+  const size_t workspace_bytes = family.backward_workspace_bytes(params, inputs.route.code_path);
   const std::vector<char*>& destinations = inputs.output_space.destinations;
   const std::vector<LaunchRange> split =
       SplitOf(family, Direction::kBackward, inputs.q, inputs.cu_seqlens_q, inputs.cu_seqlens_k,

@@ -39,15 +39,16 @@ double ForwardScores(const std::vector<int32_t>& cu_q, const std::vector<int32_t
   return pairs * static_cast<double>(q.shape[1]);
 }
 
-// What each built device family would allocate as its workspace (its entry point `bytes`) for
-// the whole request; a split launch allocates at most that, its largest piece's.
-template <typename Params>
-std::vector<FamilyWorkspace> Workspaces(
-    const Params& params, size_t (*kernels::KernelFamilyEntry::*bytes)(const Params&)) {
+// What each built device family would allocate as its workspace (`bytes(family)`) for the
+// whole request, on whichever of its code paths runs (routing picks one per device); a split
+// launch allocates at most that, its largest piece's.
+template <typename Bytes>
+std::vector<FamilyWorkspace> EachDeviceFamilysWorkspace(Bytes&& bytes) {
   std::vector<FamilyWorkspace> workspaces;
   for (const kernels::KernelFamilyEntry& family : kernels::BuiltKernelFamilies()) {
-    if (!family.runs_on_device || family.*bytes == nullptr) continue;
-    workspaces.push_back({family.name, static_cast<int64_t>((family.*bytes)(params))});
+    if (family.runs_on_device) {
+      workspaces.push_back({family.name, static_cast<int64_t>(bytes(family))});
+    }
   }
   return workspaces;
 }
@@ -61,14 +62,18 @@ Params ShapeAndOptionsOf(const Inputs& in) {
 }
 
 std::vector<FamilyWorkspace> Workspaces(const ForwardInputs& in) {
-  return Workspaces(ShapeAndOptionsOf<kernels::ForwardParams>(in),
-                    &kernels::KernelFamilyEntry::forward_workspace_bytes);
+  const auto params = ShapeAndOptionsOf<kernels::ForwardParams>(in);
+  return EachDeviceFamilysWorkspace([&](const kernels::KernelFamilyEntry& family) {
+    return family.forward_workspace_bytes(params);
+  });
 }
 
 std::vector<FamilyWorkspace> Workspaces(const BackwardInputs& in) {
   auto params = ShapeAndOptionsOf<kernels::BackwardParams>(in);
   params.deterministic = in.deterministic;
-  return Workspaces(params, &kernels::KernelFamilyEntry::backward_workspace_bytes);
+  return EachDeviceFamilysWorkspace([&](const kernels::KernelFamilyEntry& family) {
+    return family.backward_workspace_bytes(params, /*code_path=*/{});
+  });
 }
 
 template <typename Inputs>

@@ -41,7 +41,8 @@ int64_t DeviceBytes(const BackwardInputs& in);
 
 // The workspace a family that runs on a device allocates beside the request's tensors (e.g.
 // the flash backward's float32 dQ accumulator, twice the bytes of a 16-bit q; cuBLAS's
-// scratch), as its *_workspace_bytes entry point says for the whole request.
+// scratch), as its *_workspace_bytes entry point says for the whole request on any of its code
+// paths (flash's Hopper path at head dims 200-256 needs no accumulator; it is counted anyway).
 struct FamilyWorkspace {
   std::string family;
   int64_t bytes = 0;

@@ -3,7 +3,9 @@
 // rules and its plan say the same thing.
 #include "kernels/family_plans.h"
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -183,6 +185,42 @@ TEST(FamilyPlansTest, EveryFamilyIsKnownEvenWhereItsKernelsAreNotBuilt) {
     EXPECT_NE(family->coverage, nullptr);
   }
   EXPECT_NE(FindKernelFamily("reference"), nullptr);
+}
+
+// The flash backward's workspace follows the planned code path: its Hopper path at head dims
+// 200-256 computes dQ in a pass of its own in both modes, so it takes no float32 dQ
+// accumulator there; every other path in the atomic mode does, and an empty code path (a caller
+// that does not know it) gets the most any path needs.
+TEST(FamilyPlansTest, FlashBackwardWorkspaceFollowsThePlannedCodePath) {
+  const KernelFamilyEntry* flash = FindKernelFamily("flash");
+  if (flash == nullptr) GTEST_SKIP() << "flash is not built";
+  const int32_t cu[] = {0, 100, 300};
+  BackwardParams params;
+  params.shape.dtype = DType::kBFloat16;
+  params.shape.batch = 2;
+  params.shape.total_q = params.shape.total_k = 300;
+  params.shape.num_heads = params.shape.num_heads_k = 8;
+  params.shape.cu_seqlens_q = params.shape.cu_seqlens_k = cu;
+  params.shape.max_seqlen_q = params.shape.max_seqlen_k = 200;
+  auto bytes = [&](int head_dim, bool deterministic, std::string_view code_path) {
+    params.shape.head_dim = head_dim;
+    params.deterministic = deterministic;
+    return flash->backward_workspace_bytes(params, code_path);
+  };
+  const size_t accumulator_128 = 300 * 8 * 128 * 4;
+  EXPECT_GE(bytes(128, false, "") - bytes(128, true, ""), accumulator_128);
+  EXPECT_EQ(bytes(128, false, "sm90"), bytes(128, false, ""));  // dQ by tile: kept
+  EXPECT_EQ(bytes(128, false, "sm80"), bytes(128, false, ""));
+#if defined(ATTN_FLASH_HDIM_256)
+  for (int head_dim : {200, 256}) {
+    SCOPED_TRACE(head_dim);
+    EXPECT_EQ(bytes(head_dim, false, "sm90"), bytes(head_dim, true, ""));
+    EXPECT_GE(bytes(head_dim, false, "") - bytes(head_dim, false, "sm90"),
+              size_t{300} * 8 * head_dim * 4);
+    EXPECT_EQ(bytes(head_dim, false, "sm80"), bytes(head_dim, false, ""));
+    EXPECT_EQ(bytes(head_dim, false, "sm75"), bytes(head_dim, false, ""));
+  }
+#endif
 }
 
 }  // namespace
