@@ -25,7 +25,7 @@ __device__ __forceinline__ DkDvCtaCoords HeadsFirstDkDvCta(const FwdKernelArgs& 
   return {static_cast<int>(blockIdx.z), x % kv_heads, x / kv_heads};
 }
 
-// A persistent dK/dV kernel's blocks (tuning.h's ATTN_FLASH_SM90_BWD_PERSISTENT): the grid below
+// A persistent dK/dV kernel's blocks (Sm90BackwardRunsPersistent in tile_config.h): the grid below
 // flattened, x (x_count of them per sequence) fastest, as the GPU dispatches that grid's CTAs.
 struct DkDvBlocks {
   int x_count;

@@ -27,7 +27,7 @@ KernelStatus LaunchBackwardExtras(const BwdKernelArgsX& args, const BwdGrid& gri
 
 // The Hopper (sm_90a) backward for kHeadDim (bwd_sm90_launch.cuh; atomic-dQ mode only, so
 // args.dq_accum must be set): preprocess, wgmma dK/dV kernel, dQ conversion. The caller has
-// checked that grid.smem_limit holds Sm90BackwardSmemBytes(kHeadDim).
+// checked that grid.smem_limit holds Sm90BackwardMaxSmemBytes(kHeadDim).
 template <DType kDType, int kHeadDim>
 KernelStatus LaunchBackwardSm90(const BwdKernelArgs& args, const BwdGrid& grid,
                                 cudaStream_t stream);

@@ -7,7 +7,7 @@
 // exp2), the dQ reduction into the float32 workspace, and the dK / dV stores.
 // T (BwdSm90Traits or BwdSm90WideTraits) gives the geometry; the loads run on the producer's
 // threads [0, kLoaderThreads) (LoadSwizzledTileAsync picks whole rows or the flat order). Where
-// T::kPersistent (a benchmark build's knob at head dim 64) a CTA runs several key blocks, one
+// T::kPersistent (head dim 64; Sm90BackwardRunsPersistent) a CTA runs several key blocks, one
 // BwdSm90Block each, with tile numbers running on across them and K/V buffers taken by turns.
 #pragma once
 
@@ -67,7 +67,7 @@ class BwdSm90Block
   // read dK / dV back out of it); K and V land with the block's first tile, published on the
   // stage ring's full barrier. Thread 0 initializes it before RunSm90Roles' barrier.
   using KvBarriers = Sm90StageBarriers<2, 1>;
-  static_assert(!T::kPersistent || KvBarriers::kBytes == Sm90BackwardKvBarrierBytes(T::kHeadDim),
+  static_assert(!T::kPersistent || KvBarriers::kBytes == Sm90BackwardKvBarrierBytes(T::kPersistent),
                 "host and device agree");
   __device__ __forceinline__ static KvBarriers KvRing(uint32_t smem) {
     return KvBarriers(StageBarriers(smem) + kSm90BackwardBarrierBytes);

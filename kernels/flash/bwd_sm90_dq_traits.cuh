@@ -55,7 +55,7 @@ struct BwdSm90DqTraits {
   static_assert(kQTileBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kSmemBytes <= 232448, "fits an H100 block (227 KB)");
-  static_assert(kSmemBytes <= Sm90BackwardSmemBytes(kHeadDim),
+  static_assert(kSmemBytes <= Sm90BackwardMaxSmemBytes(kHeadDim),
                 "the dispatcher checks the device against the dK/dV kernel's need, the larger");
   static_assert(ptx::RegisterSplitFits(kThreads, kProducerThreads, kProducerRegisters,
                                        kConsumerRegisters),

@@ -22,8 +22,8 @@
 // dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ. The preprocess (D) is the sm80 path's kernel.
 // dK is scaled by softmax_scale at the end. With dQ, one barrier per tile among the consumers,
 // before dQ (both warpgroups' dS^T rows); it keeps them within a tile of each other, so two dS^T
-// buffers (by tile parity) suffice. A benchmark build may make the kernel at head dim 64
-// persistent (FlashBackwardDkDvSm90PersistentKernel; tuning.h's ATTN_FLASH_SM90_BWD_PERSISTENT).
+// buffers (by tile parity) suffice. At head dim 64 the kernel mostly runs persistent
+// (FlashBackwardDkDvSm90PersistentKernel; Sm90BackwardRunsPersistent in tile_config.h).
 #pragma once
 
 #include <cmath>
@@ -39,9 +39,10 @@
 
 namespace attnserve::kernels::flash {
 
-template <DType kDType, int kHeadDim, bool kFusedDq>
-class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, kFusedDq>> {
-  using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq>;
+template <DType kDType, int kHeadDim, bool kFusedDq, bool kPersistent>
+class BwdSm90BlockRunner
+    : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, kFusedDq, kPersistent>> {
+  using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq, kPersistent>;
   using Base = BwdSm90Block<T>;
   using typename Base::Element;
   using typename Base::MmaScores;
@@ -248,14 +249,15 @@ class BwdSm90BlockRunner : public BwdSm90Block<BwdSm90Traits<kDType, kHeadDim, k
 
 template <DType kDType, int kHeadDim, bool kFusedDq>
 __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& args) {
+  using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq, false>;
   extern __shared__ __align__(16) unsigned char smem[];
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
   const DkDvCtaCoords cta = HeadsFirstDkDvCta(args.fwd);
-  BwdSm90BlockRunner<kDType, kHeadDim, kFusedDq> runner(args, base, cta.batch, cta.kv_head,
-                                                        cta.n_block);
+  BwdSm90BlockRunner<kDType, kHeadDim, kFusedDq, false> runner(args, base, cta.batch,
+                                                               cta.kv_head, cta.n_block);
   if (!runner.Exists()) return;
-  RunSm90Roles<BwdSm90Traits<kDType, kHeadDim, kFusedDq>>(
+  RunSm90Roles<T>(
       runner.barriers(), [&] { runner.Produce(); },
       [&](int) {
         runner.Run();
@@ -263,14 +265,14 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90Cta(const BwdKernelArgs& ar
       });
 }
 
-// Persistent (T::kPersistent, a benchmark build's knob): each role walks the CTA's key blocks
+// Persistent (head dim 64; Sm90BackwardRunsPersistent): each role walks the CTA's key blocks
 // (ForEachDkDvBlock), a runner per block; the producer loads ahead into the ring and the other
 // K/V buffer while the consumers finish a block.
 template <DType kDType, int kHeadDim, bool kFusedDq>
 __device__ __forceinline__ void FlashBackwardDkDvSm90PersistentCta(const BwdKernelArgs& args,
                                                                    const DkDvBlocks& blocks) {
-  using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq>;
-  using Runner = BwdSm90BlockRunner<kDType, kHeadDim, kFusedDq>;
+  using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq, true>;
+  using Runner = BwdSm90BlockRunner<kDType, kHeadDim, kFusedDq, true>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t base = (ptx::SharedAddress(smem) + 1023u) & ~1023u;
   if (threadIdx.x == 0) Runner::KvRing(base).Init(T::kProducerThreads, T::kConsumerThreads);
@@ -298,7 +300,7 @@ __device__ __forceinline__ void FlashBackwardDkDvSm90PersistentCta(const BwdKern
 // Compiled only in sm_90a code (the instantiation files are built for that target alone); any
 // other pass sees a trap, never launched.
 template <DType kDType, int kHeadDim, bool kFusedDq>
-__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kThreads, 1)
+__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq, false>::kThreads, 1)
     FlashBackwardDkDvSm90Kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   FlashBackwardDkDvSm90Cta<kDType, kHeadDim, kFusedDq>(args);
@@ -307,17 +309,13 @@ __global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kTh
 #endif
 }
 
-// The persistent variant (launched only where BwdSm90Traits::kPersistent).
+// The persistent variant (head dim 64 only).
 template <DType kDType, int kHeadDim, bool kFusedDq>
-__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kThreads, 1)
+__global__ void __launch_bounds__(BwdSm90Traits<kDType, kHeadDim, kFusedDq, true>::kThreads, 1)
     FlashBackwardDkDvSm90PersistentKernel(const __grid_constant__ BwdKernelArgs args,
                                           const DkDvBlocks blocks) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (BwdSm90Traits<kDType, kHeadDim, kFusedDq>::kPersistent) {
-    FlashBackwardDkDvSm90PersistentCta<kDType, kHeadDim, kFusedDq>(args, blocks);
-  } else {
-    __trap();
-  }
+  FlashBackwardDkDvSm90PersistentCta<kDType, kHeadDim, kFusedDq>(args, blocks);
 #else
   __trap();
 #endif

@@ -116,14 +116,17 @@ KernelStatus LaunchBackwardSm90Variant(const BwdKernelArgs& args, const BwdGrid&
     return LaunchBackwardSm90With<BwdSm90WideTraits<kDType, kHeadDim, kFusedDq>, kDType>(
         &FlashBackwardDkDvSm90WideKernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
   } else {
-    using T = BwdSm90Traits<kDType, kHeadDim, kFusedDq>;
-    if constexpr (T::kPersistent) {
-      return LaunchBackwardSm90With<T, kDType>(
-          &FlashBackwardDkDvSm90PersistentKernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
-    } else {
-      return LaunchBackwardSm90With<T, kDType>(
-          &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
+    if constexpr (Sm90BackwardHasPersistent(kHeadDim)) {
+      const bool uneven_blocks = (args.fwd.window_left == kUnboundedWindow) !=
+                                 (args.fwd.window_right == kUnboundedWindow);
+      if (Sm90BackwardRunsPersistent(kHeadDim, kFusedDq, uneven_blocks, grid.max_seqlen_k)) {
+        return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, kFusedDq, true>, kDType>(
+            &FlashBackwardDkDvSm90PersistentKernel<kDType, kHeadDim, kFusedDq>, args, grid,
+            stream);
+      }
     }
+    return LaunchBackwardSm90With<BwdSm90Traits<kDType, kHeadDim, kFusedDq, false>, kDType>(
+        &FlashBackwardDkDvSm90Kernel<kDType, kHeadDim, kFusedDq>, args, grid, stream);
   }
 }
 

@@ -16,7 +16,9 @@ namespace attnserve::kernels::flash {
 
 // kFusedDq_: dQ summed here into the float32 workspace (the atomic-dQ mode); false: dK and dV
 // only, the dQ kernel (bwd_sm90_dq_kernel.cuh) computes dQ (the deterministic mode).
-template <DType kDType, int kHeadDim_, bool kFusedDq_>
+// kPersistent_: persistent CTAs with two K/V buffers (head dim 64 only; Sm90BackwardRunsPersistent
+// in tile_config.h says when they run).
+template <DType kDType, int kHeadDim_, bool kFusedDq_, bool kPersistent_>
 struct BwdSm90Traits {
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
@@ -27,9 +29,8 @@ struct BwdSm90Traits {
   static constexpr int kConsumerThreads = kWarpgroups * 128;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   static constexpr int kLoaderThreads = kProducerThreads;  // who runs BwdSm90Block's loads
-  // Persistent CTAs with two K/V buffers (a benchmark build's knob at 64; Sm90BackwardPersistent).
-  static constexpr bool kPersistent = Sm90BackwardPersistent(kHeadDim);
-  static constexpr int kKvBuffers = Sm90BackwardKvBuffers(kHeadDim);
+  static constexpr bool kPersistent = kPersistent_;
+  static constexpr int kKvBuffers = Sm90BackwardKvBuffers(kPersistent);
   static constexpr bool kFusedDq = kFusedDq_;
   // setmaxnreg split of the CTA's register pool (ptx::RegisterPool): the producer only computes
   // addresses; the consumers get the rest.
@@ -61,17 +62,19 @@ struct BwdSm90Traits {
   static constexpr int kRowVecs = kHeadDim / kVecElems;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
-  static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
+  static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim, kPersistent);
   static constexpr int kStages = 2;
   // Unmasked key blocks start one query tile apart (BwdSm90Block; 2 measured no better here).
   static constexpr int kStartTileStride = 1;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDsBuffers = kSm90BackwardDsBuffers;
   static constexpr int kExchangeBytes = Sm90BackwardExchangeBytes(kHeadDim);  // none here
-  static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
+  static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim, kPersistent);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim: 64 or 128 (whole swizzle rows)");
+  static_assert(!kPersistent || Sm90BackwardHasPersistent(kHeadDim),
+                "room for a second K/V pair (head dim 64)");
   static_assert(kBlockN == 128 && kWarpgroups == 2, "two 64-key warpgroups");
   static_assert(kBlockM == 64, "dQ: one 64-query product per warpgroup");
   static_assert(kDqCols == 32 || kDqCols == 64, "dQ: a wgmma N of 32 or 64");
@@ -81,7 +84,7 @@ struct BwdSm90Traits {
                     kDsBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
   static_assert(kStageBytes >= 2 * kTileBytes + 2 * kBlockM * 4 + kSm90BackwardBarrierBytes +
-                                   Sm90BackwardKvBarrierBytes(kHeadDim),
+                                   Sm90BackwardKvBarrierBytes(kPersistent),
                 "stage layout (stage 0 keeps the mbarriers after its lse and D)");
   static_assert(kSmemBytes == 2 * kKvBuffers * kKvBytes + 2 * kStageBytes +
                                   kDsBuffers * kDsBytes + kDqStageBytes + 1024,

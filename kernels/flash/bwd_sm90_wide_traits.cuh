@@ -79,7 +79,7 @@ struct BwdSm90WideTraits {
   // products (64 + 32 columns) for one bulk reduction.
   static constexpr int kDqPieceBytes = 16 * (kHeadDim / 2) * 4;
   static constexpr int kDqStageBytes = Sm90BackwardDqStageBytes(kHeadDim);
-  static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim);
+  static constexpr int kSmemBytes = Sm90BackwardSmemBytes(kHeadDim, false);
 
   static_assert(sizeof(Element) == 2, "flash kernels take 16-bit elements");
   static_assert(kHeadDim == 192 || kHeadDim == 256, "the wide kernel: head dim 192 or 256");

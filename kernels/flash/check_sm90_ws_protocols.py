@@ -29,7 +29,7 @@ a stage that holds its tile, landed and not overwritten; no consumer writes its 
 a buffer whose dQ product the other consumer still reads (two buffers by tile parity, the
 consumers' barrier before dQ bounding their drift); the epilogue overwrites K only after both
 consumers' last dQ; nothing deadlocks.
-The persistent dK/dV kernel at 64 (a benchmark build's knob): a CTA's blocks of random tile
+The persistent dK/dV kernel at 64 (Sm90BackwardRunsPersistent): a CTA's blocks of random tile
 counts (some without tiles, which touch no K/V buffer), tile numbers running on across blocks:
 the same rules, and each block reads K and V from its buffer only once they landed, the producer
 refills a buffer only after both consumers' epilogue of its previous block released it, and no

@@ -274,9 +274,9 @@ KernelStatus Backward(const BackwardParams& params, const ExecutionContext& ctx)
     // Hopper: the wgmma kernels where the plan's rule says so, in both modes.
     const BackwardKernelEntry* sm90 = FindSm90BackwardKernel(kernel_head_dim);
     if (RunsSm90(Sm90CandidateOf(target, ctx, /*backward=*/true, sm90 != nullptr,
-                                 Sm90BackwardSmemBytes(kernel_head_dim), extras))) {
+                                 Sm90BackwardMaxSmemBytes(kernel_head_dim), extras))) {
       launch = s.dtype == DType::kFloat16 ? sm90->fp16 : sm90->bf16;
-      smem = Sm90BackwardSmemBytes(kernel_head_dim);
+      smem = Sm90BackwardMaxSmemBytes(kernel_head_dim);
       sm90_path = true;
     }
   }

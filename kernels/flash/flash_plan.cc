@@ -140,7 +140,7 @@ KernelPlan Plan(const PlanQuery& query) {
                                        : query.compute_capability;
   sm90.kernel_built = kernel_head_dim != 0 && Sm90Built(backward, kernel_head_dim);
   sm90.kernel_shared_memory = !sm90.kernel_built ? 0
-                              : backward         ? Sm90BackwardSmemBytes(kernel_head_dim)
+                              : backward         ? Sm90BackwardMaxSmemBytes(kernel_head_dim)
                                                  : Sm90ForwardSmemBytes(kernel_head_dim);
   sm90.shared_memory_limit = limit;
   sm90.extras = query.dropout || query.alibi;

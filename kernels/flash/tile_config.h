@@ -210,25 +210,33 @@ constexpr int Sm90BackwardBlockM(int head_dim) {
 // padding after its lse and D, which every stage has room for (at head dim 256 the tiles take
 // all 227 KB of a block, with no 32 bytes to spare elsewhere).
 inline constexpr int kSm90BackwardBarrierBytes = 2 * 2 * 8;
-// A persistent dK/dV kernel (benchmark builds only: tuning.h's ATTN_FLASH_SM90_BWD_PERSISTENT; at
-// head dim 64, the only one with room for a second K/V pair): min(key blocks, SMs) CTAs each
-// running every gridDim.x-th key block, K and V in two buffers used by turns.
-constexpr bool Sm90BackwardPersistent(int head_dim) {
-  return head_dim == 64 && kSm90BackwardPersistentUpTo >= 64;
+// A persistent dK/dV kernel: min(key blocks, SMs) CTAs each running every gridDim.x-th key block,
+// K and V in two buffers used by turns, so that the next block's K, V and first query tiles load
+// while the current one finishes. Only head dim 64 has room for the second K/V pair.
+constexpr bool Sm90BackwardHasPersistent(int head_dim) { return head_dim == 64; }
+// Which dK/dV kernel runs (bench/RESULTS.md "Hopper backward at 64: persistent dK/dV CTAs",
+// H200, against one CTA per key block): persistent measured +2 to +6% without a mask, +2 to +5%
+// in the deterministic mode (no dQ) on every row, and +2% on causal rows of up to 2048 keys with
+// dQ fused; causal with dQ fused at 8192 / 16384 keys and the varlen mix it lost 3 to 5%. There
+// the early key blocks are the heavy ones, and CTAs dispatched by the GPU as others finish
+// balance them better than a fixed share per CTA (dealt back and forth measured worse still).
+// uneven_blocks: a mask that gives key blocks unequal work along the sequence (one of the
+// window's bounds set, e.g. causal).
+constexpr bool Sm90BackwardRunsPersistent(int head_dim, bool fused_dq, bool uneven_blocks,
+                                          int max_seqlen_k) {
+  return Sm90BackwardHasPersistent(head_dim) &&
+         !(fused_dq && uneven_blocks && max_seqlen_k > 2048);
 }
-constexpr int Sm90BackwardKvBuffers(int head_dim) {
-  return Sm90BackwardPersistent(head_dim) ? 2 : 1;
-}
+constexpr int Sm90BackwardKvBuffers(bool persistent) { return persistent ? 2 : 1; }
 // The persistent kernel's K/V buffers' mbarriers (a ring of two, Sm90StageBarriers<2, 1>),
 // after the stage ring's.
-constexpr int Sm90BackwardKvBarrierBytes(int head_dim) {
-  return Sm90BackwardPersistent(head_dim) ? 2 * 2 * 8 : 0;
-}
+constexpr int Sm90BackwardKvBarrierBytes(bool persistent) { return persistent ? 2 * 2 * 8 : 0; }
 // Q and dO of a query tile plus its lse and D (and room for the mbarriers), rounded up to whole
 // 1 KB swizzle atoms.
-constexpr int Sm90BackwardStageBytes(int head_dim) {
+constexpr int Sm90BackwardStageBytes(int head_dim, bool persistent = false) {
   return (2 * Sm90BackwardBlockM(head_dim) * head_dim * 2 + 2 * Sm90BackwardBlockM(head_dim) * 4 +
-          kSm90BackwardBarrierBytes + Sm90BackwardKvBarrierBytes(head_dim) + 1023) / 1024 * 1024;
+          kSm90BackwardBarrierBytes + Sm90BackwardKvBarrierBytes(persistent) + 1023) /
+         1024 * 1024;
 }
 // Head dims 192 / 256 only: the float32 exchange tile (G = dS^T / (dP^T - D), keys x queries)
 // that the S^T warpgroup hands to the dP^T warpgroup.
@@ -251,12 +259,17 @@ constexpr int Sm90BackwardDqStageBytes(int head_dim) {
 // (192 / 256), the dQ staging (64 / 128 / 192), 1 KB for alignment: 115 / 195 / 227 / 227 KB at
 // head dim 64 / 128 / 192 / 256 (147 KB persistent at 64; a third stage would fit neither at 192
 // nor at 256).
-constexpr int Sm90BackwardSmemBytes(int head_dim) {
-  return 2 * Sm90BackwardKvBuffers(head_dim) * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
-         2 * Sm90BackwardStageBytes(head_dim) +
+constexpr int Sm90BackwardSmemBytes(int head_dim, bool persistent) {
+  return 2 * Sm90BackwardKvBuffers(persistent) * Sm90BackwardBlockN(head_dim) * head_dim * 2 +
+         2 * Sm90BackwardStageBytes(head_dim, persistent) +
          kSm90BackwardDsBuffers * Sm90BackwardBlockN(head_dim) *
              Sm90BackwardBlockM(head_dim) * 2 +
          Sm90BackwardExchangeBytes(head_dim) + Sm90BackwardDqStageBytes(head_dim) + 1024;
+}
+// The most shared memory any dK/dV kernel at this head dim takes (what the host checks a device
+// for before routing the backward to the Hopper path).
+constexpr int Sm90BackwardMaxSmemBytes(int head_dim) {
+  return Sm90BackwardSmemBytes(head_dim, Sm90BackwardHasPersistent(head_dim));
 }
 
 // Dynamic shared memory of one forward CTA: Q (block_m rows), one K and one V tile (block_n rows

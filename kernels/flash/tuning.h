@@ -60,18 +60,6 @@ inline constexpr int kSm90ForwardTmaFrom = ATTN_FLASH_SM90_FWD_TMA;
 #endif
 inline constexpr int kSm90ForwardTmaStoreFrom = ATTN_FLASH_SM90_FWD_TMA_STORE;
 
-// N >= 64: the Hopper backward's dK/dV kernel at head dim 64 runs persistent CTAs, min(key
-// blocks, SMs) of them each taking every gridDim.x-th key block, with K and V double-buffered so
-// that the next block's K, V and first query tiles load while the current one finishes
-// (Sm90BackwardPersistent in tile_config.h; only head dim 64 has room for a second K/V pair); 0
-// (shipped): one CTA per key block. Not measured yet, nor run on a GPU: session 27 wrote it with
-// no device time left (the protocol checker models it; the shipped kernels compile to the same
-// binaries as before it).
-#ifndef ATTN_FLASH_SM90_BWD_PERSISTENT
-#define ATTN_FLASH_SM90_BWD_PERSISTENT 0
-#endif
-inline constexpr int kSm90BackwardPersistentUpTo = ATTN_FLASH_SM90_BWD_PERSISTENT;
-
 // N > 0: the Hopper forward runs persistent CTAs up to N keys (max_seqlen_k) at every head dim
 // (Sm90ForwardPersistentMaxKeys in tile_config.h); 0 (shipped): 2048 at head dim 64, 1024 above.
 // 2048 measured at 128 (bench/RESULTS.md "Hopper forward: turns across blocks, the softmax under

@@ -293,8 +293,10 @@ def test_sm90_backward_runs(head_dim):
             torch.cuda.synchronize()
         return [event.key for event in prof.key_averages()]
 
-    wide = head_dim > 128
-    expected = "FlashBackwardDkDvSm90WideKernel" if wide else "FlashBackwardDkDvSm90Kernel"
+    # (At 64 persistent CTAs: Sm90BackwardRunsPersistent, test_sm90_backward_persistent_at_64.)
+    expected = ("FlashBackwardDkDvSm90WideKernel" if head_dim > 128
+                else "FlashBackwardDkDvSm90PersistentKernel" if head_dim == 64
+                else "FlashBackwardDkDvSm90Kernel")
     for deterministic in (False, True):
         names = kernels_run(LIB, deterministic)
         assert any(expected in name for name in names), names
@@ -303,3 +305,31 @@ def test_sm90_backward_runs(head_dim):
     names = kernels_run(SM80_ON_HOPPER[1])
     assert not any("Sm90" in name for name in names), names
     assert any("FlashBackwardDkDv" in name for name in names), names
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="needs a 9.x GPU")
+@pytest.mark.parametrize("keys,causal,deterministic,persistent", [
+    (2048, True, False, True), (2049, True, False, False), (4096, False, False, True),
+    (4096, True, True, True), (4096, (8, 8), False, True), (4096, (-1, 8), False, False),
+    (4096, (8, -1), False, False)])
+def test_sm90_backward_persistent_at_64(keys, causal, deterministic, persistent):
+    """At head dim 64 the persistent dK/dV kernel runs, except with dQ fused under a mask that
+    bounds one side of the window (causal: the early key blocks are the heavy ones) on more than
+    2048 keys, where one CTA per key block runs (Sm90BackwardRunsPersistent). `causal`: True,
+    False or a window."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q = torch.randn(keys, 2, 64, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, keys], dtype=torch.int32)
+    window = causal if isinstance(causal, tuple) else (-1, -1)
+    kwargs = dict(dout=q, q=q, k=q, v=q, out=q, lse=torch.zeros(2, keys, device="cuda"),
+                  cu_seqlens_q=cu.cuda(), cu_seqlens_k=cu.cuda(), max_seqlen_q=keys,
+                  max_seqlen_k=keys, cu_seqlens_q_host=cu, cu_seqlens_k_host=cu,
+                  causal=causal is True, window=window, deterministic=deterministic)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        LIB.backward(**kwargs)
+        torch.cuda.synchronize()
+    names = [event.key for event in prof.key_averages()]
+    ran = ("FlashBackwardDkDvSm90PersistentKernel" if persistent
+           else "FlashBackwardDkDvSm90Kernel")
+    assert any(ran in name for name in names), names
