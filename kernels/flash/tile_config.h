@@ -218,8 +218,9 @@ constexpr bool Sm90BackwardHasPersistent(int head_dim) { return head_dim == 64; 
 // H200, against one CTA per key block): persistent measured +2 to +6% without a mask, +2 to +5%
 // in the deterministic mode (no dQ) on every row, and +2% on causal rows of up to 2048 keys with
 // dQ fused; causal with dQ fused at 8192 / 16384 keys and the varlen mix it lost 3 to 5%. There
-// the early key blocks are the heavy ones, which the GPU hands to SMs as they free up; a fixed
-// share per CTA dealt back and forth, fairer on paper, lost more (up to 14%): not understood.
+// the early key blocks are the heavy ones, which the GPU hands to SMs as they free up, while a
+// fixed share per CTA leaves the busiest CTA ~3% over the mean by the tile counts (dealt back and
+// forth instead: 22% over on 8x2048, where it lost 14%).
 // uneven_blocks: a mask that gives key blocks unequal work along the sequence (one of the
 // window's bounds set, e.g. causal).
 constexpr bool Sm90BackwardRunsPersistent(int head_dim, bool fused_dq, bool uneven_blocks,
