@@ -66,7 +66,7 @@ struct BwdSm90WideTraits {
   static constexpr int kRowVecs = kHeadDim / kVecElems;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
   static constexpr int kTileBytes = kBlockM * kHeadDim * 2;  // Q or dO of a query tile
-  static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim);
+  static constexpr int kStageBytes = Sm90BackwardStageBytes(kHeadDim, false);
   static constexpr int kStages = 2;
   // Unmasked key blocks start two query tiles apart (BwdSm90Block). One apart, a CTA that ran a
   // little faster than its neighbour caught up with it and both then added into the same dQ

@@ -234,7 +234,7 @@ constexpr int Sm90BackwardKvBuffers(bool persistent) { return persistent ? 2 : 1
 constexpr int Sm90BackwardKvBarrierBytes(bool persistent) { return persistent ? 2 * 2 * 8 : 0; }
 // Q and dO of a query tile plus its lse and D (and room for the mbarriers), rounded up to whole
 // 1 KB swizzle atoms.
-constexpr int Sm90BackwardStageBytes(int head_dim, bool persistent = false) {
+constexpr int Sm90BackwardStageBytes(int head_dim, bool persistent) {
   return (2 * Sm90BackwardBlockM(head_dim) * head_dim * 2 + 2 * Sm90BackwardBlockM(head_dim) * 4 +
           kSm90BackwardBarrierBytes + Sm90BackwardKvBarrierBytes(persistent) + 1023) /
          1024 * 1024;
