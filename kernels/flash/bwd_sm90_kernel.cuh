@@ -160,9 +160,19 @@ class BwdSm90BlockRunner
 
     float s[T::kSTiles][4];
     float dp[T::kSTiles][4];
-    ptx::WgmmaFence();
-    IssueScores(s, k_smem_ + warpgroup * 64 * 128, q_st);
-    IssueScores(dp, v_smem_ + warpgroup * 64 * 128, do_st);
+    if constexpr (T::kRsScores) {
+      if (it == 0) {
+        LoadKeyFragments(kv_frag_[0], k_smem_, warpgroup, warp, tid % 32);
+        LoadKeyFragments(kv_frag_[1], v_smem_, warpgroup, warp, tid % 32);
+      }
+      ptx::WgmmaFence();
+      IssueScoresRs(s, kv_frag_[0], q_st);
+      IssueScoresRs(dp, kv_frag_[1], do_st);
+    } else {
+      ptx::WgmmaFence();
+      IssueScores(s, k_smem_ + warpgroup * 64 * 128, q_st);
+      IssueScores(dp, v_smem_ + warpgroup * 64 * 128, do_st);
+    }
     float dq[T::kDqTiles][4];
     if constexpr (kPrevDq) IssueDq(dq, DsSmem(it - 1), warpgroup);
     // The tile's lse and D: at 64 read under the running wgmma (their shared-memory latency
@@ -243,6 +253,35 @@ class BwdSm90BlockRunner
     this->ReduceDqPiece(tile, piece, lane);
   }
 
+  // T::kRsScores: this warp's 16 keys of K or V (`tile`) as the A fragments of each k16 step
+  // (ldmatrix from the swizzled tile; generic-proxy reads of the producer's cp.async writes).
+  __device__ __forceinline__ static void LoadKeyFragments(uint32_t (&frag)[T::kScoreSteps][4],
+                                                          uint32_t tile, int warpgroup, int warp,
+                                                          int lane) {
+    // ldmatrix.x4: lanes 8j.. address matrix j = (rows 0-7 | 8-15) x (k 0-7 | 8-15).
+    const int row = warpgroup * 64 + warp * 16 + lane % 8 + 8 * (lane / 8 % 2);
+#pragma unroll
+    for (int kk = 0; kk < T::kScoreSteps; ++kk) {
+      ptx::LoadMatrixX4(frag[kk], tile + SwizzledOffset<T::kBlockN>(row, 2 * kk + lane / 16));
+    }
+  }
+  // S^T = K Q^T (or dP^T = V dO^T) with K (V) from registers, Q (dO) K-major from shared
+  // memory, one committed group (the caller fences first).
+  __device__ __forceinline__ void IssueScoresRs(float (&acc)[T::kSTiles][4],
+                                                const uint32_t (&frag)[T::kScoreSteps][4],
+                                                uint32_t queries) {
+    const uint64_t queries_desc = ptx::MatrixDescriptor128B(queries, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < T::kScoreSteps; ++kk) {
+      const uint64_t b =
+          ptx::DescriptorPlus(queries_desc, (kk / 4) * T::kBlockM * 128 + (kk % 4) * 32);
+      MmaScores::RSKMajor(acc, frag[kk], b, kk > 0);
+    }
+    ptx::WgmmaCommit();
+  }
+
+  // T::kRsScores: K's (0) and V's (1) A fragments, loaded with the block's first tile.
+  uint32_t kv_frag_[T::kRsScores ? 2 : 1][T::kRsScores ? T::kScoreSteps : 1][4];
   float dk_[T::kDTiles][4];
   float dv_[T::kDTiles][4];
 };

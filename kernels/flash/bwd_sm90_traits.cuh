@@ -57,6 +57,9 @@ struct BwdSm90Traits {
   // Head dim 64: a tile's lse and D are read into registers right after its S^T / dP^T are
   // issued, under the wgmma (32 floats; at 128 there is no room for them).
   static constexpr bool kEarlyVectors = kHeadDim == 64;
+  // Head dim 64 with tuning.h's ATTN_FLASH_SM90_BWD_RS_SCORES: S^T and dP^T as RS wgmma, K and V
+  // from registers (32 per thread), so that they read only Q / dO from shared memory.
+  static constexpr bool kRsScores = kSm90BackwardRsScores && kHeadDim == 64;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;

@@ -71,4 +71,17 @@ inline constexpr int kSm90ForwardTmaStoreFrom = ATTN_FLASH_SM90_FWD_TMA_STORE;
 inline constexpr int kSm90ForwardPersistentMaxKeysOverride =
     ATTN_FLASH_SM90_FWD_PERSISTENT_MAX_KEYS;
 
+// 1: at head dim 64 the Hopper backward's S^T = K Q^T and dP^T = V dO^T take K and V from
+// registers (wgmma RS with a K-major B; each warp's A fragments loaded by ldmatrix with the key
+// block's first tile, 32 registers per thread), so that per tile they read only Q and dO from
+// shared memory; 0 (shipped): both operands from shared memory (SS). Not measured yet (session
+// 30 ran out of device time). Why it may pay: the SS m64n64k16 products read 4 KB of operands
+// per 32 cycles of math, the SM's 128 bytes per cycle; per 64 x 128 tile the consumers' wgmma
+// read ~144 KB besides ~65 KB of other shared-memory traffic, against ~1280 cycles of math
+// (NOTES.md "What the profiles say now"); RS here cuts 32 KB of it.
+#ifndef ATTN_FLASH_SM90_BWD_RS_SCORES
+#define ATTN_FLASH_SM90_BWD_RS_SCORES 0
+#endif
+inline constexpr bool kSm90BackwardRsScores = ATTN_FLASH_SM90_BWD_RS_SCORES != 0;
+
 }  // namespace attnserve::kernels::flash
