@@ -237,12 +237,27 @@ class BwdSm90Block
     const uint64_t queries_desc = ptx::MatrixDescriptor128B(queries, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < T::kScoreSteps; ++kk) {
-      const uint32_t step = (kk % 4) * 32;
-      const uint64_t a = ptx::DescriptorPlus(keys_desc, (kk / 4) * T::kBlockN * 128 + step);
-      const uint64_t b = ptx::DescriptorPlus(queries_desc, (kk / 4) * T::kBlockM * 128 + step);
-      MmaScores::SS(acc, a, b, kk > 0);
+      const uint64_t a = ScoreStep<T::kBlockN>(keys_desc, kk);
+      MmaScores::SS(acc, a, ScoreStep<T::kBlockM>(queries_desc, kk), kk > 0);
     }
     ptx::WgmmaCommit();
+  }
+  // The same with K (or V) from registers: `keys` holds this warp's A fragment of each k16 step
+  // (T::kRsScores), so only Q (dO) is read from shared memory.
+  __device__ __forceinline__ void IssueScores(float (&acc)[T::kSTiles][4],
+                                              const uint32_t (&keys)[T::kScoreSteps][4],
+                                              uint32_t queries) {
+    const uint64_t queries_desc = ptx::MatrixDescriptor128B(queries, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < T::kScoreSteps; ++kk) {
+      MmaScores::RSKMajor(acc, keys[kk], ScoreStep<T::kBlockM>(queries_desc, kk), kk > 0);
+    }
+    ptx::WgmmaCommit();
+  }
+  // K-major step kk of a kRows-row operand: head-dim block kk / 4, 32 bytes per step inside it.
+  template <int kRows>
+  __device__ __forceinline__ static uint64_t ScoreStep(uint64_t desc, int kk) {
+    return ptx::DescriptorPlus(desc, (kk / 4) * kRows * 128 + (kk % 4) * 32);
   }
 
   // acc += A (P^T or dS^T fragments) x B (dO or Q: the N-major operand, 64 head-dim columns per

@@ -166,8 +166,8 @@ class BwdSm90BlockRunner
         LoadKeyFragments(kv_frag_[1], v_smem_, warpgroup, warp, tid % 32);
       }
       ptx::WgmmaFence();
-      IssueScoresRs(s, kv_frag_[0], q_st);
-      IssueScoresRs(dp, kv_frag_[1], do_st);
+      IssueScores(s, kv_frag_[0], q_st);
+      IssueScores(dp, kv_frag_[1], do_st);
     } else {
       ptx::WgmmaFence();
       IssueScores(s, k_smem_ + warpgroup * 64 * 128, q_st);
@@ -265,21 +265,6 @@ class BwdSm90BlockRunner
       ptx::LoadMatrixX4(frag[kk], tile + SwizzledOffset<T::kBlockN>(row, 2 * kk + lane / 16));
     }
   }
-  // S^T = K Q^T (or dP^T = V dO^T) with K (V) from registers, Q (dO) K-major from shared
-  // memory, one committed group (the caller fences first).
-  __device__ __forceinline__ void IssueScoresRs(float (&acc)[T::kSTiles][4],
-                                                const uint32_t (&frag)[T::kScoreSteps][4],
-                                                uint32_t queries) {
-    const uint64_t queries_desc = ptx::MatrixDescriptor128B(queries, 16, 1024);
-#pragma unroll
-    for (int kk = 0; kk < T::kScoreSteps; ++kk) {
-      const uint64_t b =
-          ptx::DescriptorPlus(queries_desc, (kk / 4) * T::kBlockM * 128 + (kk % 4) * 32);
-      MmaScores::RSKMajor(acc, frag[kk], b, kk > 0);
-    }
-    ptx::WgmmaCommit();
-  }
-
   // T::kRsScores: K's (0) and V's (1) A fragments, loaded with the block's first tile.
   uint32_t kv_frag_[T::kRsScores ? 2 : 1][T::kRsScores ? T::kScoreSteps : 1][4];
   float dk_[T::kDTiles][4];
