@@ -122,6 +122,8 @@ def long_backward(tokens, heads=HEADS, head_dim=64):
                                cu_seqlens_q=[0, tokens], cu_seqlens_k=[0, tokens])
 
 
+# A row block takes ~0.25 s uninstrumented but ~2.5 s under TSan, past the short calls' 2 s deadlines.
+@pytest.mark.compute_timed
 def test_a_long_single_sequence_backward_stops_between_row_blocks(sliced_server):
     # 3072 tokens x 8 heads x head_dim 64 backward on one thread: seconds of work, cut into
     # blocks of 768 query rows (each over the 0.05 s slice, so one launch each).
