@@ -24,6 +24,7 @@ struct BwdSm90DqTraits {
   static constexpr bool kPersistent = false;  // one CTA per query block
   static constexpr bool kLoadsDout = true;    // the producer loads dO beside Q
   static constexpr bool kTma = false;         // the producer's cp.async loads
+  static constexpr bool kBlockNotices = false;  // one block per CTA: no block notices
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kHeadDim == 256 ? 48 : 64;
   static constexpr int kStages = 2;

@@ -22,7 +22,10 @@ and all of that also where a consumer passes over key tiles none of its rows see
 after its own, or all of a block's), taking its turns and releasing their stages once landed.
 The same with the TMA producer (head dim 256): full barriers of one arrival that
 also wait for their tile's bytes, Q's bytes on its block's first K tile's barrier, copies
-landing in any order, and partial tiles by cp.async, landed before the arrival.
+landing in any order, and partial tiles by cp.async, landed before the arrival. Both producers
+also with block notices (tuning.h's ATTN_FLASH_SM90_FWD_BLOCK_NOTICES): every consumer reads
+each block's notice, and the end notice after the last, as written for it, never a stale one or
+the next block's, and the end notice's arrival aliases no parity.
 In the backward at head dims 64/128 (with dQ; the deterministic mode's kernel without dQ runs
 the same stage protocol less the dS^T buffers and the barrier before dQ): every consumer reads
 a stage that holds its tile, landed and not overwritten; no consumer writes its dS^T rows into
@@ -50,6 +53,7 @@ read sees its tile, landed and not overwritten before its release; nothing deadl
 A broken variant of each rule (--broken NAME) must fail; the script raises on the first problem.
 """
 import argparse
+import itertools
 import random
 
 PRODUCER_ARRIVALS = 1  # the 128 producer threads act alike: one arrival stands for them
@@ -115,6 +119,10 @@ class Ring:
         self.k_readers = [set() for _ in range(stages)]
         self.v_readers = [set() for _ in range(stages)]
         self.q_readers = [set() for _ in range(q_stages)]
+        self.notice = [None] * q_stages  # kBlockNotices: block number, or END
+
+
+END = "end of the CTA's blocks"
 
 
 BLOCKED = "blocked"  # what an agent yields while it waits, as opposed to making progress
@@ -141,11 +149,13 @@ def schedule(agents, seed, what):
             raise Deadlock(what)
 
 
-def producer(ring, blocks, broken, whole_tiles=False):
+def producer(ring, blocks, broken, whole_tiles=False, notices=False):
     """FwdSm90Producer: `blocks` holds each query block's key tile count, in the CTA's order
     (one entry: one CTA per block; 0: a block that sees no key, which the consumers skip).
     whole_tiles: the backward's dQ kernel (kWholeTiles), K(i) and V(i) published together once
-    both landed, where the forward publishes V(i) only after issuing K(i + 1)."""
+    both landed, where the forward publishes V(i) only after issuing K(i + 1).
+    notices: kBlockNotices, each block's notice written beside its Q slot and published by its
+    first K tile's arrival; the end notice after the last block (write_end_notice)."""
     s, qs = ring.stages, ring.q_stages
     in_flight = []  # committed copy groups, oldest first: (buffer, stage)
 
@@ -166,6 +176,8 @@ def producer(ring, blocks, broken, whole_tiles=False):
             use = i // s
             if j == 0 and next_q >= qs and broken == "q-wait-before-v":
                 yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+            if j == 0 and notices and broken == "notice-before-q-wait":
+                ring.notice[next_q % qs] = next_q
             if i >= s and broken != "no-empty-wait":
                 yield from wait(ring.empty_k[i % s], use - 1)
             issue(ring.k, ring.k_readers, i % s, i)
@@ -176,6 +188,8 @@ def producer(ring, blocks, broken, whole_tiles=False):
             if j == 0:
                 if next_q >= qs and broken not in ("no-q-empty-wait", "q-wait-before-v"):
                     yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+                if notices and broken != "notice-before-q-wait":
+                    ring.notice[next_q % qs] = next_q
                 issue(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}")
                 yield
             if i >= s and broken != "no-empty-wait":
@@ -196,9 +210,25 @@ def producer(ring, blocks, broken, whole_tiles=False):
     wait_groups(0)
     if next_tile > 0 and not whole_tiles:
         ring.full_v[(next_tile - 1) % s].arrive()
+    if notices:
+        yield from write_end_notice(ring, next_q, next_tile, broken)
 
 
-def tma_producer(ring, blocks, seed, broken):
+def write_end_notice(ring, q, i, broken):
+    """FwdSm90Ring::WriteEndNotice and the arrival after it: the end notice in the slot and on
+    the K stage that the CTA's next block (q, first key tile i) would have taken, once both are
+    free."""
+    s, qs = ring.stages, ring.q_stages
+    if i >= s and broken != "end-notice-no-empty-wait":
+        yield from wait(ring.empty_k[i % s], i // s - 1)
+    if q >= qs:
+        yield from wait(ring.empty_q[q % qs], q // qs - 1)
+    ring.notice[q % qs] = END
+    yield
+    ring.full_k[i % s].arrive()
+
+
+def tma_producer(ring, blocks, seed, broken, notices=False):
     """FwdSm90TmaProducer: one thread issues each tile's TMA copies, the tile's bytes expected
     on its full barrier (count 1) before they are issued and its arrival after them; Q goes
     onto its block's first K tile's barrier. A partial tile (random here: the one holding a
@@ -242,6 +272,8 @@ def tma_producer(ring, blocks, seed, broken):
                 if kind == "K" and j == 0 and not q_after_arrive:
                     if next_q >= qs:
                         yield from wait(ring.empty_q[next_q % qs], next_q // qs - 1)
+                    if notices:
+                        ring.notice[next_q % qs] = next_q
                     tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
                     yield
                 if partial and broken != "tma-partial-no-wait":
@@ -255,6 +287,8 @@ def tma_producer(ring, blocks, seed, broken):
                     tma(ring.q, ring.q_readers, next_q % qs, f"Q of block {next_q}", full[i % s])
         next_tile += tiles
         next_q += 1
+    if notices:
+        yield from write_end_notice(ring, next_q, next_tile, broken)
 
 
 def tma_engine(ring, producer_done, seed):
@@ -271,11 +305,13 @@ def tma_engine(ring, producer_done, seed):
         yield
 
 
-def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
+def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken, notices=False):
     """FwdSm90BlockRunner over the CTA's blocks: Run, then the epilogue through the Q slot.
     own[b] is (front, back): how many of block b's key tiles this warpgroup passes over
     (PassOver: none of its rows sees them) before its own tiles and after them, in visit order;
-    (0, 0) is the shipped kernel, which computes every tile of the block."""
+    (0, 0) is the shipped kernel, which computes every tile of the block. notices: each block
+    read from its notice once its first K tile is full (ForEachNoticedBlock), until the end
+    notice."""
     s, qs = ring.stages, ring.q_stages
 
     def read(buf, readers, i):
@@ -320,7 +356,14 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
     deferred_q = None  # broken "q-release-next-block": the slot released in the next block
     if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
         turns[0].arrive()                             # StartTurns
+    def read_notice(expected):
+        yield from wait(ring.full_k[first % s], first // s)
+        notice = ring.notice[q % qs]
+        assert notice == expected, f"wg {wg} reads notice {notice} for block {q} ({expected})"
+
     for tiles, (front, back) in zip((t for t in blocks if t > 0), own):
+        if notices:
+            yield from read_notice(q)
         if pingpong and wg == warpgroups - 1 and q > 0 and broken == "first-turn-per-block":
             turns[0].arrive()
         for j in range(front):
@@ -371,6 +414,8 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken):
             release_q(q)
         first += tiles
         q += 1
+    if notices:
+        yield from read_notice(END)
     if wg == 0 and broken != "no-end-turn":
         yield from wait_turn()                        # EndTurns: the last pass taken
 
@@ -391,7 +436,7 @@ def own_tiles(blocks, warpgroups, seed, pass_over):
 
 
 def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None, pass_over=False,
-        tma=False):
+        tma=False, notices=False):
     ring = Ring(stages, warpgroups, q_stages)
     turns = [TurnBarrier() for _ in range(warpgroups)]
     own = own_tiles(blocks, warpgroups, seed, pass_over)
@@ -399,16 +444,16 @@ def run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken=None, pass_
         producer_done = [False]
 
         def tma_producer_then_done():
-            yield from tma_producer(ring, blocks, seed, broken)
+            yield from tma_producer(ring, blocks, seed, broken, notices)
             producer_done[0] = True
 
         agents = [tma_producer_then_done(), tma_engine(ring, producer_done, seed)]
     else:
-        agents = [producer(ring, blocks, broken)]
-    agents += [consumer(ring, blocks, own[wg], wg, warpgroups, turns, pingpong, broken)
+        agents = [producer(ring, blocks, broken, notices=notices)]
+    agents += [consumer(ring, blocks, own[wg], wg, warpgroups, turns, pingpong, broken, notices)
                for wg in range(warpgroups)]
     schedule(agents, seed, f"forward: blocks {blocks} stages {stages}/{q_stages} "
-                           f"warpgroups {warpgroups} own tiles {own}")
+                           f"warpgroups {warpgroups} own tiles {own} notices {notices}")
     assert not any(t.arrived for t in turns), "a turn left pending at exit"
 
 
@@ -422,12 +467,11 @@ def check(broken=None, seeds=60):
         for stages, q_stages in ((2, 1), (3, 1), (2, 2)):
             for warpgroups in (2, 3):
                 for pingpong in (False, True):
-                    for pass_over, tma in ((False, False), (True, False), (False, True),
-                                           (True, True)):
+                    for pass_over, tma, notices in itertools.product((False, True), repeat=3):
                         for seed in range(seeds):
                             run(blocks, stages, q_stages, warpgroups, pingpong, seed, broken,
                                 pass_over or broken in BROKEN_PASS_OVER,
-                                tma or broken in BROKEN_TMA)
+                                tma or broken in BROKEN_TMA, notices or broken in BROKEN_NOTICES)
 
 
 def dq_consumer(ring, tiles, wg, broken):
@@ -774,13 +818,16 @@ BROKEN_PASS_OVER = ("pass-over-no-turn", "pass-over-no-full-wait")
 # The TMA producer (the forward at head dim 256) arriving before Q's bytes are expected, or before
 # a partial tile's cp.async copies landed.
 BROKEN_TMA = ("tma-q-after-arrive", "tma-partial-no-wait")
+# The block notices (the persistent forward's kBlockNotices) written before the producer knows
+# the slot's previous block read them, or the end notice arriving on a K stage not yet released.
+BROKEN_NOTICES = ("notice-before-q-wait", "end-notice-no-empty-wait")
 # A consumer releasing a block's Q slot only after the next block's first key tile (session 24's
 # `defer`, to keep the TMA store's read wait off the epilogue): with one slot the next block's Q
 # waits for that release, which waits for the next block's Q (the GPU run hung at 256).
 BROKEN = ("no-empty-wait", "early-full", "first-turn-per-block", "no-first-turn", "no-end-turn",
           "no-last-v-release",
           "no-q-empty-wait", "q-wait-before-v", "q-release-next-block") + BROKEN_PASS_OVER + \
-    BROKEN_TMA
+    BROKEN_TMA + BROKEN_NOTICES
 BROKEN_BACKWARD = ("bwd-no-empty-wait", "bwd-one-ds-buffer", "bwd-no-dq-barrier",
                    "bwd-no-epilogue-barrier")
 # The persistent backward's producer loading a K/V buffer without waiting for its release, or

@@ -136,15 +136,17 @@ class FwdSm90BlockRunner {
   // Normalizes O and writes each warp's 16 rows through its own rows of the Q slot (no wgmma
   // reads them any more): with a TMA store where they lie inside the sequence (T::kTmaStore),
   // else with the warp's 16-byte stores; and their lse. Then hands the slot back.
-  template <class Maps>
-  __device__ __forceinline__ void Epilogue(const FwdCta<Element>& cta, const Maps& maps) {
+  // place: the block's FwdCta, or its FwdBlockNotice (fwd_sm90_ring.cuh); only its q_row and
+  // head are read.
+  template <class Place, class Maps>
+  __device__ __forceinline__ void Epilogue(const Place& place, const Maps& maps) {
     const int tid = Sm90ConsumerThread<T>();
     const int warp = tid / 32;
     const int lane = tid % 32;
     // out and lse found again from the block's row and head: two registers held through the
     // key tiles rather than cta.out's and cta.lse's four (at head dim 64 the three consumer
     // warpgroups' 160 registers spilled with them beside the TMA store's coordinates).
-    float* lse = ForwardLseRow(args_, cta.q_row, cta.head);
+    float* lse = ForwardLseRow(args_, place.q_row, place.head);
     float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -156,10 +158,10 @@ class FwdSm90BlockRunner {
       }
     }
     if (T::kTmaStore && (warp + 1) * 16 <= block_.rows_valid) {
-      if constexpr (T::kTmaStore) StoreWarpRowsByTma(cta, maps, inv, warp, lane);
+      if constexpr (T::kTmaStore) StoreWarpRowsByTma(place, maps, inv, warp, lane);
     } else {
       StoreWarpRowsThroughTile<T::kBlockM, T::kRowVecs>(
-          q_smem_, o_, inv, ForwardOutRow<Element>(args_, cta.q_row, cta.head),
+          q_smem_, o_, inv, ForwardOutRow<Element>(args_, place.q_row, place.head),
           args_.q_row_stride, block_.rows_valid, vecs_valid_, warp, lane);
     }
     // The slot's next Q comes by TMA, an async-proxy write after these generic ones.
@@ -171,8 +173,8 @@ class FwdSm90BlockRunner {
   // The warp's rows written into the Q slot, fenced for the async proxy the TMA store reads
   // through, and stored by lane 0 with one box per 64 head-dim columns; returns once the boxes
   // have been read (the slot may be refilled then). Columns past head_dim are not written.
-  template <class Maps>
-  __device__ __forceinline__ void StoreWarpRowsByTma(const FwdCta<Element>& cta, const Maps& maps,
+  template <class Place, class Maps>
+  __device__ __forceinline__ void StoreWarpRowsByTma(const Place& place, const Maps& maps,
                                                      const float (&inv)[2], int warp, int lane) {
     WriteWarpRowsToTile<T::kBlockM, Element>(q_smem_, o_, inv, warp, lane);
     ptx::FenceProxyAsyncShared();
@@ -180,7 +182,7 @@ class FwdSm90BlockRunner {
     if (lane == 0) {
 #pragma unroll
       for (int b = 0; b < kHeadDim / 64; ++b) {
-        ptx::TmaStore3d(&maps.out, b * 64, cta.head, cta.q_row + warp * 16,
+        ptx::TmaStore3d(&maps.out, b * 64, place.head, place.q_row + warp * 16,
                         q_smem_ + b * T::kBlockM * 128 + warp * 16 * 128);
       }
       ptx::BulkCommitGroup();
@@ -359,8 +361,9 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(
       });
 }
 
-// Persistent: this CTA's blocks one after another (ForEachForwardBlock), the Q slots and the
-// K/V ring's tile numbers running on from block to block.
+// Persistent: this CTA's blocks one after another (ForEachForwardBlock; the consumers read them
+// from the producer's notices with T::kBlockNotices), the Q slots and the K/V ring's tile
+// numbers running on from block to block.
 template <DType kDType, int kHeadDim>
 __device__ __forceinline__ void FlashForwardSm90PersistentCta(
     const FwdKernelArgs& args, const FwdSm90Grid& grid,
@@ -380,14 +383,19 @@ __device__ __forceinline__ void FlashForwardSm90PersistentCta(
         int q_index = 0;
         int first_tile = 0;
         Runner::StartTurns(consumer);
-        ForEachForwardBlock<T>(args, grid, [&](const auto& cta) {
+        const auto run_block = [&](const auto& cta) {
           if (SeesNoKeys(cta.block)) return;  // the producer writes its answer
           Runner runner(args, cta.block, ring, consumer, q_index, first_tile);
           runner.Run();
           runner.Epilogue(cta, maps);
           ++q_index;
           first_tile += cta.block.n_end - cta.block.n_begin;
-        });
+        };
+        if constexpr (T::kBlockNotices) {
+          ForEachNoticedBlock<T>(ring, run_block);
+        } else {
+          ForEachForwardBlock<T>(args, grid, run_block);
+        }
         Runner::EndTurns(consumer);
       });
 }

@@ -5,10 +5,12 @@
 // done reading it. No CTA barrier is left, within a block or between the blocks a CTA runs, so
 // the next block's first tiles load under the current one's last GEMMs and its epilogue
 // (FlashAttention-3's structure, with cp.async in place of TMA: zero-fill past a sequence's end
-// needs no tensor map per sequence).
+// needs no tensor map per sequence). With T::kBlockNotices the producer alone walks the CTA's
+// blocks and tells the consumers where each lies through a notice beside its Q slot.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/flash/fwd_args.h"
 #include "kernels/flash/fwd_block.cuh"
@@ -20,8 +22,18 @@
 
 namespace attnserve::kernels::flash {
 
+// What a persistent CTA's consumers need of a block, from the producer's notice
+// (T::kBlockNotices): its rows and key tiles, and where its output goes (FwdCta's q_row, head).
+struct FwdBlockNotice {
+  FwdBlock block;
+  int q_row;
+  int head;
+  int padding[2];  // whole 16-byte words
+};
+
 // The shared-memory tiles and their barriers (sm90_stage_barriers.cuh): the Q slots, then the
-// K and V stages (kind 0 is K, 1 is V), then the stages' barriers and the Q slots'. Key tiles
+// K and V stages (kind 0 is K, 1 is V), then the stages' barriers and the Q slots' (and with
+// T::kBlockNotices the Q slots' notices). Key tiles
 // are numbered in load order across all the blocks a CTA runs (the consumers visit a block's
 // keys last to first), query blocks by the order the CTA runs them. A Q slot needs only its
 // `empty` barrier: Q lands in the same copy groups as its block's first K tile, whose `full`
@@ -63,7 +75,51 @@ class FwdSm90Ring : public Sm90StageBarriers<T::kStages, 2> {
   // Consumer: nothing this thread issued reads block q's slot any more.
   __device__ __forceinline__ void ReleaseQ(int q) const { q_barriers_.Release(0, q); }
 
+  // With T::kBlockNotices, block q's notice beside its slot: the block's place, written by the
+  // producer's thread 0 once the slot is free (the consumers read a notice before they release
+  // its slot) and before that thread arrives on the block's first K tile's full barrier, whose
+  // release the consumers' wait acquires; or the end of the CTA's blocks.
+  __device__ __forceinline__ void WriteNotice(int q,
+                                              const FwdCta<typename T::Element>& cta) const {
+    WriteNotice(q, FwdBlockNotice{cta.block, cta.q_row, cta.head, {}});
+  }
+  __device__ __forceinline__ FwdBlockNotice ReadNotice(int q) const {
+    uint4 words[kNoticeWords];
+#pragma unroll
+    for (int w = 0; w < kNoticeWords; ++w) words[w] = ptx::LoadShared128(Notice(q) + 16 * w);
+    FwdBlockNotice notice;
+    memcpy(&notice, words, sizeof(notice));
+    return notice;
+  }
+  // Producer: the end notice, in the slot and on the K stage the CTA's next block (q, its first
+  // key tile i) would have taken, once both are free; the callers then arrive on K(i)'s full
+  // barrier as for a tile.
+  __device__ __forceinline__ void WriteEndNotice(int q, int i) const {
+    if (i >= T::kStages) this->WaitEmpty(kK, i);
+    if (q >= T::kQStages) WaitQEmpty(q);
+    if (ptx::FreshThreadIdx() == 0) WriteNotice(q, FwdBlockNotice{{}, 0, kEndHead, {}});
+  }
+  __device__ __forceinline__ static bool IsEndNotice(const FwdBlockNotice& notice) {
+    return notice.head == kEndHead;
+  }
+
  private:
+  static constexpr int kNoticeWords = kSm90ForwardBlockNoticeBytes / 16;
+  static constexpr int kEndHead = -1;
+  static_assert(sizeof(FwdBlockNotice) == kSm90ForwardBlockNoticeBytes, "the notice's size");
+
+  __device__ __forceinline__ void WriteNotice(int q, const FwdBlockNotice& notice) const {
+    uint4 words[kNoticeWords];
+    memcpy(words, &notice, sizeof(notice));
+#pragma unroll
+    for (int w = 0; w < kNoticeWords; ++w) ptx::StoreShared128(Notice(q) + 16 * w, words[w]);
+  }
+
+  __device__ __forceinline__ uint32_t Notice(int q) const {
+    return tiles_ + T::kTileSmemBytes + KvBarriers::kBytes + QBarriers::kBytes +
+           (q % T::kQStages) * kSm90ForwardBlockNoticeBytes;
+  }
+
   QBarriers q_barriers_;
   uint32_t tiles_;
 };
@@ -88,6 +144,19 @@ __device__ __forceinline__ void ForEachForwardBlock(const FwdKernelArgs& args,
                                                    group / args.num_heads, cta)) {
       visit(cta);
     }
+  }
+}
+
+// Persistent with T::kBlockNotices, a consumer's walk: the CTA's blocks that see keys as the
+// producer's notices name them, each read once its first K tile is full; ends at the end notice.
+template <class T, class Visit>
+__device__ __forceinline__ void ForEachNoticedBlock(const FwdSm90Ring<T>& ring, Visit&& visit) {
+  for (int q = 0, first_tile = 0;; ++q) {
+    ring.WaitFull(FwdSm90Ring<T>::kK, first_tile);
+    const FwdBlockNotice notice = ring.ReadNotice(q);
+    if (FwdSm90Ring<T>::IsEndNotice(notice)) return;
+    visit(notice);
+    first_tile += notice.block.n_end - notice.block.n_begin;
   }
 }
 
@@ -160,6 +229,9 @@ class FwdSm90Producer {
       if (j == 0) {
         // Only now: the consumers release the slot after the previous block's last V tile.
         if (next_q_ >= T::kQStages) ring_.WaitQEmpty(next_q_);
+        if constexpr (T::kBlockNotices) {
+          if (ptx::FreshThreadIdx() == 0) ring_.WriteNotice(next_q_, cta);
+        }
         LoadSwizzledTileAsync<T::kBlockM, T::kRowVecs, T::kProducerThreads>(
             ring_.Q(next_q_), cta.q, static_cast<int>(args_.q_row_stride), cta.block.rows_valid,
             args_.head_dim / T::kVecElems, ptx::FreshThreadIdx());
@@ -188,11 +260,15 @@ class FwdSm90Producer {
     ++next_q_;
   }
 
-  // Publishes the last V tile.
+  // Publishes the last V tile, and the end notice where there are notices.
   __device__ __forceinline__ void Finish() {
     if constexpr (!kWholeTiles) {
       ptx::WaitAsyncGroups<Sm80, 0>();
       if (next_tile_ > 0) ring_.Publish(Ring::kV, next_tile_ - 1);
+    }
+    if constexpr (T::kBlockNotices) {
+      ring_.WriteEndNotice(next_q_, next_tile_);
+      ring_.Publish(Ring::kK, next_tile_);
     }
   }
 

@@ -45,6 +45,7 @@ class FwdSm90TmaProducer {
         // The slot is free once the consumers finished the block it held, whose tiles are all
         // issued already.
         if (next_q_ >= T::kQStages) ring_.WaitQEmpty(next_q_);
+        if constexpr (T::kBlockNotices) ring_.WriteNotice(next_q_, cta);
         ring_.ExpectBytes(Ring::kK, i, T::kQSmemBytes);
         LoadHeadBlocks<T::kBlockM>(ring_.Q(next_q_), &maps_.q, cta.q_row, cta.head,
                                    ring_.FullBarrier(Ring::kK, i));
@@ -58,8 +59,15 @@ class FwdSm90TmaProducer {
     ++next_q_;
   }
 
-  // Every tile was published as it was issued.
-  __device__ __forceinline__ void Finish() {}
+  // Every tile was published as it was issued; the end notice where there are notices.
+  __device__ __forceinline__ void Finish() {
+    if constexpr (T::kBlockNotices) {
+      if (Leader()) {
+        ring_.WriteEndNotice(next_q_, next_tile_);
+        ring_.Arrive(Ring::kK, next_tile_);
+      }
+    }
+  }
 
  private:
   __device__ __forceinline__ static bool Leader() { return ptx::FreshThreadIdx() == 0; }

@@ -32,6 +32,8 @@ struct FwdSm90Traits {
   static constexpr bool kSoftmaxUnderPv = Sm90ForwardSoftmaxUnderPv(kHeadDim, kPersistent);
   // Each consumer warpgroup computes only the key tiles its rows see (at 64).
   static constexpr bool kWarpgroupKeys = Sm90ForwardWarpgroupKeys(kHeadDim);
+  // The producer writes each block's place into a notice beside its Q slot (persistent).
+  static constexpr bool kBlockNotices = Sm90ForwardBlockNotices(kPersistent);
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
@@ -66,7 +68,8 @@ struct FwdSm90Traits {
   static_assert(kHeadDim <= 256, "P V: one wgmma N of at most 256");
   static_assert(kQSmemBytes % 1024 == 0 && kKvSmemBytes % 1024 == 0,
                 "every tile starts 1024-byte aligned (swizzle atoms)");
-  static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8 + 2 * kQStages * 8,
+  static_assert(kSmemBytes == kTileSmemBytes + 1024 + 4 * kStages * 8 + 2 * kQStages * 8 +
+                                 (kBlockNotices ? kQStages * kSm90ForwardBlockNoticeBytes : 0),
                 "shared memory layout");
   static_assert(ptx::RegisterSplitFits(kThreads, kProducerThreads, kProducerRegisters,
                                        kConsumerRegisters),

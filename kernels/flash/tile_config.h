@@ -152,14 +152,23 @@ constexpr bool Sm90ForwardWarpgroupKeys(int head_dim) {
 constexpr int Sm90ForwardQStages(int head_dim, bool persistent) {
   return persistent && head_dim <= 128 ? 2 : 1;
 }
-// The Q slots, the K and V stages, 1 KB to align the tiles to the swizzle atoms, and the
-// 8-byte mbarriers: four per stage (K full / V full / K empty / V empty) and two per Q slot.
+// Whether the persistent Hopper forward's producer tells the consumers where each block lies
+// (a notice per Q slot: FwdBlockNotice, kSm90ForwardBlockNoticeBytes) instead of each
+// consumer warpgroup walking the blocks itself (tuning.h's ATTN_FLASH_SM90_FWD_BLOCK_NOTICES).
+constexpr bool Sm90ForwardBlockNotices(bool persistent) {
+  return persistent && kSm90ForwardBlockNotices;
+}
+inline constexpr int kSm90ForwardBlockNoticeBytes = 48;
+// The Q slots, the K and V stages, 1 KB to align the tiles to the swizzle atoms, the 8-byte
+// mbarriers: four per stage (K full / V full / K empty / V empty) and two per Q slot, and the
+// Q slots' block notices where there are any.
 constexpr int Sm90ForwardSmemBytes(int head_dim, bool persistent) {
   return (Sm90ForwardQStages(head_dim, persistent) * Sm90ForwardBlockM(head_dim) +
           2 * Sm90ForwardStages(head_dim, persistent) * Sm90ForwardBlockN(head_dim, persistent)) *
              head_dim * 2 +
          1024 + 32 * Sm90ForwardStages(head_dim, persistent) +
-         16 * Sm90ForwardQStages(head_dim, persistent);
+         (16 + (Sm90ForwardBlockNotices(persistent) ? kSm90ForwardBlockNoticeBytes : 0)) *
+             Sm90ForwardQStages(head_dim, persistent);
 }
 // Whether a consumer warpgroup's softmax of one key tile runs while its P V of the tile before
 // is on the tensor cores (FlashAttention-3's intra-warpgroup overlap; fwd_sm90_kernel.cuh's Step),

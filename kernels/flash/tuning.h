@@ -84,4 +84,17 @@ inline constexpr int kSm90ForwardPersistentMaxKeysOverride =
 #endif
 inline constexpr bool kSm90BackwardRsScores = ATTN_FLASH_SM90_BWD_RS_SCORES != 0;
 
+// 1: the persistent Hopper forward's consumers take each query block's place (FwdCta) from a
+// notice the producer writes beside the block's Q slot, published by the block's first K tile's
+// full barrier, and stop at an end notice; 0 (shipped): every consumer warpgroup walks the
+// CTA's blocks itself (ForEachForwardBlock in fwd_sm90_ring.cuh). Not measured yet. Why it may
+// pay: at 32x512 the consumers spend ~1,000 cycles per block locating the next one (two
+// divisions and two dependent rounds of cu_seqlens loads in the SASS), all of them at once, out
+// of ~5,000 fixed cycles per block (NOTES.md "What the profiles say now"); the producer runs
+// ahead of them by up to two key tiles and pays that under their GEMMs instead.
+#ifndef ATTN_FLASH_SM90_FWD_BLOCK_NOTICES
+#define ATTN_FLASH_SM90_FWD_BLOCK_NOTICES 0
+#endif
+inline constexpr bool kSm90ForwardBlockNotices = ATTN_FLASH_SM90_FWD_BLOCK_NOTICES != 0;
+
 }  // namespace attnserve::kernels::flash
