@@ -356,6 +356,7 @@ def consumer(ring, blocks, own, wg, warpgroups, turns, pingpong, broken, notices
     deferred_q = None  # broken "q-release-next-block": the slot released in the next block
     if pingpong and wg == warpgroups - 1 and broken != "no-first-turn":
         turns[0].arrive()                             # StartTurns
+
     def read_notice(expected):
         yield from wait(ring.full_k[first % s], first // s)
         notice = ring.notice[q % qs]
