@@ -123,16 +123,19 @@ TEST_F(AttnloadE2ETest, OpenLoopHonoursTheRate) {
   EXPECT_EQ(Number(runs[0], "target_rate"), 100);
   ExpectSaneLatency(runs[0]);
 
-  flags = {"--rate=300",     "--arrival=poisson", "--warmup=0s",
-           "--requests=150", "--connections=3",   "--output_json=" + json};
+  flags = {"--rate=100",     "--arrival=poisson", "--warmup=0s",
+           "--requests=200", "--connections=3",   "--output_json=" + json};
   flags.insert(flags.end(), kTinyShape.begin(), kTinyShape.end());
   result = RunAttnload(server_->target(), flags);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   runs = ReadJsonRuns(json);
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(Number(runs[0], "requests"), 150);
-  // 150 exponential gaps: the achieved rate is within ~25% of the target with near certainty.
-  EXPECT_NEAR(Number(runs[0], "throughput_rps"), 300, 90);
+  EXPECT_EQ(Number(runs[0], "requests"), 200);
+  // 200 exponential gaps (the default seed draws 1.76 s of them: 113 per second), at a rate the
+  // server keeps up with even under ASan on two busy cores: at 300 per second it fell behind
+  // there (186-260 completed per second, latencies of 100-350 ms), which only the tail of a
+  // 0.5 s run saw.
+  EXPECT_NEAR(Number(runs[0], "throughput_rps"), 100, 25);
 }
 
 TEST_F(AttnloadE2ETest, CheckModeVerifiesForwardAndBackwardWithoutMismatches) {
