@@ -103,7 +103,11 @@ TEST(RestInferCodecTest, ErrorsNameTheField) {
               HasSubstr("inputs[q].data: 2 values for a shape of 3"));
   EXPECT_THAT(ErrorOf(R"({"inputs": [{"name": "q", "datatype": "FP32", "shape": [1],
                                       "data": [1, 2]}]})"),
-              HasSubstr("inputs[q].data: more values than the shape holds"));
+              HasSubstr("inputs[q].data: 2 values for a shape of 1"));
+  // A shape far past the values sent is refused before anything is reserved for it.
+  EXPECT_THAT(ErrorOf(R"({"inputs": [{"name": "q", "datatype": "FP32",
+                                      "shape": [2, 1, 42949672962], "data": [[[1, 2]]]}]})"),
+              HasSubstr("inputs[q].data: 2 values for a shape of "));
   EXPECT_THAT(ErrorOf(R"({"inputs": [{"name": "q", "datatype": "FP32", "shape": [2],
                                       "data": [1, "x"]}]})"),
               HasSubstr("inputs[q].data[1]: must be a number"));
