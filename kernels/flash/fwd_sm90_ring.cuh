@@ -33,9 +33,9 @@ struct FwdBlockNotice {
 
 // The shared-memory tiles and their barriers (sm90_stage_barriers.cuh): the Q slots, then the
 // K and V stages (kind 0 is K, 1 is V), then the stages' barriers and the Q slots' (and with
-// T::kBlockNotices the Q slots' notices). Key tiles
-// are numbered in load order across all the blocks a CTA runs (the consumers visit a block's
-// keys last to first), query blocks by the order the CTA runs them. A Q slot needs only its
+// T::kBlockNotices the Q slots' notices). Key tiles are numbered in load order across all the
+// blocks a CTA runs (the consumers visit a block's keys last to first), query blocks by the
+// order the CTA runs them. A Q slot needs only its
 // `empty` barrier: Q lands in the same copy groups as its block's first K tile, whose `full`
 // barrier publishes both.
 template <class T>

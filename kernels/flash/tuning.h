@@ -84,7 +84,7 @@ inline constexpr int kSm90ForwardPersistentMaxKeysOverride =
 #endif
 inline constexpr bool kSm90BackwardRsScores = ATTN_FLASH_SM90_BWD_RS_SCORES != 0;
 
-// 1: the persistent Hopper forward's consumers take each query block's place (FwdCta) from a
+// 1: the persistent Hopper forward's consumers take each query block's place (FwdBlockNotice) from a
 // notice the producer writes beside the block's Q slot, published by the block's first K tile's
 // full barrier, and stop at an end notice; 0 (shipped): every consumer warpgroup walks the
 // CTA's blocks itself (ForEachForwardBlock in fwd_sm90_ring.cuh). Not measured yet. Why it may
