@@ -106,8 +106,9 @@ class BwdSm90BlockRunner
         dv_[nt][e] = 0.0f;
       }
     }
+    if (iters_ == 0) return;
+    if constexpr (T::kRsScores) LoadKeyFragments();
     if constexpr (T::kDeferredDq) {
-      if (iters_ == 0) return;
       this->template RunDeferredDqTiles<kConsumersBarrier>(
           [&](int it, QueryTile prev, QueryTile tile, auto has_prev) {
             Step<kSoftcap, decltype(has_prev)::value>(it, prev, tile);
@@ -161,10 +162,6 @@ class BwdSm90BlockRunner
     float s[T::kSTiles][4];
     float dp[T::kSTiles][4];
     if constexpr (T::kRsScores) {
-      if (it == 0) {
-        LoadKeyFragments(kv_frag_[0], k_smem_, warpgroup, warp, tid % 32);
-        LoadKeyFragments(kv_frag_[1], v_smem_, warpgroup, warp, tid % 32);
-      }
       ptx::WgmmaFence();
       IssueScores(s, kv_frag_[0], q_st);
       IssueScores(dp, kv_frag_[1], do_st);
@@ -253,8 +250,17 @@ class BwdSm90BlockRunner
     this->ReduceDqPiece(tile, piece, lane);
   }
 
-  // T::kRsScores: this warp's 16 keys of K or V (`tile`) as the A fragments of each k16 step
-  // (ldmatrix from the swizzled tile; generic-proxy reads of the producer's cp.async writes).
+  // T::kRsScores: K's and V's A fragments, once before the tile loop (the first tile's loads
+  // bring K and V).
+  __device__ __forceinline__ void LoadKeyFragments() {
+    barriers_.WaitFull(0, this->Tile(0));
+    const int tid = Sm90ConsumerThread<T>();
+    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+    LoadKeyFragments(kv_frag_[0], k_smem_, warpgroup, tid % 128 / 32, tid % 32);
+    LoadKeyFragments(kv_frag_[1], v_smem_, warpgroup, tid % 128 / 32, tid % 32);
+  }
+  // This warp's 16 keys of K or V (`tile`) as the A fragments of each k16 step (ldmatrix from
+  // the swizzled tile; generic-proxy reads of the producer's cp.async writes).
   __device__ __forceinline__ static void LoadKeyFragments(uint32_t (&frag)[T::kScoreSteps][4],
                                                           uint32_t tile, int warpgroup, int warp,
                                                           int lane) {
@@ -265,7 +271,7 @@ class BwdSm90BlockRunner
       ptx::LoadMatrixX4(frag[kk], tile + SwizzledOffset<T::kBlockN>(row, 2 * kk + lane / 16));
     }
   }
-  // T::kRsScores: K's (0) and V's (1) A fragments, loaded with the block's first tile.
+  // T::kRsScores: K's (0) and V's (1) A fragments, loaded before the block's first tile.
   uint32_t kv_frag_[T::kRsScores ? 2 : 1][T::kRsScores ? T::kScoreSteps : 1][4];
   float dk_[T::kDTiles][4];
   float dv_[T::kDTiles][4];

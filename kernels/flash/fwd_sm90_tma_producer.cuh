@@ -21,6 +21,7 @@ namespace attnserve::kernels::flash {
 
 template <class T>
 class FwdSm90TmaProducer {
+  static_assert(!T::kBlockNotices, "block notices come with the cp.async producer only");
   using Element = typename T::Element;
   using Ring = FwdSm90Ring<T>;
   // Named barrier of the producer warpgroup's 128 threads around their cp.async copies of a
@@ -45,7 +46,6 @@ class FwdSm90TmaProducer {
         // The slot is free once the consumers finished the block it held, whose tiles are all
         // issued already.
         if (next_q_ >= T::kQStages) ring_.WaitQEmpty(next_q_);
-        if constexpr (T::kBlockNotices) ring_.WriteNotice(next_q_, cta);
         ring_.ExpectBytes(Ring::kK, i, T::kQSmemBytes);
         LoadHeadBlocks<T::kBlockM>(ring_.Q(next_q_), &maps_.q, cta.q_row, cta.head,
                                    ring_.FullBarrier(Ring::kK, i));
@@ -59,15 +59,8 @@ class FwdSm90TmaProducer {
     ++next_q_;
   }
 
-  // Every tile was published as it was issued; the end notice where there are notices.
-  __device__ __forceinline__ void Finish() {
-    if constexpr (T::kBlockNotices) {
-      if (Leader()) {
-        ring_.WriteEndNotice(next_q_, next_tile_);
-        ring_.Arrive(Ring::kK, next_tile_);
-      }
-    }
-  }
+  // Every tile was published as it was issued.
+  __device__ __forceinline__ void Finish() {}
 
  private:
   __device__ __forceinline__ static bool Leader() { return ptx::FreshThreadIdx() == 0; }

@@ -32,8 +32,9 @@ struct FwdSm90Traits {
   static constexpr bool kSoftmaxUnderPv = Sm90ForwardSoftmaxUnderPv(kHeadDim, kPersistent);
   // Each consumer warpgroup computes only the key tiles its rows see (at 64).
   static constexpr bool kWarpgroupKeys = Sm90ForwardWarpgroupKeys(kHeadDim);
-  // The producer writes each block's place into a notice beside its Q slot (persistent).
-  static constexpr bool kBlockNotices = Sm90ForwardBlockNotices(kPersistent);
+  // The producer writes each block's place into a notice beside its Q slot (persistent, at 64
+  // and 128).
+  static constexpr bool kBlockNotices = Sm90ForwardBlockNotices(kHeadDim, kPersistent);
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;

@@ -154,9 +154,12 @@ constexpr int Sm90ForwardQStages(int head_dim, bool persistent) {
 }
 // Whether the persistent Hopper forward's producer tells the consumers where each block lies
 // (a notice per Q slot: FwdBlockNotice, kSm90ForwardBlockNoticeBytes) instead of each
-// consumer warpgroup walking the blocks itself (tuning.h's ATTN_FLASH_SM90_FWD_BLOCK_NOTICES).
-constexpr bool Sm90ForwardBlockNotices(bool persistent) {
-  return persistent && kSm90ForwardBlockNotices;
+// consumer warpgroup walking the blocks itself: with the cp.async producer (head dims 64 and
+// 128). Measured against the walk (H200, bench/RESULTS.md "Session 32"): +0.7 to +3.6% on
+// 32x512 at 64 and 128, 0 to +1.4% on 8x2048; with the TMA producer at 256, -0.7 to -2.5% on
+// 32x512 (its 40 registers spilled 12 bytes with them).
+constexpr bool Sm90ForwardBlockNotices(int head_dim, bool persistent) {
+  return persistent && !Sm90ForwardTma(head_dim);
 }
 inline constexpr int kSm90ForwardBlockNoticeBytes = 48;
 // The Q slots, the K and V stages, 1 KB to align the tiles to the swizzle atoms, the 8-byte
@@ -167,7 +170,7 @@ constexpr int Sm90ForwardSmemBytes(int head_dim, bool persistent) {
           2 * Sm90ForwardStages(head_dim, persistent) * Sm90ForwardBlockN(head_dim, persistent)) *
              head_dim * 2 +
          1024 + 32 * Sm90ForwardStages(head_dim, persistent) +
-         (16 + (Sm90ForwardBlockNotices(persistent) ? kSm90ForwardBlockNoticeBytes : 0)) *
+         (16 + (Sm90ForwardBlockNotices(head_dim, persistent) ? kSm90ForwardBlockNoticeBytes : 0)) *
              Sm90ForwardQStages(head_dim, persistent);
 }
 // Whether a consumer warpgroup's softmax of one key tile runs while its P V of the tile before

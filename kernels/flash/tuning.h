@@ -71,30 +71,4 @@ inline constexpr int kSm90ForwardTmaStoreFrom = ATTN_FLASH_SM90_FWD_TMA_STORE;
 inline constexpr int kSm90ForwardPersistentMaxKeysOverride =
     ATTN_FLASH_SM90_FWD_PERSISTENT_MAX_KEYS;
 
-// 1: at head dim 64 the Hopper backward's S^T = K Q^T and dP^T = V dO^T take K and V from
-// registers (wgmma RS with a K-major B; each warp's A fragments loaded by ldmatrix with the key
-// block's first tile, 32 registers per thread), so that per tile they read only Q and dO from
-// shared memory; 0 (shipped): both operands from shared memory (SS). Not measured yet (session
-// 30 ran out of device time). Why it may pay: the SS m64n64k16 products read 4 KB of operands
-// per 32 cycles of math, the SM's 128 bytes per cycle; per 64 x 128 tile the consumers' wgmma
-// read ~144 KB besides ~65 KB of other shared-memory traffic, against ~1280 cycles of math
-// (NOTES.md "What the profiles say now"); RS here cuts 32 KB of it.
-#ifndef ATTN_FLASH_SM90_BWD_RS_SCORES
-#define ATTN_FLASH_SM90_BWD_RS_SCORES 0
-#endif
-inline constexpr bool kSm90BackwardRsScores = ATTN_FLASH_SM90_BWD_RS_SCORES != 0;
-
-// 1: the persistent Hopper forward's consumers take each query block's place (FwdBlockNotice) from a
-// notice the producer writes beside the block's Q slot, published by the block's first K tile's
-// full barrier, and stop at an end notice; 0 (shipped): every consumer warpgroup walks the
-// CTA's blocks itself (ForEachForwardBlock in fwd_sm90_ring.cuh). Not measured yet. Why it may
-// pay: at 32x512 the consumers spend ~1,000 cycles per block locating the next one (two
-// divisions and two dependent rounds of cu_seqlens loads in the SASS), all of them at once, out
-// of ~5,000 fixed cycles per block (NOTES.md "What the profiles say now"); the producer runs
-// ahead of them by up to two key tiles and pays that under their GEMMs instead.
-#ifndef ATTN_FLASH_SM90_FWD_BLOCK_NOTICES
-#define ATTN_FLASH_SM90_FWD_BLOCK_NOTICES 0
-#endif
-inline constexpr bool kSm90ForwardBlockNotices = ATTN_FLASH_SM90_FWD_BLOCK_NOTICES != 0;
-
 }  // namespace attnserve::kernels::flash
