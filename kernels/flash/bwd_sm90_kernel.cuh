@@ -124,12 +124,19 @@ class BwdSm90BlockRunner
           });
     } else {
       QueryTile tile = FirstTile();
-      for (int it = 0; it < iters_; ++it) {
+      const auto run_tile = [&](int it) {
         barriers_.WaitFull(0, this->Tile(it));
         Step<kSoftcap, false>(it, tile, tile);
         barriers_.Release(0, this->Tile(it));
         Next(tile);
-      }
+      };
+      // With K/V fragments the first tile runs before the loop, as in RunDeferredDqTiles: with
+      // them read only inside the loop, ptxas 13.0 took their registers for dead once S^T and
+      // dP^T were issued and gave them to P^T and dS^T (dK came out wrong). Without them the
+      // loop stays whole (peeled at 128, ptxas injected warpgroup.arrive fences: C7519).
+      int it = 0;
+      if constexpr (T::kRsScores) run_tile(it++);
+      for (; it < iters_; ++it) run_tile(it);
     }
   }
 

@@ -57,15 +57,13 @@ struct BwdSm90Traits {
   // Head dim 64: a tile's lse and D are read into registers right after its S^T / dP^T are
   // issued, under the wgmma (32 floats; at 128 there is no room for them).
   static constexpr bool kEarlyVectors = kHeadDim == 64;
-  // Head dim 64, with dQ: S^T and dP^T as RS wgmma, K and V from registers (32 per thread,
-  // loaded by ldmatrix before the tile loop), so that per tile they read only Q and dO from
-  // shared memory (-32 KB of the ~210 KB a tile's wgmma and other traffic read there).
-  // Measured against SS (H200, bench/RESULTS.md "Session 32"): +1 to +5% on the rows of 2048
-  // keys or more, 0% on 32x512. Not in the deterministic mode's kernel (no dQ): there ptxas
-  // 13.0 gives the fragments' registers to P^T and dS^T once S^T and dP^T are issued, as if
-  // they were dead, whether they are loaded in the loop or before it (its dK came out wrong in
-  // every test).
-  static constexpr bool kRsScores = kHeadDim == 64 && kFusedDq;
+  // Head dim 64: S^T and dP^T as RS wgmma, K and V from registers (32 per thread, loaded by
+  // ldmatrix before the tile loop), so that per tile they read only Q and dO from shared memory
+  // (-32 KB of the ~210 KB a tile's wgmma and other traffic read there). Measured against SS
+  // (H200, bench/RESULTS.md "Session 32"): in the atomic mode +1 to +5% on the rows of 2048
+  // keys or more, 0% on 32x512; in the deterministic mode +1 to +2%, whose kernel needs its
+  // first tile peeled off the loop for ptxas to keep the fragments (RunTiles).
+  static constexpr bool kRsScores = kHeadDim == 64;
 
   static constexpr int kVecElems = 16 / sizeof(Element);
   static constexpr int kRowVecs = kHeadDim / kVecElems;
