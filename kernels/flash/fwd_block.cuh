@@ -42,12 +42,23 @@ __device__ __forceinline__ KeyTiles RowsKeyTiles(const FwdKernelArgs& args, int 
   return {min(key_begin, len_k) / kBlockN, key_end <= 0 ? 0 : (key_end + kBlockN - 1) / kBlockN};
 }
 
-template <int kBlockM, int kBlockN>
+// Query block m_block of a sequence of len_q rows: rows [m_block * kBlockM, + kBlockM), the
+// partial block last; or with kBlocksFromEnd laid from the sequence's end, the partial block
+// first. Under causal masking the last rows see the most keys: a partial block there leaves
+// consumer warpgroups idle in the CTA's longest block, at the start in its shortest.
+template <int kBlockM, int kBlockN, bool kBlocksFromEnd = false>
 __device__ __forceinline__ FwdBlock LocateBlock(const FwdKernelArgs& args, int m_block,
                                                 int len_q, int len_k) {
   FwdBlock b;
-  b.row_first = m_block * kBlockM;
-  b.rows_valid = min(kBlockM, len_q - b.row_first);
+  if constexpr (kBlocksFromEnd) {
+    // Rows the blocks laid from the end would reach before the sequence's first row.
+    const int before = (kBlockM - len_q % kBlockM) % kBlockM;
+    b.row_first = max(0, m_block * kBlockM - before);
+    b.rows_valid = min((m_block + 1) * kBlockM - before, len_q) - b.row_first;
+  } else {
+    b.row_first = m_block * kBlockM;
+    b.rows_valid = min(kBlockM, len_q - b.row_first);
+  }
   b.len_k = len_k;
   b.diagonal = b.row_first + len_k - len_q;
   const int last_diagonal = b.diagonal + b.rows_valid - 1;  // the bottom row's
@@ -94,7 +105,7 @@ __device__ __forceinline__ float* ForwardLseRow(const FwdKernelArgs& args, int64
 
 // Locates query block m_block of (head, sequence batch). Returns false when the block starts
 // past the sequence (varlen batches size the grid by the longest sequence).
-template <int kBlockM, int kBlockN, typename Element>
+template <int kBlockM, int kBlockN, bool kBlocksFromEnd = false, typename Element>
 __device__ __forceinline__ bool LocateForwardBlock(const FwdKernelArgs& args, int m_block,
                                                    int head, int batch, FwdCta<Element>& cta) {
   const int q_begin = args.cu_seqlens_q[batch];
@@ -102,7 +113,7 @@ __device__ __forceinline__ bool LocateForwardBlock(const FwdKernelArgs& args, in
   if (m_block * kBlockM >= len_q) return false;
   const int k_begin = args.cu_seqlens_k[batch];
   const int len_k = args.cu_seqlens_k[batch + 1] - k_begin;
-  cta.block = LocateBlock<kBlockM, kBlockN>(args, m_block, len_q, len_k);
+  cta.block = LocateBlock<kBlockM, kBlockN, kBlocksFromEnd>(args, m_block, len_q, len_k);
 
   const int64_t first_row = int64_t{q_begin} + cta.block.row_first;
   const int64_t head_offset = int64_t{head} * args.head_dim;
@@ -157,11 +168,13 @@ __device__ __forceinline__ void WriteKeylessBlock(const FwdKernelArgs& args,
 // heads and sequences of one block index together instead, so that long sequences start first
 // in varlen batches, measured up to 20% slower on equal lengths: neighbouring CTAs then read
 // different K/V and L2 stops serving them; NOTES.md.)
-template <int kBlockM, int kBlockN, int kRowVecs, int kThreads, typename Element>
+template <int kBlockM, int kBlockN, int kRowVecs, int kThreads, bool kBlocksFromEnd = false,
+          typename Element>
 __device__ __forceinline__ bool BeginForwardCta(const FwdKernelArgs& args,
                                                 FwdCta<Element>& cta) {
   const int m_block = gridDim.x - 1 - blockIdx.x;
-  if (!LocateForwardBlock<kBlockM, kBlockN>(args, m_block, blockIdx.y, blockIdx.z, cta)) {
+  if (!LocateForwardBlock<kBlockM, kBlockN, kBlocksFromEnd>(args, m_block, blockIdx.y,
+                                                            blockIdx.z, cta)) {
     return false;
   }
   if (SeesNoKeys(cta.block)) {

@@ -13,9 +13,10 @@
 // the softmax of the next (Sm90ForwardSoftmaxUnderPv), and with the ping-pong schedule, whose
 // turns run on from block to block, one consumer's GEMMs run under the other's softmax and
 // epilogue, which stores O by TMA at head dims 128 and 256 (Sm90ForwardTmaStore). Key tiles
-// are visited last to first, with the sm80 kernel's block location (fwd_block.cuh) and
-// row-tile math (masks, online softmax: fwd_row_tile.cuh), so both paths see exactly the same
-// keys.
+// are visited last to first, with the sm80 kernel's block location (fwd_block.cuh; at head dim
+// 64 and at 256 with one CTA per block the blocks are laid from the sequence's end:
+// Sm90ForwardBlocksFromEnd) and row-tile math (masks, online softmax: fwd_row_tile.cuh), so both
+// paths see exactly the same keys.
 #pragma once
 
 #include <cmath>
@@ -341,7 +342,10 @@ __device__ __forceinline__ void FlashForwardSm90BlockCta(
   using T = FwdSm90Traits<kDType, kHeadDim, false>;
   extern __shared__ __align__(16) unsigned char smem[];
   FwdCta<typename T::Element> cta;
-  if (!BeginForwardCta<T::kBlockM, T::kBlockN, T::kRowVecs, T::kThreads>(args, cta)) return;
+  if (!BeginForwardCta<T::kBlockM, T::kBlockN, T::kRowVecs, T::kThreads,
+                       T::kBlocksFromEnd>(args, cta)) {
+    return;
+  }
   // The swizzle pattern comes from address bits: align the tiles to 1024 bytes.
   const FwdSm90Ring<T> ring((ptx::SharedAddress(smem) + 1023u) & ~1023u);
   RunSm90Roles<T>(

@@ -140,8 +140,8 @@ __device__ __forceinline__ void ForEachForwardBlock(const FwdKernelArgs& args,
     // (b + group would overflow for b near INT_MAX.)
     const int m_block = grid.m_blocks - 1 - (b - group * grid.m_blocks + group) % grid.m_blocks;
     FwdCta<typename T::Element> cta;
-    if (LocateForwardBlock<T::kBlockM, T::kBlockN>(args, m_block, group % args.num_heads,
-                                                   group / args.num_heads, cta)) {
+    if (LocateForwardBlock<T::kBlockM, T::kBlockN, T::kBlocksFromEnd>(
+            args, m_block, group % args.num_heads, group / args.num_heads, cta)) {
       visit(cta);
     }
   }

@@ -22,6 +22,8 @@ struct FwdSm90Traits {
   static constexpr int kBlockM = Sm90ForwardBlockM(kHeadDim);
   static constexpr int kBlockN = Sm90ForwardBlockN(kHeadDim, kPersistent);
   static constexpr int kStages = Sm90ForwardStages(kHeadDim, kPersistent);
+  // Query blocks laid from each sequence's end, the partial block first.
+  static constexpr bool kBlocksFromEnd = Sm90ForwardBlocksFromEnd(kHeadDim, kPersistent);
   static constexpr int kQStages = Sm90ForwardQStages(kHeadDim, kPersistent);
   // Loads by TMA (at 256; sm90_tensor_maps.h) or by the producer's cp.async. With TMA
   // one producer thread arrives on a full barrier, which also counts the bytes of its tile.

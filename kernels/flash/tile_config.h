@@ -110,6 +110,20 @@ constexpr int Sm90ForwardPersistentMaxKeys(int head_dim) {
 constexpr bool Sm90ForwardPersistent(int head_dim, int max_seqlen_k) {
   return max_seqlen_k <= Sm90ForwardPersistentMaxKeys(head_dim);
 }
+// Whether the Hopper forward lays each sequence's query blocks from its end (fwd_block.cuh's
+// LocateBlock): the partial block, where the rows are no multiple of the block's, is then the
+// sequence's first rather than its last. Under causal masking that leaves a partial block's idle
+// consumer warpgroups in the block with the fewest key tiles instead of the most: at head dim 64
+// (192 rows, 128-key tiles) 32x512 causal takes 8 rounds of key tiles per (head, sequence)
+// instead of 9 (check_fwd_key_tiles.py). Only where the blocks' rows are no multiple of the key
+// tile: from the start, such blocks' diagonals cross one key tile each, from the end mostly two.
+// Measured against the partial block last (H200, bf16, bench/RESULTS.md "Session 33", call 3,
+// both column orders): at 64 +4% on 32x512 causal, +2% on 8x2048 causal, +0.4 to +0.7% on the
+// longer causal rows, 0 without a mask; at 256 with one CTA per block (80-key tiles) +1.9% on the
+// mixed-length causal row; at 128 (128 rows on 128-key tiles) -1.2% on that row.
+constexpr bool Sm90ForwardBlocksFromEnd(int head_dim, bool persistent) {
+  return Sm90ForwardBlockM(head_dim) % Sm90ForwardBlockN(head_dim, persistent) != 0;
+}
 // Stages of the K/V ring between the producer warpgroup and the consumers. One CTA per block,
 // measured (H100, bf16, bench/RESULTS.md "Hopper forward, warp specialized"): a third stage is
 // worth +2 to +7% at head dim 128 on every row with 2048 keys or more (-2 to -3% at 32x512;
