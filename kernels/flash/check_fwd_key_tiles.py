@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """CPU check of the forward's key-tile ranges (fwd_block.cuh): LocateBlock's rows and
 [n_begin, n_end) for a query block, with the blocks laid from the sequence's start (the partial
-block last) and from its end (the Hopper forward at 64: Sm90ForwardBlocksFromEnd), and BlockRowsKeyTiles' for a consumer warpgroup's 64 rows of it (the Hopper
-forward at head dim 64, Sm90ForwardWarpgroupKeys), emulated in integers as the kernel computes
-them.
+block last) and from its end (the Hopper forward at 64, and at 256 with one CTA per block:
+Sm90ForwardBlocksFromEnd), and BlockRowsKeyTiles' for a consumer warpgroup's 64 rows of it (the
+Hopper forward at head dim 64, Sm90ForwardWarpgroupKeys), emulated in integers as the kernel
+computes them.
 
 Over many sequence lengths, windows (causal, sliding, none) and the Hopper tiles, checks that
 - the blocks hold every row of the sequence once;

@@ -45,7 +45,7 @@ __device__ __forceinline__ KeyTiles RowsKeyTiles(const FwdKernelArgs& args, int 
 // Query block m_block of a sequence of len_q rows: rows [m_block * kBlockM, + kBlockM), the
 // partial block last; or with kBlocksFromEnd laid from the sequence's end, the partial block
 // first. Under causal masking the last rows see the most keys: a partial block there leaves
-// consumer warpgroups idle in the CTA's longest block, at the start in its shortest.
+// consumer warpgroups idle in the sequence's longest block, at the start in its shortest.
 template <int kBlockM, int kBlockN, bool kBlocksFromEnd = false>
 __device__ __forceinline__ FwdBlock LocateBlock(const FwdKernelArgs& args, int m_block,
                                                 int len_q, int len_k) {

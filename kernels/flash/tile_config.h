@@ -115,8 +115,9 @@ constexpr bool Sm90ForwardPersistent(int head_dim, int max_seqlen_k) {
 // sequence's first rather than its last. Under causal masking that leaves a partial block's idle
 // consumer warpgroups in the block with the fewest key tiles instead of the most: at head dim 64
 // (192 rows, 128-key tiles) 32x512 causal takes 8 rounds of key tiles per (head, sequence)
-// instead of 9 (check_fwd_key_tiles.py). Only where the blocks' rows are no multiple of the key
-// tile: from the start, such blocks' diagonals cross one key tile each, from the end mostly two.
+// instead of 9 (check_fwd_key_tiles.py). Only where the block's rows are no multiple of the key
+// tile: where they are (128 rows on 128-key tiles), each causal block laid from the start crosses
+// one key tile on its diagonal, laid from the end mostly two.
 // Measured against the partial block last (H200, bf16, bench/RESULTS.md "Session 33", call 3,
 // both column orders): at 64 +4% on 32x512 causal, +2% on 8x2048 causal, +0.4 to +0.7% on the
 // longer causal rows, 0 without a mask; at 256 with one CTA per block (80-key tiles) +1.9% on the
